@@ -1,0 +1,66 @@
+# Every third-party dependency is found here, once, and exposed as a target.
+
+find_package(Threads REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+
+# Parallel HDF5: the shard reader opens files with the MPI-IO driver.
+set(HDF5_PREFER_PARALLEL TRUE)
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(NOT HDF5_IS_PARALLEL)
+  message(FATAL_ERROR "ddp_train needs a parallel (MPI-IO) HDF5, but the HDF5 found "
+                      "(${HDF5_C_LIBRARIES}) is serial. On Debian: apt-get install libhdf5-openmpi-dev")
+endif()
+add_library(ddp::hdf5 INTERFACE IMPORTED)
+set_target_properties(ddp::hdf5 PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${HDF5_C_INCLUDE_DIRS};${HDF5_INCLUDE_DIRS}"
+  INTERFACE_LINK_LIBRARIES "${HDF5_C_LIBRARIES}"
+  INTERFACE_COMPILE_DEFINITIONS "${HDF5_C_DEFINITIONS}")
+
+# Kokkos: clusters bring a Kokkos 4.x config with a proper Kokkos::kokkos target.
+# Debian's Trilinos-bundled Kokkos 3.4 defines one whose include path is wrong
+# (/usr/lib/include) and whose link line holds a stray -D flag: repair it.
+find_package(Kokkos REQUIRED)
+find_path(DDP_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
+  HINTS ${Kokkos_INCLUDE_DIRS} /usr/include/trilinos
+  PATH_SUFFIXES trilinos)
+if(NOT DDP_KOKKOS_INCLUDE_DIR)
+  message(FATAL_ERROR "Kokkos found but Kokkos_Core.hpp not: set DDP_KOKKOS_INCLUDE_DIR")
+endif()
+if(NOT TARGET Kokkos::kokkos)
+  add_library(Kokkos::kokkos INTERFACE IMPORTED)
+  set(_ddp_kokkos_repair TRUE)
+else()
+  get_target_property(_inc Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
+  set(_ddp_kokkos_repair FALSE)
+  if(NOT _inc OR NOT EXISTS "${_inc}/Kokkos_Core.hpp")
+    set(_ddp_kokkos_repair TRUE)
+  endif()
+endif()
+if(_ddp_kokkos_repair)
+  set(_libs "")
+  foreach(_l ${Kokkos_LIBRARIES})
+    find_library(_path_${_l} ${_l} HINTS ${Kokkos_LIBRARY_DIRS})
+    list(APPEND _libs ${_path_${_l}})
+  endforeach()
+  set_target_properties(Kokkos::kokkos PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${DDP_KOKKOS_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${_libs};${CMAKE_DL_LIBS}")
+endif()
+if(EXISTS "${DDP_KOKKOS_INCLUDE_DIR}/KokkosCore_config.h")
+  file(STRINGS "${DDP_KOKKOS_INCLUDE_DIR}/KokkosCore_config.h" _kk_cuda REGEX "define KOKKOS_ENABLE_CUDA$")
+endif()
+message(STATUS "Kokkos ${Kokkos_VERSION}: headers in ${DDP_KOKKOS_INCLUDE_DIR}")
+
+# BLAS with the CBLAS interface (OpenBLAS on Debian and most clusters).
+if(NOT BLA_VENDOR)
+  set(BLA_VENDOR OpenBLAS)
+endif()
+find_package(BLAS REQUIRED)
+find_path(DDP_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu)
+if(NOT DDP_CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "cblas.h not found: install libopenblas-dev or set DDP_CBLAS_INCLUDE_DIR")
+endif()
+add_library(ddp::blas INTERFACE IMPORTED)
+set_target_properties(ddp::blas PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${DDP_CBLAS_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${BLAS_LIBRARIES}")

@@ -1,0 +1,61 @@
+#pragma once
+// The check family: every MPI, HDF5 and library call goes through one of these.
+// A failure prints `rank N (host): file:line: message` and calls MPI_Abort, so no
+// rank is left waiting in a collective. Nothing here is compiled out.
+
+#include <mpi.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+// An error in what the user gave us (input file, data files, command line).
+// Thrown by code that has no MPI context (parser, config, sampler, shard checks);
+// the driver turns it into a collective fatal error.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Print `rank N (host): file:line: msg` on stderr and MPI_Abort. Any rank may call it.
+[[noreturn]] void fatal(const char* file, int line, const std::string& msg);
+
+// For errors every rank detects identically (a bad input file, a missing shard):
+// rank 0 prints the one line `error: msg` and aborts; the others wait for it, so
+// the user sees the message once.
+[[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg);
+
+// Text of an MPI error code.
+std::string mpi_error_string(int code);
+// Text of the innermost HDF5 error on the default stack.
+std::string h5_error_string();
+
+}  // namespace ddp
+
+#define DDP_FATAL(msg)                                   \
+  do {                                                   \
+    std::ostringstream ddp_fatal_os_;                    \
+    ddp_fatal_os_ << msg;                                \
+    ::ddp::fatal(__FILE__, __LINE__, ddp_fatal_os_.str()); \
+  } while (0)
+
+#define DDP_REQUIRE(cond, msg)                                            \
+  do {                                                                    \
+    if (!(cond)) DDP_FATAL("check failed: " #cond ": " << msg);           \
+  } while (0)
+
+#define MPI_CHECK(call)                                                             \
+  do {                                                                              \
+    int ddp_mpi_rc_ = (call);                                                       \
+    if (ddp_mpi_rc_ != MPI_SUCCESS)                                                 \
+      DDP_FATAL(#call << " failed: " << ::ddp::mpi_error_string(ddp_mpi_rc_));      \
+  } while (0)
+
+// HDF5 calls return a negative value (herr_t or hid_t) on failure.
+#define H5_CHECK(call)                                                    \
+  ([&]() {                                                                \
+    auto ddp_h5_rc_ = (call);                                             \
+    if (ddp_h5_rc_ < 0) DDP_FATAL(#call << " failed: " << ::ddp::h5_error_string()); \
+    return ddp_h5_rc_;                                                    \
+  }())

@@ -1,0 +1,56 @@
+#include "comm/communicator.hpp"
+
+#include <climits>
+
+#include "comm/check.hpp"
+
+namespace ddp {
+
+namespace {
+
+// MPI counts are int: long buffers go in chunks.
+constexpr std::size_t kMaxChunk = std::size_t(INT_MAX) / 2;
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) {
+    MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  }
+  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_sum(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT); }
+  void allreduce_sum(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE); }
+
+  void broadcast(float* data, std::size_t n, int root) override {
+    for (std::size_t off = 0; off < n; off += kMaxChunk)
+      MPI_CHECK(MPI_Bcast(data + off, int(std::min(kMaxChunk, n - off)), MPI_FLOAT, root, comm_));
+  }
+
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+
+ private:
+  template <class T>
+  void allreduce(T* data, std::size_t n, MPI_Datatype type) {
+    if (size_ == 1) return;
+    for (std::size_t off = 0; off < n; off += kMaxChunk)
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxChunk, n - off)), type,
+                              MPI_SUM, comm_));
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  return std::make_unique<MpiCommunicator>(comm);
+}
+
+}  // namespace ddp

@@ -1,0 +1,43 @@
+#include "comm/context.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cblas.h>
+
+#include <cstdlib>
+
+#include "comm/check.hpp"
+#include "comm/log.hpp"
+
+namespace ddp {
+
+Context::Context(int& argc, char**& argv) {
+  MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level_));
+  // Errors come back as codes and go through MPI_CHECK, which names the call.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+  MPI_CHECK(MPI_Comm_rank(world_, &rank_));
+  MPI_CHECK(MPI_Comm_size(world_, &size_));
+  log::set_rank(rank_);
+
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  MPI_CHECK(MPI_Comm_free(&node));
+
+  // One rank per core: BLAS stays on this rank's core unless the user asks for
+  // more threads (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, read by OpenBLAS itself).
+  if (!std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) openblas_set_num_threads(1);
+
+  // Kokkos picks the GPU from the node-local rank by itself (Kokkos 4 with
+  // Slurm/OpenMPI variables); --kokkos-* options are taken out of argv here.
+  Kokkos::initialize(argc, argv);
+}
+
+Context::~Context() {
+  Kokkos::finalize();
+  MPI_Comm_free(&world_);
+  MPI_Finalize();
+}
+
+}  // namespace ddp

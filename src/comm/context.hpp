@@ -1,0 +1,31 @@
+#pragma once
+// The run's parallel context: MPI (world, node-local rank) and Kokkos, set up in
+// the constructor and torn down in the destructor, in the right order.
+
+#include <mpi.h>
+
+namespace ddp {
+
+class Context {
+ public:
+  Context(int& argc, char**& argv);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  MPI_Comm world() const { return world_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // rank within this node
+  int local_size() const { return local_size_; }
+  // The prefetch thread may make MPI-IO calls while the main thread runs
+  // collectives only if MPI granted MPI_THREAD_MULTIPLE.
+  bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+
+ private:
+  MPI_Comm world_ = MPI_COMM_NULL;  // a dup of MPI_COMM_WORLD, errors returned
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int thread_level_ = MPI_THREAD_SINGLE;
+};
+
+}  // namespace ddp

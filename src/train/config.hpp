@@ -1,0 +1,73 @@
+#pragma once
+// The run's configuration: one typed struct with defaults, filled from a
+// Fortran namelist file and `group.key=value` command-line overrides.
+// Every key, its type, default and valid range is listed once, in the key
+// table of config.cpp; this struct is what the rest of the code reads.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct DataConfig {
+  std::vector<std::string> train_files;  // glob patterns, relative to the working directory
+  std::vector<std::string> val_files;    // glob patterns; empty: no validation
+  std::string mode = "auto";             // 'auto' | 'preload' | 'stream'
+  double preload_budget_mb = 2048.0;     // 'auto' preloads a dataset up to this size per rank
+  int prefetch_batches = 4;              // streaming: batches read ahead by the prefetch thread
+  bool shuffle = true;                   // DistributedSampler(shuffle=...)
+  bool drop_last = false;                // DistributedSampler(drop_last=...)
+};
+
+struct ModelConfig {
+  std::vector<std::string> layers;  // e.g. 'linear(256)', 'relu', 'linear(10)'
+  std::string loss = "auto";        // 'auto' (from the labels' type) | 'cross_entropy' | 'mse'
+};
+
+struct TrainConfig {
+  int epochs = 1;
+  int batch_size = 64;          // per rank, per micro-step
+  int accumulation_steps = 1;   // micro-steps per optimizer step
+  std::string optimizer = "sgd";  // 'sgd' | 'adamw'
+  double lr = 0.01;
+  double momentum = 0.0;        // sgd
+  bool nesterov = false;        // sgd
+  double weight_decay = 0.0;    // sgd: L2 added to the gradient; adamw: decoupled
+  std::vector<double> betas = {0.9, 0.999};  // adamw
+  double eps = 1e-8;            // adamw
+  std::string schedule = "constant";  // 'constant' | 'step' | 'cosine'
+  int warmup_steps = 0;         // linear warm-up from 0 (cosine and step)
+  int step_epochs = 30;         // step: multiply lr by gamma every step_epochs epochs
+  double gamma = 0.1;           // step
+  double min_lr = 0.0;          // cosine: final learning rate
+  std::int64_t seed = 0;        // initialisation, sampler permutation, dropout
+  int log_every = 100;          // optimizer steps between progress lines; 0: none
+};
+
+struct IoConfig {
+  std::string run_dir = "runs/default";  // metrics.jsonl goes here
+};
+
+struct Config {
+  DataConfig data;
+  ModelConfig model;
+  TrainConfig train;
+  IoConfig io;
+
+  std::string source_path;  // the input file as given on the command line
+  std::string source_text;  // its text, as read by rank 0 and shared with all ranks
+
+  // The resolved configuration as a namelist (every key, defaults included),
+  // which is itself a valid input file.
+  std::string to_namelist() const;
+};
+
+// Parse namelist text (read from `path`) and apply `overrides` ("group.key=value",
+// strings need no quotes, arrays are comma-separated). Validates every value.
+// Throws InputError with a one-line message "path:line: ..." naming the key;
+// unknown groups/keys get "did you mean 'x'?" when a known name is close.
+Config parse_config(const std::string& text, const std::string& path,
+                    const std::vector<std::string>& overrides);
+
+}  // namespace ddp

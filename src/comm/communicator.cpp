@@ -1,5 +1,6 @@
 #include "comm/communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 
 #include "comm/check.hpp"

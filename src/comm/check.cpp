@@ -47,6 +47,23 @@ void fatal_all(MPI_Comm comm, const std::string& msg) {
   abort_all(1);
 }
 
+void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  int mine = failed ? rank : size, first = size;
+  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == size) return;
+  if (rank == first) {
+    std::fprintf(stderr, "error: %s%s\n", size > 1 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
+                 msg.c_str());
+    std::fflush(stderr);
+    abort_all(1);
+  }
+  MPI_Barrier(comm);
+  abort_all(1);
+}
+
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;

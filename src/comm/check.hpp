@@ -59,3 +59,21 @@ std::string h5_error_string();
     if (ddp_h5_rc_ < 0) DDP_FATAL(#call << " failed: " << ::ddp::h5_error_string()); \
     return ddp_h5_rc_;                                                    \
   }())
+
+namespace ddp {
+// For a condition that may fail on some ranks only (a directory rank 0 could not
+// create, a file one rank could not read): all ranks agree; if any failed, the
+// lowest failing rank prints its `msg` and the job aborts. Collective.
+void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg);
+
+// Run `body`; an InputError thrown by it is a collective error (every rank throws
+// the same one): rank 0 reports it and the job aborts.
+template <class F>
+auto collective_input(MPI_Comm comm, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const InputError& e) {
+    fatal_all(comm, e.what());
+  }
+}
+}  // namespace ddp

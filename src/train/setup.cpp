@@ -1,0 +1,187 @@
+#include "train/setup.hpp"
+
+#include <hdf5.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "comm/check.hpp"
+#include "comm/log.hpp"
+#include "io/metrics.hpp"
+#include "io/sampler.hpp"
+
+namespace ddp {
+
+namespace {
+
+std::string to_string(const Shape& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+const char* kUsage =
+    "usage: ddp_train [--help] [--version] input.nml [group.key=value ...]\n"
+    "\n"
+    "Data-parallel training on MPI ranks, configured by a Fortran namelist file.\n"
+    "Launch with srun or mpirun, e.g.  mpirun -np 2 ddp_train inputs/fashion_mlp.nml\n"
+    "\n"
+    "  input.nml          namelist with groups &data, &model, &train, &io\n"
+    "  group.key=value    override one key of the input file, e.g. train.epochs=3\n"
+    "                     io.run_dir=runs/try1 (strings need no quotes)\n"
+    "  --help             this text\n"
+    "  --version          version and build configuration\n";
+
+std::string version_text() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(mpi, &len);
+  std::string mpi_line(mpi, len);
+  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
+  std::ostringstream os;
+  os << "ddp_train " << DDP_VERSION << "\n"
+     << "  MPI:  " << mpi_line << "\n"
+     << "  HDF5: " << maj << "." << min << "." << rel << " (parallel)\n";
+  return os.str();
+}
+
+}  // namespace
+
+CommandLine parse_command_line(const Context& ctx, int argc, char** argv) {
+  CommandLine cli;
+  std::string problem;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      if (ctx.rank() == 0) std::fputs(kUsage, stdout);
+      cli.exit_now = true;
+      return cli;
+    }
+    if (arg == "--version") {
+      if (ctx.rank() == 0) std::fputs(version_text().c_str(), stdout);
+      cli.exit_now = true;
+      return cli;
+    }
+    if (arg.rfind("-", 0) == 0) {
+      problem = "unknown option '" + arg + "'";
+    } else if (cli.input_file.empty() && arg.find('=') == std::string::npos) {
+      cli.input_file = arg;
+    } else if (arg.find('=') != std::string::npos) {
+      cli.overrides.push_back(arg);
+    } else {
+      problem = "unexpected argument '" + arg + "' (overrides look like group.key=value)";
+    }
+    if (!problem.empty()) break;
+  }
+  if (problem.empty() && cli.input_file.empty()) problem = "no input file given";
+  if (!problem.empty()) fatal_all(ctx.world(), problem + "\n" + kUsage);
+  return cli;
+}
+
+Config load_config(const Context& ctx, const CommandLine& cli) {
+  // Rank 0 reads the file once; a shared file system is not asked N times.
+  std::string text, problem;
+  if (ctx.rank() == 0) {
+    std::ifstream in(cli.input_file, std::ios::binary);
+    if (!in) {
+      problem = "cannot read input file '" + cli.input_file + "': " + std::strerror(errno);
+    } else {
+      std::ostringstream os;
+      os << in.rdbuf();
+      text = os.str();
+    }
+  }
+  long long len = problem.empty() ? (long long)text.size() : -1;
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, ctx.world()));
+  if (len < 0) fatal_all(ctx.world(), problem);
+  text.resize(std::size_t(len));
+  MPI_CHECK(MPI_Bcast(text.data(), int(len), MPI_CHAR, 0, ctx.world()));
+  return collective_input(ctx.world(), [&] { return parse_config(text, cli.input_file, cli.overrides); });
+}
+
+Data open_data(const Context& ctx, const Config& cfg) {
+  Data data;
+  collective_input(ctx.world(), [&] {
+    data.train = std::make_unique<ShardDataset>(ctx.world(), cfg.data.train_files, "data.train_files");
+    if (!cfg.data.val_files.empty())
+      data.val = std::make_unique<ShardDataset>(ctx.world(), cfg.data.val_files, "data.val_files");
+    if (data.val && data.val->sample_shape() != data.train->sample_shape())
+      throw InputError("data.val_files: samples have shape " + to_string(data.val->sample_shape()) +
+                       " but the training samples have " + to_string(data.train->sample_shape()));
+    const DistributedSampler sampler(data.train->size(), ctx.size(), ctx.rank(), cfg.data.shuffle, 0,
+                                     cfg.data.drop_last);
+    if (cfg.train.batch_size > sampler.num_samples())
+      throw InputError("train.batch_size = " + std::to_string(cfg.train.batch_size) +
+                       " is larger than each rank's share of the training data (" +
+                       std::to_string(sampler.num_samples()) + " samples = " +
+                       std::to_string(data.train->size()) + " over " + std::to_string(ctx.size()) +
+                       " ranks): lower the batch size or run on fewer ranks");
+    return 0;
+  });
+
+  const double budget = cfg.data.preload_budget_mb * 1024.0 * 1024.0;
+  const double bytes = double(data.train->bytes()) + (data.val ? double(data.val->bytes()) : 0.0);
+  const bool preload = cfg.data.mode == "preload" || (cfg.data.mode == "auto" && bytes <= budget);
+  if (preload) {
+    data.train->preload();
+    if (data.val) data.val->preload();
+  } else if (ctx.thread_multiple()) {
+    data.prefetch_batches = cfg.data.prefetch_batches;
+  } else {
+    log::warn("MPI gives no MPI_THREAD_MULTIPLE: streaming reads happen on the main thread, without prefetch");
+  }
+  std::ostringstream os;
+  os << "data: " << data.train->size() << " training samples of shape " << to_string(data.train->sample_shape());
+  if (data.val) os << ", " << data.val->size() << " validation samples";
+  os << "; " << (preload ? "preloaded" : "streamed") << " (" << bytes / (1024.0 * 1024.0) << " MiB)";
+  log::info(os.str());
+  return data;
+}
+
+ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
+  return collective_input(ctx.world(), [&] {
+    ModelSetup setup;
+    setup.model = std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
+    const bool labels = data.train->has_class_labels();
+    if (data.val && data.val->has_class_labels() != labels)
+      throw InputError("data.val_files: /y holds " + std::string(labels ? "targets" : "class labels") +
+                       " but the training /y holds " + (labels ? "class labels" : "targets"));
+    std::string loss = cfg.model.loss;
+    if (loss == "auto") loss = labels ? "cross_entropy" : "mse";
+    const Shape out = setup.model->output_shape();
+    std::int64_t out_numel = 1;
+    for (auto d : out) out_numel *= d;
+    if (loss == "cross_entropy") {
+      if (!labels) throw InputError("model.loss = 'cross_entropy' needs integer class labels in /y, but /y holds float targets");
+      if (out.size() != 1) throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " + to_string(out));
+      data.train->check_labels(out[0]);
+      if (data.val) data.val->check_labels(out[0]);
+      setup.loss = LossKind::CrossEntropy;
+    } else {
+      if (labels) throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");
+      if (out_numel != data.train->target_numel())
+        throw InputError("the model gives " + std::to_string(out_numel) + " outputs per sample but the targets have " +
+                         std::to_string(data.train->target_numel()) + " values");
+      setup.loss = LossKind::MSE;
+    }
+    log::info(setup.model->summary());
+    return setup;
+  });
+}
+
+void prepare_run_dir(const Context& ctx, const Config& cfg) {
+  std::string problem;
+  if (ctx.rank() == 0) problem = make_directories(cfg.io.run_dir);
+  fatal_if_any(ctx.world(), !problem.empty(), "io.run_dir: " + problem);
+  std::ostringstream os;
+  os << "ddp_train " << DDP_VERSION << ": " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
+     << ", input " << cfg.source_path << "\n--- resolved input ---\n"
+     << cfg.to_namelist() << "----------------------";
+  log::info(os.str());
+}
+
+}  // namespace ddp

@@ -1,0 +1,52 @@
+#pragma once
+// Start-up of a run, between the context and the trainer: the command line, the
+// input file (read once by rank 0, shared with every rank), the data sets and the
+// model, each checked against the others. Errors here are the user's: they are
+// reported once, in one line, and every rank exits non-zero.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/context.hpp"
+#include "io/shard_dataset.hpp"
+#include "model/loss.hpp"
+#include "model/model.hpp"
+#include "train/config.hpp"
+
+namespace ddp {
+
+struct CommandLine {
+  std::string input_file;
+  std::vector<std::string> overrides;  // "group.key=value"
+  bool exit_now = false;               // --help, --version
+  int exit_code = 0;
+};
+
+CommandLine parse_command_line(const Context& ctx, int argc, char** argv);
+
+// Rank 0 reads the file; all ranks parse the same text, so all hold the same Config.
+Config load_config(const Context& ctx, const CommandLine& cli);
+
+struct Data {
+  std::unique_ptr<ShardDataset> train;
+  std::unique_ptr<ShardDataset> val;  // null when data.val_files is empty
+  int prefetch_batches = 0;           // 0 when preloaded or when MPI gives no thread support
+};
+
+// Opens the shard sets, preloads or streams them (data.mode) and checks the
+// per-rank share against the batch size.
+Data open_data(const Context& ctx, const Config& cfg);
+
+// The model for this data: input shape from the shards, loss from the labels
+// (model.loss = 'auto') and checked against the output shape and the label range.
+struct ModelSetup {
+  std::unique_ptr<Model> model;
+  LossKind loss;
+};
+ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data);
+
+// Creates <run_dir> (rank 0) and prints the resolved configuration and the plan.
+void prepare_run_dir(const Context& ctx, const Config& cfg);
+
+}  // namespace ddp

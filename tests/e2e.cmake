@@ -1,0 +1,90 @@
+# End-to-end: the ddp_train binary on real files, launched like a user would.
+set(E2E ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+set(DDP_RUN ${MPIEXEC_EXECUTABLE} ${DDP_MPIEXEC_PREFLAGS} ${MPIEXEC_NUMPROC_FLAG})
+
+# Data fixtures, made in the test directory (inputs name data/... relative to it).
+add_test(NAME e2e_make_test_data COMMAND python3 ${E2E}/make_test_data.py e2e_data)
+set_tests_properties(e2e_make_test_data PROPERTIES FIXTURES_SETUP e2e_data LABELS e2e)
+add_test(NAME e2e_prepare_fashion_mnist
+         COMMAND ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist data/fashion-mnist)
+set_tests_properties(e2e_prepare_fashion_mnist PROPERTIES FIXTURES_SETUP fashion LABELS e2e TIMEOUT 300)
+add_test(NAME e2e_make_regression_data
+         COMMAND ${PROJECT_SOURCE_DIR}/tools/make_regression_data data/regression)
+set_tests_properties(e2e_make_regression_data PROPERTIES FIXTURES_SETUP regression LABELS e2e)
+
+# ddp_add_error_test(name NP n REGEX re ARGS ...): ddp_train on n ranks must fail
+# fast with one clear error line matching re.
+function(ddp_add_error_test name)
+  cmake_parse_arguments(T "" "NP;REGEX" "ARGS" ${ARGN})
+  add_test(NAME e2e_error_${name}
+           COMMAND ${E2E}/expect_error.sh "${T_REGEX}" --
+                   ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
+  set_tests_properties(e2e_error_${name} PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors"
+                       TIMEOUT 90 PROCESSORS ${T_NP})
+endfunction()
+
+set(TINY ${E2E}/tiny.nml)
+ddp_add_error_test(missing_input NP 2 REGEX "cannot read input file 'no_such_input.nml'"
+                   ARGS no_such_input.nml)
+ddp_add_error_test(no_arguments NP 1 REGEX "no input file given" ARGS)
+ddp_add_error_test(namelist_syntax NP 2 REGEX "bad_syntax.nml:3: .*string" ARGS ${E2E}/bad_syntax.nml)
+ddp_add_error_test(misspelled_key NP 2 REGEX "bad_key.nml:5: .*'batchsize'.*did you mean 'batch_size'"
+                   ARGS ${E2E}/bad_key.nml)
+ddp_add_error_test(misspelled_override NP 2 REGEX "trian.*did you mean 'train'"
+                   ARGS ${TINY} trian.epochs=2)
+ddp_add_error_test(wrong_type NP 2 REGEX "train.epochs.*integer" ARGS ${TINY} train.epochs=2.5)
+ddp_add_error_test(out_of_range NP 2 REGEX "train.lr" ARGS ${TINY} train.lr=-1)
+ddp_add_error_test(bad_enum NP 2 REGEX "train.optimizer.*'adam'.*sgd" ARGS ${TINY} train.optimizer=adam)
+ddp_add_error_test(unknown_layer NP 2 REGEX "relu2.*unknown layer"
+                   ARGS ${TINY} "model.layers=linear(8),relu2,linear(3)")
+ddp_add_error_test(empty_glob NP 2 REGEX "data.train_files.*e2e_data/nothing_\\*.h5.*matches no file"
+                   ARGS ${TINY} "data.train_files=e2e_data/nothing_*.h5")
+ddp_add_error_test(missing_shard NP 2 REGEX "e2e_data/tiny/val_999.h5"
+                   ARGS ${TINY} data.val_files=e2e_data/tiny/val_999.h5)
+ddp_add_error_test(not_hdf5 NP 2 REGEX "e2e_data/nothdf5/train_000.h5.*not an HDF5 file"
+                   ARGS ${TINY} "data.train_files=e2e_data/nothdf5/train_*.h5")
+ddp_add_error_test(shapes_disagree NP 2 REGEX "mismatch/train_001.h5.*shape"
+                   ARGS ${TINY} "data.train_files=e2e_data/mismatch/train_*.h5")
+ddp_add_error_test(label_out_of_range NP 2 REGEX "badlabels/train_001.h5.*17.*7"
+                   ARGS ${TINY} "data.train_files=e2e_data/badlabels/train_*.h5")
+ddp_add_error_test(batch_too_large NP 2 REGEX "train.batch_size = 41 is larger than each rank's share"
+                   ARGS ${TINY} train.batch_size=41)
+ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
+                   ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
+
+# Successful runs, checked through their metrics.jsonl.
+function(ddp_add_train_test name)
+  cmake_parse_arguments(T "" "NP;RUN_DIR;CHECK;FIXTURE;TIMEOUT" "ARGS" ${ARGN})
+  add_test(NAME e2e_${name}
+           COMMAND ${E2E}/train_and_check.sh ${T_RUN_DIR} "${T_CHECK} --world-size ${T_NP}" --
+                   ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS} io.run_dir=${T_RUN_DIR})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(e2e_${name} PROPERTIES FIXTURES_REQUIRED "${T_FIXTURE}" LABELS e2e
+                       TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_NP})
+endfunction()
+
+ddp_add_train_test(tiny_np3 NP 3 RUN_DIR runs/tiny_np3 FIXTURE e2e_data CHECK "--epochs 2" ARGS ${TINY})
+# Streaming (prefetch thread, reads per batch) and preloading give the same run.
+ddp_add_train_test(tiny_stream NP 2 RUN_DIR runs/tiny_stream FIXTURE e2e_data CHECK "--epochs 2"
+                   ARGS ${TINY} data.mode=stream data.prefetch_batches=2)
+ddp_add_train_test(tiny_preload NP 2 RUN_DIR runs/tiny_preload FIXTURE e2e_data CHECK "--epochs 2"
+                   ARGS ${TINY} data.mode=preload)
+set_tests_properties(e2e_tiny_stream e2e_tiny_preload PROPERTIES FIXTURES_SETUP stream_vs_preload)
+add_test(NAME e2e_stream_equals_preload
+         COMMAND python3 ${E2E}/compare_metrics.py runs/tiny_stream runs/tiny_preload
+                 train_loss val_loss val_acc val_correct step)
+set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stream_vs_preload LABELS e2e)
+
+ddp_add_train_test(regression_np2 NP 2 RUN_DIR runs/regression FIXTURE regression
+                   CHECK "--epochs 20 --max-val-loss 0.02" ARGS ${PROJECT_SOURCE_DIR}/inputs/regression.nml)
+# The issue's acceptance run: Fashion-MNIST MLP, 2 ranks, 3 epochs, >= 0.85.
+ddp_add_train_test(fashion_mlp_np2 NP 2 RUN_DIR runs/fashion_mlp FIXTURE fashion TIMEOUT 900
+                   CHECK "--epochs 3 --min-val-acc 0.85"
+                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
+
+add_test(NAME e2e_help COMMAND $<TARGET_FILE:ddp_train> --help)
+set_tests_properties(e2e_help PROPERTIES PASS_REGULAR_EXPRESSION "usage: ddp_train" LABELS e2e)
+add_test(NAME e2e_version COMMAND $<TARGET_FILE:ddp_train> --version)
+set_tests_properties(e2e_version PROPERTIES PASS_REGULAR_EXPRESSION "ddp_train ${PROJECT_VERSION}.*HDF5" LABELS e2e)

@@ -1,0 +1,56 @@
+#include "model/activation.hpp"
+
+namespace ddp {
+
+namespace {
+// Kokkos moved its math functions out of Experimental in 3.7.
+#if KOKKOS_VERSION >= 30700
+using Kokkos::tanh;
+#else
+using Kokkos::Experimental::tanh;
+#endif
+}  // namespace
+
+// y = max(x, 0)
+void ReLU::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  resize_like(y, x, "ReLU::y");
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  Kokkos::parallel_for(
+      "ReLU::forward", Range(0, x.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = xv(i) > 0.0f ? xv(i) : 0.0f; });
+}
+
+// dx = dy * (y > 0)
+void ReLU::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (!needs_input_grad()) return;
+  resize_like(dx, x, "ReLU::dx");
+  ConstView1 yv = y.data, dyv = dy.data;
+  View1 dxv = dx.data;
+  Kokkos::parallel_for(
+      "ReLU::backward", Range(0, x.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = yv(i) > 0.0f ? dyv(i) : 0.0f; });
+}
+
+// y = tanh(x)
+void Tanh::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  resize_like(y, x, "Tanh::y");
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  Kokkos::parallel_for(
+      "Tanh::forward", Range(0, x.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = tanh(xv(i)); });
+}
+
+// dx = dy * (1 - y^2)
+void Tanh::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (!needs_input_grad()) return;
+  resize_like(dx, x, "Tanh::dx");
+  ConstView1 yv = y.data, dyv = dy.data;
+  View1 dxv = dx.data;
+  Kokkos::parallel_for(
+      "Tanh::backward", Range(0, x.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * (1.0f - yv(i) * yv(i)); });
+}
+
+}  // namespace ddp

@@ -1,0 +1,33 @@
+#pragma once
+// dropout(p): inverted dropout, PyTorch's nn.Dropout. Training: keep each element
+// with probability 1-p and scale it by 1/(1-p); eval: identity (y aliases x).
+// The mask of call c, element i is a pure function of (seed, c, i), so a run is
+// reproducible and independent of how the kernel is scheduled.
+
+#include "model/layer.hpp"
+
+namespace ddp {
+
+class Dropout : public Layer {
+ public:
+  explicit Dropout(float p) : p_(p) {}
+
+  std::string kind() const override { return "dropout"; }
+  Shape output_shape(const Shape& in_sample) override { return in_sample; }
+  void reseed(std::uint64_t seed) override;
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+ private:
+  float p_;
+  std::uint64_t seed_ = 0;
+  std::uint64_t calls_ = 0;  // training forwards since reseed: the stream's counter
+  bool masked_ = false;      // the last forward applied a mask (else y aliased x)
+  // Owned rather than written into the model's slots, because in eval those slots
+  // alias x and dy.
+  Tensor mask_;  // (B, sample...) 0 or 1/(1-p)
+  Tensor y_;     // (B, sample...)
+  Tensor dx_;    // (B, sample...)
+};
+
+}  // namespace ddp

@@ -1,0 +1,59 @@
+#pragma once
+// The layer interface. A layer owns the buffers it writes (outputs, input
+// gradients, masks) and binds its parameters and gradients to sub-ranges of the
+// model's two contiguous buffers. Shapes: B is the batch; "sample" shapes have no
+// batch dimension.
+
+#include "model/rng.hpp"
+#include "model/tensor.hpp"
+
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  virtual std::string kind() const = 0;  // "linear"
+
+  // Per-sample output shape for a per-sample input shape. Called once, when the
+  // model is built; the layer remembers its input shape. Throws InputError (the
+  // message without the "model.layers(i)" prefix, which the model adds) when the
+  // input does not fit.
+  virtual Shape output_shape(const Shape& in_sample) = 0;
+
+  struct ParamSpec {
+    std::string suffix;  // "weight", "bias"
+    Shape shape;         // PyTorch layout: Linear weight (out, in), bias (out)
+  };
+  virtual std::vector<ParamSpec> parameter_specs() const { return {}; }
+
+  // params, grads: this layer's sub-ranges of the model's buffers, in
+  // parameter_specs() order. Both live in the default memory space.
+  virtual void bind(float* /*params*/, float* /*grads*/) {}
+
+  // PyTorch's default initialisation of the bound parameters; keys come from rng.
+  virtual void init(Rng& /*rng*/) {}
+
+  // Stochastic layers (dropout) restart their random stream from `seed`.
+  virtual void reseed(std::uint64_t /*seed*/) {}
+
+  // x: (B, in_sample...) -> y: (B, out_sample...); y is resized by the layer.
+  virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
+
+  // After forward(x, y). Accumulates (+=) parameter gradients, as PyTorch does,
+  // and writes dx (B, in_sample...) unless needs_input_grad() is off.
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
+  // The model turns this off for the first layer with parameters: nothing upstream
+  // needs its input gradient, and for linear that saves the largest GEMM of backward.
+  void set_needs_input_grad(bool on) { needs_input_grad_ = on; }
+  bool needs_input_grad() const { return needs_input_grad_; }
+
+ private:
+  bool needs_input_grad_ = true;
+};
+
+}  // namespace ddp

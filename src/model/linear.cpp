@@ -1,0 +1,70 @@
+#include "model/linear.hpp"
+
+#include "comm/check.hpp"
+#include "model/gemm.hpp"
+
+#include <cmath>
+
+namespace ddp {
+
+Shape Linear::output_shape(const Shape& in_sample) {
+  if (in_sample.size() != 1)
+    throw InputError("linear needs a flat input (features) but gets " + shape_str(in_sample) +
+                     ": add 'flatten' before it");
+  in_ = in_sample[0];
+  in_sample_ = in_sample;
+  out_sample_ = {out_};
+  return out_sample_;
+}
+
+std::vector<Layer::ParamSpec> Linear::parameter_specs() const {
+  return {{"weight", {out_, in_}}, {"bias", {out_}}};
+}
+
+void Linear::bind(float* params, float* grads) {
+  weight_ = params;
+  bias_ = params + out_ * in_;
+  dweight_ = grads;
+  dbias_ = grads + out_ * in_;
+}
+
+void Linear::init(Rng& rng) {
+  // kaiming_uniform_(a=sqrt(5)) on the weight and PyTorch's bias rule both reduce
+  // to U(-1/sqrt(in), 1/sqrt(in)).
+  float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  fill_uniform(weight_, out_ * in_, -bound, bound, rng.next_u64());
+  fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
+}
+
+void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  const std::int64_t B = x.batch(), in = in_, out = out_;
+  resize(y, B, out_sample_, "Linear::y");
+  // y (B, out) = x (B, in) W^T (in, out)
+  gemm(false, true, B, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out);
+  View1 yv = y.data;
+  const float* bias = bias_;
+  Kokkos::parallel_for(
+      "Linear::forward_bias", Range(0, B * out),
+      KOKKOS_LAMBDA(std::int64_t i) { yv(i) += bias[i % out]; });
+}
+
+void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  const std::int64_t B = x.batch(), in = in_, out = out_;
+  // dW (out, in) += dy^T (out, B) x (B, in)
+  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, 1.0f, dweight_, in);
+  // db (out) += sum over the batch of dy (B, out)
+  ConstView1 dyv = dy.data;
+  float* dbias = dbias_;
+  Kokkos::parallel_for(
+      "Linear::backward_bias", Range(0, out), KOKKOS_LAMBDA(std::int64_t j) {
+        float s = 0.0f;
+        for (std::int64_t b = 0; b < B; ++b) s += dyv(b * out + j);
+        dbias[j] += s;
+      });
+  if (!needs_input_grad()) return;
+  resize(dx, B, in_sample_, "Linear::dx");
+  // dx (B, in) = dy (B, out) W (out, in)
+  gemm(false, false, B, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in);
+}
+
+}  // namespace ddp

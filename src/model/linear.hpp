@@ -1,0 +1,30 @@
+#pragma once
+// linear(n): y = x W^T + b, PyTorch's nn.Linear. Input must be flat (B, in).
+
+#include "model/layer.hpp"
+
+namespace ddp {
+
+class Linear : public Layer {
+ public:
+  explicit Linear(std::int64_t out_features) : out_(out_features) {}
+
+  std::string kind() const override { return "linear"; }
+  Shape output_shape(const Shape& in_sample) override;
+  std::vector<ParamSpec> parameter_specs() const override;
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng) override;
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+ private:
+  std::int64_t in_ = 0;
+  std::int64_t out_;
+  Shape in_sample_, out_sample_;  // (in), (out): kept so resizing allocates nothing
+  float* weight_ = nullptr;   // (out, in)
+  float* bias_ = nullptr;     // (out)
+  float* dweight_ = nullptr;  // (out, in)
+  float* dbias_ = nullptr;    // (out)
+};
+
+}  // namespace ddp

@@ -1,0 +1,78 @@
+#include "model/loss.hpp"
+
+#include <cmath>
+
+namespace ddp {
+
+namespace {
+#if KOKKOS_VERSION >= 30700
+using Kokkos::exp;
+using Kokkos::log;
+#else
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::log;
+#endif
+}  // namespace
+
+void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
+                  View1 loss, View1 correct) {
+  const std::int64_t B = out.batch(), C = out.sample_numel();
+  ConstView1 o = out.data;
+  if (kind == LossKind::CrossEntropy) {
+    Kokkos::parallel_for(
+        "CrossEntropy::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          const float* row = &o(b * C);
+          std::int64_t argmax = 0;
+          for (std::int64_t c = 1; c < C; ++c)
+            if (row[c] > row[argmax]) argmax = c;
+          const float m = row[argmax];
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
+          const std::int32_t label = labels(b);
+          const bool valid = label >= 0 && label < C;
+          loss(b) = valid ? m + log(sum) - row[label] : NAN;
+          correct(b) = valid && argmax == label ? 1.0f : 0.0f;
+        });
+  } else {
+    Kokkos::parallel_for(
+        "MSE::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float d = o(b * C + c) - targets(b * C + c);
+            sum += d * d;
+          }
+          loss(b) = sum / C;
+        });
+  }
+}
+
+void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
+                   float scale, Tensor& dout) {
+  const std::int64_t B = out.batch(), C = out.sample_numel();
+  resize_like(dout, out, "Loss::dout");
+  ConstView1 o = out.data;
+  View1 d = dout.data;
+  if (kind == LossKind::CrossEntropy) {
+    // d loss_b / d out_bc = softmax(out_b)_c - [c == label_b]
+    Kokkos::parallel_for(
+        "CrossEntropy::backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          const float* row = &o(b * C);
+          float m = row[0];
+          for (std::int64_t c = 1; c < C; ++c) m = row[c] > m ? row[c] : m;
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
+          const float inv = scale / sum;
+          const std::int32_t label = labels(b);
+          for (std::int64_t c = 0; c < C; ++c)
+            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? scale : 0.0f);
+        });
+  } else {
+    // d loss_b / d out_bc = 2 (out_bc - target_bc) / C
+    const float k = 2.0f * scale / C;
+    Kokkos::parallel_for(
+        "MSE::backward", Range(0, B * C),
+        KOKKOS_LAMBDA(std::int64_t i) { d(i) = k * (o(i) - targets(i)); });
+  }
+}
+
+}  // namespace ddp

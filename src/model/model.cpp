@@ -1,0 +1,99 @@
+#include "model/model.hpp"
+
+#include "comm/check.hpp"
+#include "model/layer_registry.hpp"
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+namespace ddp {
+
+namespace {
+std::string trim(const std::string& s) {
+  std::size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+}  // namespace
+
+Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed) {
+  if (specs.empty()) throw InputError("model.layers is empty: give at least one layer");
+  for (std::int64_t d : sample_shape)
+    if (d < 1) throw InputError("input sample shape " + shape_str(sample_shape) + " has an empty dimension");
+
+  // Build the layers, propagating the per-sample shape and laying out parameters.
+  shapes_.push_back(sample_shape);
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    specs_.push_back(trim(specs[i]));
+    try {
+      layers_.push_back(make_layer(specs[i]));
+      shapes_.push_back(layers_.back()->output_shape(shapes_.back()));
+    } catch (const InputError& e) {
+      throw InputError("model.layers(" + std::to_string(i + 1) + ") = '" + specs[i] + "': " + e.what());
+    }
+    std::int64_t n = 0;
+    for (const Layer::ParamSpec& p : layers_.back()->parameter_specs()) {
+      std::int64_t size = shape_numel(p.shape);
+      table_.push_back({"layers." + std::to_string(i) + "." + p.suffix, p.shape, total + n, size});
+      n += size;
+    }
+    layer_params_.push_back(n);
+    total += n;
+  }
+
+  params_ = View1("Model::parameters", total);
+  grads_ = View1("Model::gradients", total);  // zero-initialised
+  Rng rng(seed);
+  first_trained_ = layers_.size();
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    layers_[i]->bind(params_.data() + offset, grads_.data() + offset);
+    layers_[i]->init(rng);
+    if (layer_params_[i] > 0 && first_trained_ == layers_.size()) first_trained_ = i;
+    offset += layer_params_[i];
+  }
+  // Nothing upstream of the first trained layer needs a gradient.
+  if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
+  reseed_dropout(hash64(seed, ~0ull));
+  acts_.resize(layers_.size());
+  grad_.resize(layers_.size());
+}
+
+const Tensor& Model::forward(const Tensor& x, bool training) {
+  if (x.shape.size() != input_shape().size() + 1 ||
+      !std::equal(input_shape().begin(), input_shape().end(), x.shape.begin() + 1))
+    throw InputError("model input has shape " + shape_str(x.shape) + " but the model was built for (B, " +
+                     shape_str(input_shape()).substr(1));
+  input_ = x;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->forward(i == 0 ? input_ : acts_[i - 1], acts_[i], training);
+  return acts_.back();
+}
+
+void Model::backward(const Tensor& dout) {
+  // Layer i reads the gradient w.r.t. its output: grad_[i + 1], or dout for the last.
+  for (std::size_t i = layers_.size(); i-- > first_trained_;)
+    layers_[i]->backward(i == 0 ? input_ : acts_[i - 1], acts_[i],
+                         i + 1 == layers_.size() ? dout : grad_[i + 1], grad_[i]);
+}
+
+void Model::zero_grad() { Kokkos::deep_copy(grads_, 0.0f); }
+
+void Model::reseed_dropout(std::uint64_t seed) {
+  for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->reseed(hash64(seed, i));
+}
+
+std::string Model::summary() const {
+  std::ostringstream os;
+  os << std::left << std::setw(4) << "#" << std::setw(18) << "layer" << std::setw(18) << "output"
+     << "parameters\n";
+  os << std::setw(4) << "" << std::setw(18) << "input" << shape_str(input_shape()) << "\n";
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    os << std::setw(4) << i << std::setw(18) << specs_[i] << std::setw(18) << shape_str(shapes_[i + 1])
+       << layer_params_[i] << "\n";
+  os << "total parameters: " << num_parameters() << "\n";
+  return os.str();
+}
+
+}  // namespace ddp

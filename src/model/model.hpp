@@ -1,0 +1,63 @@
+#pragma once
+// The model: a sequence of layers built from the input file's model.layers, with
+// every parameter in ONE contiguous buffer and every gradient in another of the
+// same layout, so gradient buckets are plain ranges and a checkpoint is a table.
+
+#include "model/layer.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+class Model {
+ public:
+  // specs: the model.layers strings; sample_shape: one input sample, e.g. {1, 28, 28};
+  // seed: initialisation (and the default dropout streams). Throws InputError for a
+  // bad spec or a layer that does not fit its input, naming model.layers(i), 1-based.
+  Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed);
+
+  std::int64_t num_parameters() const { return static_cast<std::int64_t>(params_.extent(0)); }
+  View1 parameters() const { return params_; }  // (num_parameters)
+  View1 gradients() const { return grads_; }  // (num_parameters), same layout
+
+  struct ParamEntry {
+    std::string name;  // "layers.<i>.weight": i counts every layer, as in nn.Sequential
+    Shape shape;       // PyTorch layout
+    std::int64_t offset;
+    std::int64_t size;
+  };
+  const std::vector<ParamEntry>& parameter_table() const { return table_; }
+
+  const Shape& input_shape() const { return shapes_.front(); }  // per sample, e.g. {1, 28, 28}
+  const Shape& output_shape() const { return shapes_.back(); }  // per sample, e.g. {10}
+
+  // x: (B, sample...) -> (B, output...). The result stays valid until the next forward;
+  // x's buffer is kept, not copied, so it must stay unchanged until backward().
+  // Throws InputError when x's sample shape is not the one the model was built for.
+  const Tensor& forward(const Tensor& x, bool training);
+  // dout: (B, output...), after forward(). Accumulates into gradients().
+  void backward(const Tensor& dout);
+  void zero_grad();
+  // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
+  void reseed_dropout(std::uint64_t seed);
+
+  // One line per layer (position, spec, output shape, parameters) and the total.
+  std::string summary() const;
+
+ private:
+  std::vector<std::string> specs_;            // as given, whitespace-trimmed
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Shape> shapes_;                 // shapes_[i]: per-sample input of layer i; back(): output
+  std::vector<std::int64_t> layer_params_;    // parameter count per layer
+  std::vector<ParamEntry> table_;
+  std::size_t first_trained_;                 // first layer with parameters (layers_.size() if none)
+  View1 params_, grads_;
+  Tensor input_;             // (B, sample...) the last forward's input (shares its buffer)
+  std::vector<Tensor> acts_;  // acts_[i]: output of layer i
+  std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i
+};
+
+}  // namespace ddp

@@ -1,0 +1,41 @@
+#include "model/tensor.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace ddp {
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ")";
+  return os.str();
+}
+
+namespace {
+void reserve(View1& v, std::int64_t n, const char* label) {
+  if (static_cast<std::int64_t>(v.extent(0)) < n)
+    v = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+}
+}  // namespace
+
+void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label) {
+  reserve(t.data, batch * shape_numel(sample), label);
+  t.shape.resize(sample.size() + 1);
+  t.shape[0] = batch;
+  std::copy(sample.begin(), sample.end(), t.shape.begin() + 1);
+}
+
+void resize_like(Tensor& t, const Tensor& like, const char* label) {
+  reserve(t.data, like.numel(), label);
+  t.shape = like.shape;
+}
+
+}  // namespace ddp

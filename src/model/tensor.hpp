@@ -1,0 +1,47 @@
+#pragma once
+// The one header of View aliases. Activations are flat buffers plus a shape whose
+// first dimension is the batch. A buffer is allocated for the largest batch seen
+// and reused after, so a smaller (last) batch uses a prefix of it and a steady-state
+// step allocates nothing.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using Range = Kokkos::RangePolicy<ExecSpace>;
+using View1 = Kokkos::View<float*>;
+using ConstView1 = Kokkos::View<const float*>;
+using LabelView = Kokkos::View<std::int32_t*>;
+using Shape = std::vector<std::int64_t>;
+
+// Product of the dimensions; 1 for a scalar shape {}.
+std::int64_t shape_numel(const Shape& shape);
+// "(1, 28, 28)"
+std::string shape_str(const Shape& shape);
+
+struct Tensor {
+  View1 data;   // at least numel() elements; only the prefix of numel() is meaningful
+  Shape shape;  // (B, sample...)
+
+  std::int64_t numel() const { return shape.empty() ? 0 : shape_numel(shape); }
+  std::int64_t batch() const { return shape[0]; }
+  std::int64_t sample_numel() const {
+    std::int64_t n = 1;
+    for (std::size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+    return n;
+  }
+};
+
+// Make t a (batch, sample...) tensor. Its buffer grows (a new View named `label`)
+// only when too small; the shape vector keeps its capacity, so a repeated call
+// allocates nothing.
+void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label);
+// Make t the shape of `like` (same rules).
+void resize_like(Tensor& t, const Tensor& like, const char* label);
+
+}  // namespace ddp

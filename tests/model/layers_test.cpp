@@ -1,0 +1,189 @@
+// Every layer's forward against its definition and its backward against central
+// finite differences of L = sum(w * y), for the input and for the parameters.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "comm/check.hpp"
+#include "grad_check.hpp"
+#include "model/activation.hpp"
+#include "model/dropout.hpp"
+#include "model/flatten.hpp"
+#include "model/layer_registry.hpp"
+#include "model/linear.hpp"
+
+namespace ddp {
+namespace {
+
+using test::expect_close;
+using test::make_tensor;
+using test::numeric_gradient;
+using test::random_values;
+using test::to_host;
+
+// A layer with its own parameter/gradient buffers, as the model would bind them.
+struct Bound {
+  std::unique_ptr<Layer> layer;
+  View1 params, grads;
+  std::int64_t n = 0;
+
+  Bound(std::unique_ptr<Layer> l, const Shape& in_sample) : layer(std::move(l)) {
+    layer->output_shape(in_sample);
+    for (const auto& p : layer->parameter_specs()) n += shape_numel(p.shape);
+    params = View1("test::params", n);
+    grads = View1("test::grads", n);
+    layer->bind(params.data(), grads.data());
+    Rng rng(1);
+    layer->init(rng);
+  }
+};
+
+// Gradient check of one layer on a (B, in_sample...) input. before_forward runs
+// before every forward (dropout uses it to fix its mask).
+void check_layer(Bound& b, const Shape& in_sample, std::int64_t B, bool training, float min_abs,
+                 const std::function<void()>& before_forward = [] {}) {
+  Shape in_shape = {B};
+  in_shape.insert(in_shape.end(), in_sample.begin(), in_sample.end());
+  Tensor x = make_tensor(in_shape, random_values(shape_numel(in_shape), 11, -1.0f, 1.0f, min_abs));
+  Tensor y, dx;
+  before_forward();
+  b.layer->forward(x, y, training);
+  const std::vector<float> w = random_values(y.numel(), 12);
+  Tensor dy = make_tensor(y.shape, w);
+
+  // L = sum_i w_i y_i in double
+  auto loss = [&]() {
+    Tensor yy;
+    before_forward();
+    b.layer->forward(x, yy, training);
+    std::vector<float> yh = to_host(yy.data, yy.numel());
+    double s = 0;
+    for (std::size_t i = 0; i < yh.size(); ++i) s += double(w[i]) * yh[i];
+    return s;
+  };
+
+  b.layer->backward(x, y, dy, dx);
+  ASSERT_EQ(dx.shape, x.shape);
+  expect_close(to_host(dx.data, dx.numel()), numeric_gradient(x.data, x.numel(), 1e-2, loss), "dx");
+  if (b.n > 0)
+    expect_close(to_host(b.grads, b.n), numeric_gradient(b.params, b.n, 1e-2, loss), "dparams");
+}
+
+TEST(Linear, ForwardIsXWtPlusB) {
+  Bound b(std::make_unique<Linear>(2), {3});
+  test::from_host(b.params, {1, 2, 3, 4, 5, 6, 0.5f, -1});  // W (2, 3), b (2)
+  Tensor x = make_tensor({2, 3}, {1, 0, -1, 2, 1, 0}), y;
+  b.layer->forward(x, y, false);
+  EXPECT_EQ(y.shape, (Shape{2, 2}));
+  EXPECT_EQ(to_host(y.data, 4), (std::vector<float>{-1.5f, -3, 4.5f, 12}));
+}
+
+TEST(Linear, GradientCheck) {
+  Bound b(std::make_unique<Linear>(4), {5});
+  check_layer(b, {5}, 3, true, 0.0f);
+}
+
+TEST(Linear, GradientsAccumulate) {
+  Bound b(std::make_unique<Linear>(3), {4});
+  Tensor x = make_tensor({2, 4}, random_values(8, 1)), y, dx;
+  b.layer->forward(x, y, true);
+  Tensor dy = make_tensor({2, 3}, random_values(6, 2));
+  b.layer->backward(x, y, dy, dx);
+  std::vector<float> once = to_host(b.grads, b.n);
+  b.layer->backward(x, y, dy, dx);
+  std::vector<float> twice = to_host(b.grads, b.n);
+  for (std::int64_t i = 0; i < b.n; ++i) EXPECT_FLOAT_EQ(twice[i], 2 * once[i]) << i;
+}
+
+TEST(Linear, RejectsNonFlatInput) {
+  Linear l(10);
+  try {
+    l.output_shape({1, 28, 28});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "linear needs a flat input (features) but gets (1, 28, 28): add 'flatten' before it");
+  }
+}
+
+TEST(ReLU, GradientCheck) {
+  Bound b(std::make_unique<ReLU>(), {2, 3});
+  check_layer(b, {2, 3}, 4, true, 0.1f);  // |x| >= 0.1 > eps: no kink crossed
+}
+
+TEST(Tanh, GradientCheck) {
+  Bound b(std::make_unique<Tanh>(), {7});
+  check_layer(b, {7}, 3, true, 0.0f);
+}
+
+TEST(Flatten, ReshapesWithoutCopy) {
+  Flatten f;
+  EXPECT_EQ(f.output_shape({2, 3, 4}), (Shape{24}));
+  Tensor x = make_tensor({5, 2, 3, 4}, random_values(120, 3)), y;
+  f.forward(x, y, true);
+  EXPECT_EQ(y.shape, (Shape{5, 24}));
+  EXPECT_EQ(y.data.data(), x.data.data());
+}
+
+TEST(Flatten, GradientCheck) {
+  Bound b(std::make_unique<Flatten>(), {2, 3});
+  check_layer(b, {2, 3}, 2, true, 0.0f);
+}
+
+TEST(Dropout, GradientCheckWithFixedMask) {
+  Bound b(std::make_unique<Dropout>(0.4f), {10});
+  check_layer(b, {10}, 3, true, 0.0f, [&] { b.layer->reseed(42); });
+}
+
+TEST(Dropout, DropsAFractionPAndScalesTheRest) {
+  const float p = 0.3f;
+  Dropout d(p);
+  d.output_shape({1000});
+  d.reseed(5);
+  std::vector<float> xv = random_values(100000, 4, 0.5f, 1.0f);
+  Tensor x = make_tensor({100, 1000}, xv), y;
+  d.forward(x, y, true);
+  std::vector<float> first = to_host(y.data, y.numel());
+  std::int64_t dropped = 0;
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    if (first[i] == 0.0f) ++dropped;
+    else EXPECT_FLOAT_EQ(first[i], xv[i] / (1 - p)) << i;
+  }
+  EXPECT_NEAR(double(dropped) / xv.size(), p, 0.01);
+
+  d.forward(x, y, true);  // the stream moves on: a new mask
+  EXPECT_NE(to_host(y.data, y.numel()), first);
+  d.reseed(5);            // and restarts reproducibly
+  d.forward(x, y, true);
+  EXPECT_EQ(to_host(y.data, y.numel()), first);
+  d.reseed(6);
+  d.forward(x, y, true);
+  EXPECT_NE(to_host(y.data, y.numel()), first);
+}
+
+TEST(Dropout, EvalIsIdentity) {
+  Dropout d(0.5f);
+  d.output_shape({4});
+  Tensor x = make_tensor({2, 4}, random_values(8, 5)), y, dx;
+  d.forward(x, y, false);
+  EXPECT_EQ(y.shape, x.shape);
+  EXPECT_EQ(to_host(y.data, 8), to_host(x.data, 8));
+  Tensor dy = make_tensor({2, 4}, random_values(8, 6));
+  d.backward(x, y, dy, dx);
+  EXPECT_EQ(to_host(dx.data, 8), to_host(dy.data, 8));
+}
+
+TEST(Registry, BuildsEachKind) {
+  EXPECT_EQ(make_layer("linear(3)")->kind(), "linear");
+  EXPECT_EQ(make_layer(" ReLU ")->kind(), "relu");
+  EXPECT_EQ(make_layer("TANH")->kind(), "tanh");
+  EXPECT_EQ(make_layer("Flatten")->kind(), "flatten");
+  EXPECT_EQ(make_layer("dropout( 0.5 )")->kind(), "dropout");
+  EXPECT_EQ(make_layer("dropout(0)")->kind(), "dropout");
+  EXPECT_EQ(known_layers(), "linear(n), relu, tanh, flatten, dropout(p)");
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,88 @@
+// Losses: values against hand-computed examples, gradients against central
+// finite differences of scale * sum_b loss_b.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "grad_check.hpp"
+#include "model/loss.hpp"
+
+namespace ddp {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+using test::to_host;
+
+LabelView make_labels(const std::vector<std::int32_t>& values) {
+  LabelView labels("test::labels", values.size());
+  auto labels_host = Kokkos::create_mirror_view(labels);
+  for (std::size_t i = 0; i < values.size(); ++i) labels_host(i) = values[i];
+  Kokkos::deep_copy(labels, labels_host);
+  return labels;
+}
+
+TEST(CrossEntropy, HandComputedValues) {
+  // Rows: logits (1, 2, 3) label 2 and label 0; a tie (1, 1) padded with -inf-ish
+  // logits, where the first maximum wins; logits far apart (stability).
+  Tensor out = make_tensor({4, 3}, {1, 2, 3, 1, 2, 3, 5, 5, -100, 1000, 0, 0});
+  LabelView labels = make_labels({2, 0, 1, 1});
+  View1 loss("test::loss", 4), correct("test::correct", 4);
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct);
+  std::vector<float> l = to_host(loss, 4), c = to_host(correct, 4);
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));  // 3.40760596
+  EXPECT_NEAR(l[0], lse - 3, 1e-6);  // 0.40760596
+  EXPECT_NEAR(l[1], lse - 1, 1e-6);  // 2.40760596
+  EXPECT_NEAR(l[2], std::log(2.0), 1e-6);
+  EXPECT_NEAR(l[3], 1000, 1e-3);
+  EXPECT_EQ(c, (std::vector<float>{1, 0, 0, 0}));
+}
+
+TEST(CrossEntropy, GradientCheck) {
+  const std::int64_t B = 4, C = 5;
+  const float scale = 0.25f;
+  Tensor out = make_tensor({B, C}, random_values(B * C, 21, -3.0f, 3.0f)), dout;
+  LabelView labels = make_labels({0, 4, 2, 2});
+  View1 loss("test::loss", B), correct("test::correct", B);
+  loss_backward(LossKind::CrossEntropy, out, labels, View1(), scale, dout);
+  ASSERT_EQ(dout.shape, out.shape);
+  auto f = [&]() {
+    loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct);
+    double s = 0;
+    for (float v : to_host(loss, B)) s += v;
+    return scale * s;
+  };
+  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f),
+                     "dout", 1e-2, 1e-4);
+}
+
+TEST(MSE, HandComputedValues) {
+  Tensor out = make_tensor({2, 2}, {1, 2, 0, 0});
+  View1 targets("test::targets", 4);
+  test::from_host(targets, {0, 0, 3, -1});
+  View1 loss("test::loss", 2);
+  loss_forward(LossKind::MSE, out, LabelView(), targets, loss, View1());
+  EXPECT_EQ(to_host(loss, 2), (std::vector<float>{2.5f, 5.0f}));  // (1+4)/2, (9+1)/2
+}
+
+TEST(MSE, GradientCheck) {
+  const std::int64_t B = 3, C = 4;
+  const float scale = 1.0f / 3;
+  Tensor out = make_tensor({B, C}, random_values(B * C, 31)), dout;
+  View1 targets("test::targets", B * C);
+  test::from_host(targets, random_values(B * C, 32));
+  View1 loss("test::loss", B);
+  loss_backward(LossKind::MSE, out, LabelView(), targets, scale, dout);
+  auto f = [&]() {
+    loss_forward(LossKind::MSE, out, LabelView(), targets, loss, View1());
+    double s = 0;
+    for (float v : to_host(loss, B)) s += v;
+    return scale * s;
+  };
+  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f),
+                     "dout", 1e-2, 1e-4);
+}
+
+}  // namespace
+}  // namespace ddp

@@ -1,0 +1,465 @@
+#include "train/config.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include "comm/check.hpp"
+#include "io/namelist.hpp"
+
+namespace ddp {
+namespace {
+
+using nml::Kind;
+using nml::Value;
+
+// Where a key's value lives; the alternative held is the key's type.
+using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*,
+                           std::vector<std::string>*, std::vector<double>*>;
+
+template <auto Group, auto Member>
+Field field(Config& c) {
+  return &((c.*Group).*Member);
+}
+
+// What a key accepts beyond its type: numbers (each element of a real list too)
+// within [lo, hi], ends open where flagged; strings among `choices`; lists of `count`.
+struct Rule {
+  double lo = -HUGE_VAL;
+  bool lo_open = false;
+  double hi = HUGE_VAL;
+  bool hi_open = false;
+  std::vector<std::string> choices;
+  std::size_t count = 0;  // 0: any length
+};
+
+Rule any() { return {}; }
+Rule at_least(double lo) {
+  Rule r;
+  r.lo = lo;
+  return r;
+}
+Rule above(double lo) {
+  Rule r = at_least(lo);
+  r.lo_open = true;
+  return r;
+}
+Rule unit_interval() {  // [0, 1)
+  Rule r = at_least(0.0);
+  r.hi = 1.0;
+  r.hi_open = true;
+  return r;
+}
+Rule one_of(std::vector<std::string> choices) {
+  Rule r;
+  r.choices = std::move(choices);
+  return r;
+}
+Rule pair_in_unit_interval() {
+  Rule r = unit_interval();
+  r.count = 2;
+  return r;
+}
+
+struct Key {
+  const char* group;
+  const char* name;
+  Field (*field)(Config&);
+  Rule rule;
+  bool required;
+  const char* doc;
+};
+
+// Every key of the input file, in the order to_namelist() writes them.
+const std::vector<Key>& keys() {
+  using C = Config;
+  using D = DataConfig;
+  using M = ModelConfig;
+  using T = TrainConfig;
+  using I = IoConfig;
+  static const std::vector<Key> table = {
+      {"data", "train_files", field<&C::data, &D::train_files>, any(), true,
+       "HDF5 shard globs of the training set"},
+      {"data", "val_files", field<&C::data, &D::val_files>, any(), false,
+       "HDF5 shard globs of the validation set; empty: no validation"},
+      {"data", "mode", field<&C::data, &D::mode>, one_of({"auto", "preload", "stream"}), false,
+       "preload into memory, stream from disk, or auto by size"},
+      {"data", "preload_budget_mb", field<&C::data, &D::preload_budget_mb>, at_least(0), false,
+       "auto: preload when the rank's share fits in this many MB"},
+      {"data", "prefetch_batches", field<&C::data, &D::prefetch_batches>, at_least(0), false,
+       "stream: batches read ahead by the prefetch thread"},
+      {"data", "shuffle", field<&C::data, &D::shuffle>, any(), false,
+       "reshuffle every epoch (seeded by seed + epoch)"},
+      {"data", "drop_last", field<&C::data, &D::drop_last>, any(), false,
+       "drop the tail instead of padding it to a multiple of the world size"},
+      {"model", "layers", field<&C::model, &M::layers>, any(), true,
+       "layer list, e.g. 'linear(256)', 'relu', 'linear(10)'"},
+      {"model", "loss", field<&C::model, &M::loss>, one_of({"auto", "cross_entropy", "mse"}),
+       false, "auto: cross_entropy for integer labels, mse for float targets"},
+      {"train", "epochs", field<&C::train, &T::epochs>, at_least(1), false,
+       "passes over the training set"},
+      {"train", "batch_size", field<&C::train, &T::batch_size>, at_least(1), false,
+       "samples per rank per micro-step"},
+      {"train", "accumulation_steps", field<&C::train, &T::accumulation_steps>, at_least(1),
+       false, "micro-steps per optimizer step"},
+      {"train", "optimizer", field<&C::train, &T::optimizer>, one_of({"sgd", "adamw"}), false,
+       "update rule, as torch.optim"},
+      {"train", "lr", field<&C::train, &T::lr>, above(0), false, "peak learning rate"},
+      {"train", "momentum", field<&C::train, &T::momentum>, unit_interval(), false,
+       "sgd: momentum factor"},
+      {"train", "nesterov", field<&C::train, &T::nesterov>, any(), false,
+       "sgd: Nesterov momentum (needs momentum > 0)"},
+      {"train", "weight_decay", field<&C::train, &T::weight_decay>, at_least(0), false,
+       "sgd: L2 added to the gradient; adamw: decoupled"},
+      {"train", "betas", field<&C::train, &T::betas>, pair_in_unit_interval(), false,
+       "adamw: decay rates of the moment estimates"},
+      {"train", "eps", field<&C::train, &T::eps>, above(0), false,
+       "adamw: added to the denominator"},
+      {"train", "schedule", field<&C::train, &T::schedule>,
+       one_of({"constant", "step", "cosine"}), false, "learning-rate schedule after warm-up"},
+      {"train", "warmup_steps", field<&C::train, &T::warmup_steps>, at_least(0), false,
+       "optimizer steps of linear warm-up"},
+      {"train", "step_epochs", field<&C::train, &T::step_epochs>, at_least(1), false,
+       "step: epochs between decays"},
+      {"train", "gamma", field<&C::train, &T::gamma>, above(0), false, "step: decay factor"},
+      {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false,
+       "cosine: final learning rate"},
+      {"train", "seed", field<&C::train, &T::seed>, any(), false,
+       "initialisation, sampler permutation, dropout"},
+      {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
+       "optimizer steps between progress lines; 0: none"},
+      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
+       "directory of metrics.jsonl"},
+  };
+  return table;
+}
+
+const std::vector<std::string> kGroups = {"data", "model", "train", "io"};
+
+// Edit distance counting a swap of neighbours as one edit (optimal string alignment).
+std::size_t distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// "; did you mean 'x'?" for the closest candidate, or "" when none is close.
+std::string suggestion(const std::string& name, const std::vector<std::string>& candidates,
+                       const std::string& prefix = "") {
+  const std::size_t limit = name.size() <= 3 ? 1 : 2;
+  std::string best;
+  std::size_t best_d = limit + 1;
+  for (const auto& c : candidates) {
+    std::size_t d = distance(name, c);
+    if (d < best_d) {
+      best = c;
+      best_d = d;
+    }
+  }
+  if (best.empty() && name.size() >= 3)
+    for (const auto& c : candidates)
+      if (c.rfind(name, 0) == 0 || name.rfind(c, 0) == 0) {
+        best = c;
+        break;
+      }
+  return best.empty() ? "" : "; did you mean '" + prefix + best + "'?";
+}
+
+// Where an assignment came from, for its error messages.
+struct Site {
+  std::string where;  // "inputs/x.nml:4" | "command line"
+  std::string name;   // "train.lr"
+  std::string shown;  // "train.lr = 0" | "train.lr=0" (the override as given)
+  bool cli = false;
+
+  [[noreturn]] void value_error(const std::string& what) const {
+    throw InputError(where + ": " + shown + ": " + what);
+  }
+  [[noreturn]] void type_error(const std::string& expected, const std::string& got) const {
+    if (cli) throw InputError(where + ": " + shown + ": expected " + expected);
+    throw InputError(where + ": " + name + ": expected " + expected + ", got " + got);
+  }
+};
+
+std::string format_number(double x) {
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof buf, x);  // shortest text that reads back exactly
+  return std::string(buf, res.ptr);
+}
+
+std::string describe(const Rule& r) {
+  const bool lo = std::isfinite(r.lo), hi = std::isfinite(r.hi);
+  if (lo && hi)
+    return std::string("in ") + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " +
+           format_number(r.hi) + (r.hi_open ? ")" : "]");
+  if (lo) return (r.lo_open ? "> " : ">= ") + format_number(r.lo);
+  return (r.hi_open ? "< " : "<= ") + format_number(r.hi);
+}
+
+void check_range(double x, const Rule& r, const Site& site, const char* subject = "must be") {
+  const bool low = r.lo_open ? !(x > r.lo) : !(x >= r.lo);
+  const bool high = r.hi_open ? !(x < r.hi) : !(x <= r.hi);
+  if (low || high) site.value_error(std::string(subject) + " " + describe(r));
+}
+
+const Value& single(const std::vector<Value>& vs, const Site& site, const char* expected) {
+  if (vs.size() != 1)
+    site.type_error(expected, vs.empty() ? "no value" : std::to_string(vs.size()) + " values");
+  return vs[0];
+}
+
+bool is_number(const Value& v) { return v.kind == Kind::Int || v.kind == Kind::Real; }
+
+// One overload per field type: type check, range check, store.
+void store(int& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  const Value& v = single(vs, site, "an integer");
+  if (v.kind != Kind::Int) site.type_error("an integer", v.text);
+  if (v.i < std::numeric_limits<int>::min() || v.i > std::numeric_limits<int>::max())
+    site.value_error("out of range for a 32-bit integer");
+  check_range(static_cast<double>(v.i), r, site);
+  out = static_cast<int>(v.i);
+}
+
+void store(std::int64_t& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  const Value& v = single(vs, site, "an integer");
+  if (v.kind != Kind::Int) site.type_error("an integer", v.text);
+  check_range(static_cast<double>(v.i), r, site);
+  out = v.i;
+}
+
+void store(double& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  const Value& v = single(vs, site, "a real");
+  if (!is_number(v)) site.type_error("a real", v.text);
+  check_range(v.r, r, site);
+  out = v.r;
+}
+
+void store(bool& out, const std::vector<Value>& vs, const Rule&, const Site& site) {
+  const Value& v = single(vs, site, "a logical");
+  if (v.kind != Kind::Logical) site.type_error("a logical", v.text);
+  out = v.b;
+}
+
+void store(std::string& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  const Value& v = single(vs, site, "a string");
+  if (v.kind != Kind::String) site.type_error("a string", v.text);
+  if (!r.choices.empty() && std::find(r.choices.begin(), r.choices.end(), v.s) == r.choices.end()) {
+    std::string allowed;
+    for (const auto& c : r.choices) allowed += (allowed.empty() ? "'" : ", '") + c + "'";
+    site.value_error("expected one of " + allowed);
+  }
+  out = v.s;
+}
+
+void store(std::vector<std::string>& out, const std::vector<Value>& vs, const Rule&,
+           const Site& site) {
+  std::vector<std::string> list;
+  for (const Value& v : vs) {
+    if (v.kind != Kind::String) site.type_error("a list of strings", v.text);
+    if (v.s.empty()) site.value_error("empty item in the list");
+    list.push_back(v.s);
+  }
+  out = std::move(list);
+}
+
+void store(std::vector<double>& out, const std::vector<Value>& vs, const Rule& r,
+           const Site& site) {
+  if (r.count != 0 && vs.size() != r.count)
+    site.value_error("expected " + std::to_string(r.count) + " values, got " +
+                     std::to_string(vs.size()));
+  std::vector<double> list;
+  for (const Value& v : vs) {
+    if (!is_number(v)) site.type_error("a list of reals", v.text);
+    check_range(v.r, r, site, "every value must be");
+    list.push_back(v.r);
+  }
+  out = std::move(list);
+}
+
+std::string join_texts(const std::vector<Value>& vs) {
+  std::string s;
+  for (const Value& v : vs) s += (s.empty() ? "" : ", ") + v.text;
+  return s;
+}
+
+// Index of (group, key) in the key table, or -1.
+int find_key(const std::string& group, const std::string& name) {
+  const auto& ks = keys();
+  for (std::size_t k = 0; k < ks.size(); ++k)
+    if (group == ks[k].group && name == ks[k].name) return static_cast<int>(k);
+  return -1;
+}
+
+std::vector<std::string> key_names(const std::string& group) {
+  std::vector<std::string> names;
+  for (const Key& k : keys())
+    if (group == k.group) names.push_back(k.name);
+  return names;
+}
+
+// Overrides are typed by the field: string fields take their text unquoted,
+// string lists split at top-level commas, everything else the namelist value grammar.
+std::vector<Value> override_values(const std::string& text, const Field& f) {
+  if (std::holds_alternative<std::string*>(f)) {
+    Value v;
+    v.text = text;
+    v.s = nml::unquote(text).value_or(text);
+    return {v};
+  }
+  const bool strings = std::holds_alternative<std::vector<std::string>*>(f);
+  std::vector<Value> vs;
+  for (const std::string& piece : nml::split_list(text)) {
+    auto lit = strings ? std::nullopt : nml::parse_literal(piece);
+    if (lit) {
+      vs.push_back(*lit);
+    } else {
+      Value v;  // a string; a numeric field then reports the type error
+      v.text = piece;
+      v.s = nml::unquote(piece).value_or(piece);
+      vs.push_back(v);
+    }
+  }
+  return vs;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// Namelist text of a field's current value; "" for an empty list.
+std::string format_field(const Field& f) {
+  struct {
+    std::string operator()(const int* x) const { return std::to_string(*x); }
+    std::string operator()(const std::int64_t* x) const { return std::to_string(*x); }
+    std::string operator()(const double* x) const {
+      std::string s = format_number(*x);
+      // keep it a real literal so the echo reads as the type it is
+      return s.find_first_of(".e") == std::string::npos ? s + ".0" : s;
+    }
+    std::string operator()(const bool* x) const { return *x ? ".true." : ".false."; }
+    std::string operator()(const std::string* x) const { return nml::quote(*x); }
+    std::string operator()(const std::vector<std::string>* x) const {
+      std::string s;
+      for (const auto& e : *x) s += (s.empty() ? "" : ", ") + nml::quote(e);
+      return s;
+    }
+    std::string operator()(const std::vector<double>* x) const {
+      std::string s;
+      for (double e : *x) s += (s.empty() ? "" : ", ") + (*this)(&e);
+      return s;
+    }
+  } fmt;
+  return std::visit(fmt, f);
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& path,
+                    const std::vector<std::string>& overrides) {
+  Config cfg;
+  cfg.source_path = path;
+  cfg.source_text = text;
+  const auto& ks = keys();
+  std::vector<Site> set_by(ks.size());  // last assignment of each key; where empty: default
+
+  auto assign = [&](int k, const std::vector<Value>& vs, const Site& site) {
+    std::visit([&](auto* p) { store(*p, vs, ks[k].rule, site); }, ks[k].field(cfg));
+    set_by[k] = site;
+  };
+
+  std::vector<const nml::Group*> seen;
+  for (const nml::Group& g : nml::parse(text, path)) {
+    const std::string where = path + ":" + std::to_string(g.line);
+    if (std::find(kGroups.begin(), kGroups.end(), g.name) == kGroups.end())
+      throw InputError(where + ": unknown group '&" + g.name + "'" +
+                       suggestion(g.name, kGroups, "&"));
+    for (const nml::Group* other : seen)
+      if (other->name == g.name)
+        throw InputError(where + ": duplicate group &" + g.name + " (first at line " +
+                         std::to_string(other->line) + ")");
+    seen.push_back(&g);
+    for (const nml::Entry& e : g.entries) {
+      const std::string at = path + ":" + std::to_string(e.line);
+      const int k = find_key(g.name, e.key);
+      if (k < 0)
+        throw InputError(at + ": unknown key '" + e.key + "' in &" + g.name +
+                         suggestion(e.key, key_names(g.name)));
+      const std::string name = g.name + "." + e.key;
+      assign(k, e.values, Site{at, name, name + " = " + join_texts(e.values), false});
+    }
+  }
+
+  for (const std::string& o : overrides) {
+    const std::string where = "command line";
+    const auto eq = o.find('=');
+    const auto dot = o.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+      throw InputError(where + ": " + o + ": expected group.key=value");
+    const std::string group = lower(trim(o.substr(0, dot)));
+    const std::string key = lower(trim(o.substr(dot + 1, eq - dot - 1)));
+    if (std::find(kGroups.begin(), kGroups.end(), group) == kGroups.end())
+      throw InputError(where + ": " + o + ": unknown group '" + group + "'" +
+                       suggestion(group, kGroups));
+    const int k = find_key(group, key);
+    if (k < 0)
+      throw InputError(where + ": " + o + ": unknown key '" + key + "' in &" + group +
+                       suggestion(key, key_names(group)));
+    const Site site{where, group + "." + key, o, true};
+    const std::vector<Value> vs = override_values(trim(o.substr(eq + 1)), ks[k].field(cfg));
+    if (ks[k].required && vs.empty()) site.value_error("must not be empty");
+    assign(k, vs, site);
+  }
+
+  for (std::size_t k = 0; k < ks.size(); ++k)
+    if (ks[k].required && set_by[k].where.empty())
+      throw InputError(path + ": &" + ks[k].group + " " + ks[k].name + " is required");
+
+  // Checks across keys, once every value is final.
+  const TrainConfig& t = cfg.train;
+  if (t.nesterov && t.momentum <= 0)
+    set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");
+  if (t.schedule == "cosine" && t.min_lr > t.lr)
+    set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" +
+                                                    format_number(t.lr) + ")");
+  return cfg;
+}
+
+std::string Config::to_namelist() const {
+  Config c = *this;  // the field accessors take a mutable Config
+  std::ostringstream os;
+  for (const std::string& group : kGroups) {
+    os << "&" << group << "\n";
+    for (const Key& k : keys()) {
+      if (group != k.group) continue;
+      const std::string value = format_field(k.field(c));
+      if (value.empty()) {  // a namelist has no empty list: leave the default (empty) in place
+        os << "  ! " << k.name << ": none; " << k.doc << "\n";
+        continue;
+      }
+      const std::string assignment = std::string(k.name) + " = " + value;
+      os << "  " << assignment << std::string(assignment.size() < 40 ? 40 - assignment.size() : 1, ' ')
+         << "! " << k.doc << "\n";
+    }
+    os << "/\n";
+  }
+  return os.str();
+}
+
+}  // namespace ddp

@@ -1,0 +1,134 @@
+#include "train/optimizer.hpp"
+
+#include <cmath>
+
+#include "comm/check.hpp"
+
+namespace ddp {
+
+Optimizer::~Optimizer() = default;
+
+// The device-callable math functions moved from Kokkos::Experimental to Kokkos in 3.7.
+#if KOKKOS_VERSION >= 30700
+namespace kmath = Kokkos;
+#else
+namespace kmath = Kokkos::Experimental;
+#endif
+
+// The kernels are free functions with external linkage: CUDA's extended lambdas
+// may not live in private members or in functions local to a translation unit.
+// Arithmetic is in float like PyTorch's; scalars derived from lr are rounded once.
+
+// torch.optim.SGD, dampening 0. buf (n) is unused when momentum is 0.
+void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> buf,
+                float lr, float weight_decay, float momentum, bool nesterov, bool first_step) {
+  Kokkos::parallel_for(
+      "SGD::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        float d = g(i) + weight_decay * p(i);
+        if (momentum != 0.0f) {
+          const float b = first_step ? d : momentum * buf(i) + d;
+          buf(i) = b;
+          d = nesterov ? d + momentum * b : b;
+        }
+        p(i) -= lr * d;
+      });
+}
+
+// torch.optim.AdamW (amsgrad off): decoupled decay, then the Adam step with
+// step_size = lr / bias_correction1 and denom = sqrt(v) / sqrt(bias_correction2) + eps.
+void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> m,
+                  Kokkos::View<float*> v, float decay, float beta1, float beta2,
+                  float one_minus_beta1, float one_minus_beta2, float step_size,
+                  float bias_correction2_sqrt, float eps) {
+  Kokkos::parallel_for(
+      "AdamW::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        const float gi = g(i);
+        p(i) *= decay;
+        m(i) = beta1 * m(i) + one_minus_beta1 * gi;
+        v(i) = beta2 * v(i) + one_minus_beta2 * gi * gi;
+        const float denom = kmath::sqrt(v(i)) / bias_correction2_sqrt + eps;
+        p(i) -= step_size * m(i) / denom;
+      });
+}
+
+namespace {
+
+void check_sizes(const Kokkos::View<float*>& p, const Kokkos::View<const float*>& g,
+                 std::size_t n) {
+  DDP_REQUIRE(p.extent(0) == n && g.extent(0) == n,
+              "optimizer built for " << n << " parameters got params " << p.extent(0)
+                                     << ", grads " << g.extent(0));
+}
+
+class SGD : public Optimizer {
+ public:
+  SGD(const TrainConfig& cfg, std::size_t n)
+      : n_(n), momentum_(cfg.momentum), weight_decay_(cfg.weight_decay), nesterov_(cfg.nesterov) {
+    if (momentum_ != 0.0) buf_ = Kokkos::View<float*>("SGD::momentum_buffer", n);
+  }
+
+  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) override {
+    check_sizes(params, grads, n_);
+    sgd_update(params, grads, buf_, static_cast<float>(lr), static_cast<float>(weight_decay_),
+               static_cast<float>(momentum_), nesterov_, steps_ == 0);
+    ++steps_;
+  }
+  std::string name() const override { return "SGD"; }
+  std::vector<std::pair<std::string, Kokkos::View<float*>>> state() override {
+    if (momentum_ == 0.0) return {};
+    return {{"momentum_buffer", buf_}};
+  }
+
+ private:
+  std::size_t n_;
+  double momentum_, weight_decay_;
+  bool nesterov_;
+  Kokkos::View<float*> buf_;  // (n) when momentum != 0
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(const TrainConfig& cfg, std::size_t n)
+      : n_(n),
+        beta1_(cfg.betas.at(0)),
+        beta2_(cfg.betas.at(1)),
+        eps_(cfg.eps),
+        weight_decay_(cfg.weight_decay),
+        exp_avg_("AdamW::exp_avg", n),
+        exp_avg_sq_("AdamW::exp_avg_sq", n) {}
+
+  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) override {
+    check_sizes(params, grads, n_);
+    const double t = static_cast<double>(steps_ + 1);  // 1-based, as torch counts
+    const double bias_correction1 = 1.0 - std::pow(beta1_, t);
+    const double bias_correction2 = 1.0 - std::pow(beta2_, t);
+    adamw_update(params, grads, exp_avg_, exp_avg_sq_, static_cast<float>(1.0 - lr * weight_decay_),
+                 static_cast<float>(beta1_), static_cast<float>(beta2_),
+                 static_cast<float>(1.0 - beta1_), static_cast<float>(1.0 - beta2_),
+                 static_cast<float>(lr / bias_correction1),
+                 static_cast<float>(std::sqrt(bias_correction2)), static_cast<float>(eps_));
+    ++steps_;
+  }
+  std::string name() const override { return "AdamW"; }
+  std::vector<std::pair<std::string, Kokkos::View<float*>>> state() override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
+
+ private:
+  std::size_t n_;
+  double beta1_, beta2_, eps_, weight_decay_;
+  Kokkos::View<float*> exp_avg_;     // (n) first moment
+  Kokkos::View<float*> exp_avg_sq_;  // (n) second moment
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params) {
+  if (cfg.optimizer == "sgd") return std::make_unique<SGD>(cfg, n_params);
+  if (cfg.optimizer == "adamw") return std::make_unique<AdamW>(cfg, n_params);
+  throw InputError("train.optimizer = '" + cfg.optimizer + "': expected one of 'sgd', 'adamw'");
+}
+
+}  // namespace ddp

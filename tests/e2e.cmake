@@ -1,15 +1,21 @@
 # End-to-end: the ddp_train binary on real files, launched like a user would.
 set(E2E ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
 set(DDP_RUN ${MPIEXEC_EXECUTABLE} ${DDP_MPIEXEC_PREFLAGS} ${MPIEXEC_NUMPROC_FLAG})
+# The data tools and checks need a python3 with h5py and numpy.
+execute_process(COMMAND ${PROJECT_SOURCE_DIR}/tools/find_python OUTPUT_VARIABLE DDP_PYTHON
+                OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _found)
+if(NOT _found EQUAL 0)
+  message(FATAL_ERROR "tests need a python3 with h5py and numpy: apt-get install python3-h5py python3-numpy")
+endif()
 
 # Data fixtures, made in the test directory (inputs name data/... relative to it).
-add_test(NAME e2e_make_test_data COMMAND python3 ${E2E}/make_test_data.py e2e_data)
+add_test(NAME e2e_make_test_data COMMAND ${DDP_PYTHON} ${E2E}/make_test_data.py e2e_data)
 set_tests_properties(e2e_make_test_data PROPERTIES FIXTURES_SETUP e2e_data LABELS e2e)
 add_test(NAME e2e_prepare_fashion_mnist
-         COMMAND ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist data/fashion-mnist)
+         COMMAND ${DDP_PYTHON} ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist data/fashion-mnist)
 set_tests_properties(e2e_prepare_fashion_mnist PROPERTIES FIXTURES_SETUP fashion LABELS e2e TIMEOUT 300)
 add_test(NAME e2e_make_regression_data
-         COMMAND ${PROJECT_SOURCE_DIR}/tools/make_regression_data data/regression)
+         COMMAND ${DDP_PYTHON} ${PROJECT_SOURCE_DIR}/tools/make_regression_data data/regression)
 set_tests_properties(e2e_make_regression_data PROPERTIES FIXTURES_SETUP regression LABELS e2e)
 
 # ddp_add_error_test(name NP n REGEX re ARGS ...): ddp_train on n ranks must fail
@@ -56,7 +62,7 @@ ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create dire
 function(ddp_add_train_test name)
   cmake_parse_arguments(T "" "NP;RUN_DIR;CHECK;FIXTURE;TIMEOUT" "ARGS" ${ARGN})
   add_test(NAME e2e_${name}
-           COMMAND ${E2E}/train_and_check.sh ${T_RUN_DIR} "${T_CHECK} --world-size ${T_NP}" --
+           COMMAND ${CMAKE_COMMAND} -E env DDP_PYTHON=${DDP_PYTHON} ${E2E}/train_and_check.sh ${T_RUN_DIR} "${T_CHECK} --world-size ${T_NP}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS} io.run_dir=${T_RUN_DIR})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
@@ -73,7 +79,7 @@ ddp_add_train_test(tiny_preload NP 2 RUN_DIR runs/tiny_preload FIXTURE e2e_data 
                    ARGS ${TINY} data.mode=preload)
 set_tests_properties(e2e_tiny_stream e2e_tiny_preload PROPERTIES FIXTURES_SETUP stream_vs_preload)
 add_test(NAME e2e_stream_equals_preload
-         COMMAND python3 ${E2E}/compare_metrics.py runs/tiny_stream runs/tiny_preload
+         COMMAND ${DDP_PYTHON} ${E2E}/compare_metrics.py runs/tiny_stream runs/tiny_preload
                  train_loss val_loss val_acc val_correct step)
 set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stream_vs_preload LABELS e2e)
 

@@ -16,7 +16,7 @@ int world_rank() {
   return rank;
 }
 
-void abort_all(int code) {
+[[noreturn]] void abort_all(int code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

@@ -137,7 +137,9 @@ Data open_data(const Context& ctx, const Config& cfg) {
   std::ostringstream os;
   os << "data: " << data.train->size() << " training samples of shape " << to_string(data.train->sample_shape());
   if (data.val) os << ", " << data.val->size() << " validation samples";
-  os << "; " << (preload ? "preloaded" : "streamed") << " (" << bytes / (1024.0 * 1024.0) << " MiB)";
+  char size[64];
+  std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
+  os << "; " << (preload ? "preloaded on every rank" : "streamed") << size;
   log::info(os.str());
   return data;
 }

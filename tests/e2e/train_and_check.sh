@@ -8,4 +8,4 @@ shift 3
 rm -rf "$run_dir"
 timeout 900 "$@"
 # shellcheck disable=SC2086
-python3 "$(dirname "$0")/check_metrics.py" "$run_dir" $check
+"${DDP_PYTHON:-python3}" "$(dirname "$0")/check_metrics.py" "$run_dir" $check

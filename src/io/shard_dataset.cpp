@@ -1,0 +1,297 @@
+#include "io/shard_dataset.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "comm/check.hpp"
+#include "io/shard_check.hpp"
+
+namespace ddp {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+namespace {
+
+// Rank 0's string to every rank (a message or a packed layout).
+std::string bcast_string(MPI_Comm comm, std::string s) {
+  long long n = static_cast<long long>(s.size());
+  MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
+  s.resize(static_cast<std::size_t>(n));
+  MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, 0, comm));
+  return s;
+}
+
+// MPI counts are int: large buffers go in pieces.
+void bcast_bytes(MPI_Comm comm, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  constexpr std::size_t piece = std::size_t{1} << 30;
+  for (std::size_t off = 0; off < n; off += piece)
+    MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(piece, n - off)), MPI_BYTE, 0, comm));
+}
+
+// Every rank throws the same InputError when rank 0 sends a non-empty message.
+void agree_or_throw(MPI_Comm comm, const std::string& msg_on_root) {
+  const std::string msg = bcast_string(comm, msg_on_root);
+  if (!msg.empty()) throw InputError(msg);
+}
+
+std::int64_t product(const std::vector<std::int64_t>& v) {
+  std::int64_t p = 1;
+  for (auto e : v) p *= e;
+  return p;
+}
+
+// Reads rows given as sorted runs (start, length) of a dataset's first dimension
+// into `buf`, row after row, with ONE H5Dread over the union of the runs.
+// Caller holds hdf5_mutex().
+void read_runs(hid_t dset, hid_t mem_type, const std::vector<std::pair<hsize_t, hsize_t>>& runs,
+               void* buf) {
+  if (runs.empty()) return;
+  const hid_t fspace = H5_CHECK(H5Dget_space(dset));
+  const int nd = H5_CHECK(H5Sget_simple_extent_ndims(fspace));
+  std::vector<hsize_t> dims(nd), start(nd, 0), count(nd, 1), block(nd);
+  H5_CHECK(H5Sget_simple_extent_dims(fspace, dims.data(), nullptr));
+  block = dims;
+  hsize_t rows = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    start[0] = runs[i].first;
+    block[0] = runs[i].second;
+    rows += runs[i].second;
+    H5_CHECK(H5Sselect_hyperslab(fspace, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                                 nullptr, count.data(), block.data()));
+  }
+  std::vector<hsize_t> mdims = dims;
+  mdims[0] = rows;
+  const hid_t mspace = H5_CHECK(H5Screate_simple(nd, mdims.data(), nullptr));
+  // Independent transfer: each rank reads its own batch, no rank waits for another.
+  const hid_t dxpl = H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
+  H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT));
+  H5_CHECK(H5Dread(dset, mem_type, mspace, fspace, dxpl, buf));
+  H5_CHECK(H5Pclose(dxpl));
+  H5_CHECK(H5Sclose(mspace));
+  H5_CHECK(H5Sclose(fspace));
+}
+
+// Sorted unique rows -> maximal runs of consecutive rows.
+std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::size_t n,
+                                                 std::int64_t base) {
+  std::vector<std::pair<hsize_t, hsize_t>> runs;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto r = static_cast<hsize_t>(rows[i] - base);
+    if (!runs.empty() && runs.back().first + runs.back().second == r)
+      ++runs.back().second;
+    else
+      runs.emplace_back(r, 1);
+  }
+  return runs;
+}
+
+}  // namespace
+
+ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns,
+                           const std::string& what)
+    : what_(what) {
+  // Our messages are the one-line user errors; HDF5's own stack dumps would bury them.
+  // H5_CHECK still reads the error stack.
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  std::string error, packed;
+  if (rank == 0) {
+    try {
+      std::lock_guard<std::mutex> lock(hdf5_mutex());
+      packed = shard::pack(shard::inspect(patterns, what));
+    } catch (const InputError& e) {
+      error = e.what();
+    }
+  }
+  agree_or_throw(comm, error);  // before the dup: nothing to free on the way out
+  const shard::Layout l = shard::unpack(bcast_string(comm, packed));
+
+  files_ = l.files;
+  sample_shape_ = l.sample_shape;
+  target_shape_ = l.target_shape;
+  sample_numel_ = product(sample_shape_);
+  target_numel_ = product(target_shape_);
+  x_uint8_ = l.x_uint8;
+  labels_ = l.labels;
+  y_stored_bytes_ = static_cast<std::size_t>(l.y_bytes);
+  for (std::size_t i = 0; i < files_.size(); ++i) {
+    Shard s;
+    s.path = files_[i];
+    s.offset = total_;
+    s.count = l.counts[i];
+    total_ += s.count;
+    shards_.push_back(s);
+  }
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  open_all();
+}
+
+void ShardDataset::open_all() {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  for (auto& s : shards_) {
+    const hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+    H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
+    s.file = H5_CHECK(H5Fopen(s.path.c_str(), H5F_ACC_RDONLY, fapl));
+    H5_CHECK(H5Pclose(fapl));
+    s.x = H5_CHECK(H5Dopen2(s.file, "/x", H5P_DEFAULT));
+    s.y = H5_CHECK(H5Dopen2(s.file, "/y", H5P_DEFAULT));
+  }
+}
+
+ShardDataset::~ShardDataset() {
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    for (auto& s : shards_) {
+      H5_CHECK(H5Dclose(s.x));
+      H5_CHECK(H5Dclose(s.y));
+      H5_CHECK(H5Fclose(s.file));  // collective with the MPI-IO driver
+    }
+  }
+  MPI_Comm_free(&comm_);
+}
+
+std::size_t ShardDataset::bytes() const {
+  const auto n = static_cast<std::size_t>(total_);
+  return n * static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4) +
+         n * static_cast<std::size_t>(target_numel_) * y_stored_bytes_;
+}
+
+void ShardDataset::check_labels(std::int64_t n_classes) {
+  if (!labels_)
+    throw InputError(what_ + ": /y holds float32 targets, not integer class labels");
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  std::string error;
+  if (rank == 0) {
+    // In pieces, so a huge shard's labels need not fit in memory at once.
+    constexpr std::int64_t piece = 1 << 20;
+    std::vector<std::int64_t> y;
+    for (const auto& s : shards_) {
+      for (std::int64_t start = 0; start < s.count && error.empty(); start += piece) {
+        const std::int64_t m = std::min(piece, s.count - start);
+        y.resize(static_cast<std::size_t>(m));
+        {
+          std::lock_guard<std::mutex> lock(hdf5_mutex());
+          read_runs(s.y, H5T_NATIVE_INT64, {{hsize_t(start), hsize_t(m)}}, y.data());
+        }
+        for (std::int64_t i = 0; i < m; ++i)
+          if (y[i] < 0 || y[i] >= n_classes) {
+            error = s.path + ": label /y[" + std::to_string(start + i) + "] = " +
+                    std::to_string(y[i]) + " is outside [0, " + std::to_string(n_classes) +
+                    ") for a model with " + std::to_string(n_classes) + " classes";
+            break;
+          }
+      }
+      if (!error.empty()) break;
+    }
+  }
+  agree_or_throw(comm_, error);
+}
+
+void ShardDataset::preload() {
+  if (preloaded_) return;
+  const auto n = static_cast<std::size_t>(total_);
+  const std::size_t row = static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4);
+  x_mem_.resize(n * row);
+  if (labels_)
+    labels_mem_.resize(n);
+  else
+    targets_mem_.resize(n * static_cast<std::size_t>(target_numel_));
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  // One reader and a broadcast: W ranks reading the same bytes would hit the file
+  // system W times.
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    for (const auto& s : shards_) {
+      if (s.count == 0) continue;  // an empty hyperslab is an HDF5 error
+      const std::vector<std::pair<hsize_t, hsize_t>> all{{0, hsize_t(s.count)}};
+      const auto o = static_cast<std::size_t>(s.offset);
+      read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, all, x_mem_.data() + o * row);
+      if (labels_)
+        read_runs(s.y, H5T_NATIVE_INT32, all, labels_mem_.data() + o);
+      else
+        read_runs(s.y, H5T_NATIVE_FLOAT, all, targets_mem_.data() + o * target_numel_);
+    }
+  }
+  bcast_bytes(comm_, x_mem_.data(), x_mem_.size());
+  bcast_bytes(comm_, labels_mem_.data(), labels_mem_.size() * sizeof(std::int32_t));
+  bcast_bytes(comm_, targets_mem_.data(), targets_mem_.size() * sizeof(float));
+  preloaded_ = true;
+}
+
+void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels,
+                        float* targets) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (idx[i] < 0 || idx[i] >= total_)
+      throw std::out_of_range(what_ + ": sample index " + std::to_string(idx[i]) +
+                              " is outside [0, " + std::to_string(total_) + ")");
+  const std::size_t numel = static_cast<std::size_t>(sample_numel_);
+  const std::size_t tnumel = static_cast<std::size_t>(target_numel_);
+  const std::size_t xrow = numel * (x_uint8_ ? 1 : 4);
+
+  // Rows in file order, each once; slot[i] is request i's row in the staging buffers.
+  std::vector<std::int64_t> rows(idx, idx + n);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  const std::uint8_t* xsrc = x_mem_.data();
+  const std::int32_t* lsrc = labels_mem_.data();
+  const float* tsrc = targets_mem_.data();
+  std::vector<std::uint8_t> xbuf;  // (rows, sample...) as stored
+  std::vector<std::int32_t> lbuf;  // (rows)
+  std::vector<float> tbuf;         // (rows, target...)
+  if (!preloaded_) {
+    xbuf.resize(rows.size() * xrow);
+    if (labels_) lbuf.resize(rows.size());
+    else tbuf.resize(rows.size() * tnumel);
+    std::size_t begin = 0;
+    for (const auto& s : shards_) {
+      std::size_t end = begin;
+      while (end < rows.size() && rows[end] < s.offset + s.count) ++end;
+      if (end == begin) continue;
+      const auto runs = to_runs(rows.data() + begin, end - begin, s.offset);
+      std::lock_guard<std::mutex> lock(hdf5_mutex());
+      if (x)
+        read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, runs,
+                  xbuf.data() + begin * xrow);
+      if (labels && labels_) read_runs(s.y, H5T_NATIVE_INT32, runs, lbuf.data() + begin);
+      if (targets && !labels_) read_runs(s.y, H5T_NATIVE_FLOAT, runs, tbuf.data() + begin * tnumel);
+      begin = end;
+    }
+    xsrc = xbuf.data();
+    lsrc = lbuf.data();
+    tsrc = tbuf.data();
+  }
+
+  for (std::int64_t i = 0; i < n; ++i) {
+    // In memory a request's row is its global index; staged, its rank among `rows`.
+    const auto r = static_cast<std::size_t>(
+        preloaded_ ? idx[i] : std::lower_bound(rows.begin(), rows.end(), idx[i]) - rows.begin());
+    if (x) {
+      float* dst = x + static_cast<std::size_t>(i) * numel;
+      if (x_uint8_) {
+        const std::uint8_t* src = xsrc + r * xrow;
+        // A division, not * (1/255): the same floats as torchvision's ToTensor.
+        for (std::size_t k = 0; k < numel; ++k) dst[k] = src[k] / 255.0f;
+      } else {
+        std::memcpy(dst, xsrc + r * xrow, xrow);
+      }
+    }
+    if (labels && labels_) labels[i] = lsrc[r];
+    if (targets && !labels_)
+      std::memcpy(targets + static_cast<std::size_t>(i) * tnumel, tsrc + r * tnumel,
+                  tnumel * sizeof(float));
+  }
+}
+
+}  // namespace ddp

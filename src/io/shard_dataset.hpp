@@ -1,0 +1,90 @@
+#pragma once
+// A data set made of HDF5 shard files, read in parallel through the MPI-IO driver.
+//
+// Shard format: /x (N, ...) float32 or uint8 (uint8 is read as x/255);
+// /y (N) integer class labels or (N, ...) float32 targets; root attributes
+// format = "ddp_train.shard", version = 1 (written by tools/, not required here).
+// Samples are numbered globally: shard 0's first, then shard 1's, ...
+
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+// HDF5 is built without thread safety here: every HDF5 call made while another
+// thread may be in HDF5 (a prefetch thread) holds this one process-wide lock.
+std::mutex& hdf5_mutex();
+
+class ShardDataset {
+ public:
+  // Collective over comm. Rank 0 expands the patterns and checks every file; any
+  // problem makes every rank throw InputError with the same one-line message
+  // naming the file. `what` ("data.train_files") prefixes messages about patterns.
+  ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what);
+  // Collective: closes the files. Before MPI_Finalize, after every BatchLoader on it.
+  ~ShardDataset();
+  ShardDataset(const ShardDataset&) = delete;
+  ShardDataset& operator=(const ShardDataset&) = delete;
+
+  std::int64_t size() const { return total_; }  // samples over all shards
+  // Per-sample shape of /x, e.g. (1, 28, 28).
+  const std::vector<std::int64_t>& sample_shape() const { return sample_shape_; }
+  std::int64_t sample_numel() const { return sample_numel_; }
+  bool x_is_uint8() const { return x_uint8_; }
+  bool has_class_labels() const { return labels_; }  // /y integer
+  // Per-sample shape of float targets (y's dims after the first); {} for labels.
+  const std::vector<std::int64_t>& target_shape() const { return target_shape_; }
+  std::int64_t target_numel() const { return target_numel_; }  // 1 for labels
+  const std::vector<std::string>& files() const { return files_; }
+  const std::string& what() const { return what_; }
+
+  // Collective: every label in [0, n_classes), else every rank throws InputError
+  // naming the file, the sample and the value. InputError also for float targets.
+  void check_labels(std::int64_t n_classes);
+
+  std::size_t bytes() const;  // /x and /y as stored on disk
+
+  // Collective: reads everything into memory (uint8 stays uint8); read() then
+  // touches no file.
+  void preload();
+  bool preloaded() const { return preloaded_; }
+
+  // Not collective, thread-safe. Samples by global index, any order, repeats allowed:
+  // x: (n, sample...) floats; labels: (n) or targets: (n, target...) floats,
+  // nullptr for what is not wanted. Throws std::out_of_range on a bad index.
+  void read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels,
+            float* targets);
+
+ private:
+  struct Shard {
+    std::string path;
+    std::int64_t offset = 0;  // global index of its first sample
+    std::int64_t count = 0;
+    hid_t file = -1, x = -1, y = -1;
+  };
+
+  void open_all();
+
+  MPI_Comm comm_ = MPI_COMM_NULL;  // private duplicate: HDF5's MPI-IO traffic stays apart
+  std::string what_;
+  std::vector<std::string> files_;
+  std::vector<Shard> shards_;
+  std::int64_t total_ = 0;
+  std::vector<std::int64_t> sample_shape_, target_shape_;
+  std::int64_t sample_numel_ = 1, target_numel_ = 1;
+  bool x_uint8_ = false;
+  bool labels_ = false;
+  std::size_t y_stored_bytes_ = 0;  // per element, as on disk
+
+  bool preloaded_ = false;
+  std::vector<std::uint8_t> x_mem_;  // (N, sample...) uint8 or float32 bytes
+  std::vector<std::int32_t> labels_mem_;  // (N)
+  std::vector<float> targets_mem_;        // (N, target...)
+};
+
+}  // namespace ddp

@@ -34,7 +34,7 @@ ddp_add_error_test(misspelled_override NP 2 REGEX "trian.*did you mean 'train'"
                    ARGS ${TINY} trian.epochs=2)
 ddp_add_error_test(wrong_type NP 2 REGEX "train.epochs.*integer" ARGS ${TINY} train.epochs=2.5)
 ddp_add_error_test(out_of_range NP 2 REGEX "train.lr" ARGS ${TINY} train.lr=-1)
-ddp_add_error_test(bad_enum NP 2 REGEX "train.optimizer.*'adam'.*sgd" ARGS ${TINY} train.optimizer=adam)
+ddp_add_error_test(bad_enum NP 2 REGEX "train.optimizer=adam: expected one of 'sgd', 'adamw'" ARGS ${TINY} train.optimizer=adam)
 ddp_add_error_test(unknown_layer NP 2 REGEX "relu2.*unknown layer"
                    ARGS ${TINY} "model.layers=linear(8),relu2,linear(3)")
 ddp_add_error_test(empty_glob NP 2 REGEX "data.train_files.*e2e_data/nothing_\\*.h5.*matches no file"
@@ -78,7 +78,7 @@ add_test(NAME e2e_stream_equals_preload
 set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stream_vs_preload LABELS e2e)
 
 ddp_add_train_test(regression_np2 NP 2 RUN_DIR runs/regression FIXTURE regression
-                   CHECK "--epochs 20 --max-val-loss 0.02" ARGS ${PROJECT_SOURCE_DIR}/inputs/regression.nml)
+                   CHECK "--epochs 20 --max-val-loss 0.005" ARGS ${PROJECT_SOURCE_DIR}/inputs/regression.nml)
 # The issue's acceptance run: Fashion-MNIST MLP, 2 ranks, 3 epochs, >= 0.85.
 ddp_add_train_test(fashion_mlp_np2 NP 2 RUN_DIR runs/fashion_mlp FIXTURE fashion TIMEOUT 900
                    CHECK "--epochs 3 --min-val-acc 0.85"

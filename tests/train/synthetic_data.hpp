@@ -19,8 +19,8 @@ inline void write_classification_shard(MPI_Comm comm, const std::string& path, s
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   if (rank == 0) {
-    std::vector<float> x(std::size_t(n * features));
-    std::vector<std::int64_t> y(std::size_t(n));
+    std::vector<float> x(static_cast<std::size_t>(n * features));
+    std::vector<std::int64_t> y(static_cast<std::size_t>(n));
     std::uint64_t s = seed * 2654435761u + 12345u;
     auto next = [&s] {  // LCG: enough for test data
       s = s * 6364136223846793005ull + 1442695040888963407ull;

@@ -26,6 +26,8 @@ endfunction()
 set(TINY ${E2E}/tiny.nml)
 ddp_add_error_test(missing_input NP 2 REGEX "cannot read input file 'no_such_input.nml'"
                    ARGS no_such_input.nml)
+ddp_add_error_test(input_is_directory NP 2 REGEX "cannot read input file '.*e2e': it is a directory"
+                   ARGS ${E2E})
 ddp_add_error_test(no_arguments NP 1 REGEX "no input file given" ARGS)
 ddp_add_error_test(namelist_syntax NP 2 REGEX "bad_syntax.nml:3: .*string" ARGS ${E2E}/bad_syntax.nml)
 ddp_add_error_test(misspelled_key NP 2 REGEX "bad_key.nml:5: .*'batchsize'.*did you mean 'batch_size'"

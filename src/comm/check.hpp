@@ -33,31 +33,30 @@ std::string h5_error_string();
 
 }  // namespace ddp
 
-#define DDP_FATAL(msg)                                   \
-  do {                                                   \
-    std::ostringstream ddp_fatal_os_;                    \
-    ddp_fatal_os_ << msg;                                \
+#define DDP_FATAL(msg)                                     \
+  do {                                                     \
+    std::ostringstream ddp_fatal_os_;                      \
+    ddp_fatal_os_ << msg;                                  \
     ::ddp::fatal(__FILE__, __LINE__, ddp_fatal_os_.str()); \
   } while (0)
 
-#define DDP_REQUIRE(cond, msg)                                            \
-  do {                                                                    \
-    if (!(cond)) DDP_FATAL("check failed: " #cond ": " << msg);           \
+#define DDP_REQUIRE(cond, msg)                                  \
+  do {                                                          \
+    if (!(cond)) DDP_FATAL("check failed: " #cond ": " << msg); \
   } while (0)
 
-#define MPI_CHECK(call)                                                             \
-  do {                                                                              \
-    int ddp_mpi_rc_ = (call);                                                       \
-    if (ddp_mpi_rc_ != MPI_SUCCESS)                                                 \
-      DDP_FATAL(#call << " failed: " << ::ddp::mpi_error_string(ddp_mpi_rc_));      \
+#define MPI_CHECK(call)                                                                                      \
+  do {                                                                                                       \
+    int ddp_mpi_rc_ = (call);                                                                                \
+    if (ddp_mpi_rc_ != MPI_SUCCESS) DDP_FATAL(#call << " failed: " << ::ddp::mpi_error_string(ddp_mpi_rc_)); \
   } while (0)
 
 // HDF5 calls return a negative value (herr_t or hid_t) on failure.
-#define H5_CHECK(call)                                                    \
-  ([&]() {                                                                \
-    auto ddp_h5_rc_ = (call);                                             \
+#define H5_CHECK(call)                                                               \
+  ([&]() {                                                                           \
+    auto ddp_h5_rc_ = (call);                                                        \
     if (ddp_h5_rc_ < 0) DDP_FATAL(#call << " failed: " << ::ddp::h5_error_string()); \
-    return ddp_h5_rc_;                                                    \
+    return ddp_h5_rc_;                                                               \
   }())
 
 namespace ddp {

@@ -40,8 +40,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce(T* data, std::size_t n, MPI_Datatype type) {
     if (size_ == 1) return;
     for (std::size_t off = 0; off < n; off += kMaxChunk)
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxChunk, n - off)), type,
-                              MPI_SUM, comm_));
+      MPI_CHECK(
+          MPI_Allreduce(MPI_IN_PLACE, data + off, int(std::min(kMaxChunk, n - off)), type, MPI_SUM, comm_));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

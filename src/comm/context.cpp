@@ -1,8 +1,8 @@
 #include "comm/context.hpp"
 
-#include <Kokkos_Core.hpp>
 #include <cblas.h>
 
+#include <Kokkos_Core.hpp>
 #include <cstdlib>
 
 #include "comm/check.hpp"

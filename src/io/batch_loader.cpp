@@ -13,8 +13,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-BatchLoader::BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices,
-                         std::int64_t batch_size, int prefetch_depth)
+BatchLoader::BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices, std::int64_t batch_size,
+                         int prefetch_depth)
     : ds_(ds), indices_(std::move(indices)), batch_size_(batch_size), depth_(prefetch_depth) {
   if (batch_size_ < 1) throw std::invalid_argument("BatchLoader: batch_size must be >= 1");
   if (depth_ < 0) throw std::invalid_argument("BatchLoader: prefetch_depth must be >= 0");

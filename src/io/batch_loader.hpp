@@ -16,10 +16,10 @@ namespace ddp {
 
 struct Batch {
   std::int64_t size = 0;
-  std::vector<std::int64_t> index;    // (B) global sample indices
-  std::vector<float> x;               // (B, sample...)
-  std::vector<std::int32_t> labels;   // (B) when the data has class labels
-  std::vector<float> targets;         // (B, target...) otherwise
+  std::vector<std::int64_t> index;   // (B) global sample indices
+  std::vector<float> x;              // (B, sample...)
+  std::vector<std::int32_t> labels;  // (B) when the data has class labels
+  std::vector<float> targets;        // (B, target...) otherwise
 };
 
 class BatchLoader {

@@ -23,8 +23,7 @@ std::vector<std::string> expand_one(const std::string& pattern, const std::strin
   if (rc == 0) out.assign(g.gl_pathv, g.gl_pathv + g.gl_pathc);
   globfree(&g);
   if (rc != 0 && rc != GLOB_NOMATCH)
-    throw InputError(what + ": cannot expand '" + pattern + "' (glob error " +
-                     std::to_string(rc) + ")");
+    throw InputError(what + ": cannot expand '" + pattern + "' (glob error " + std::to_string(rc) + ")");
   // A file whose name holds '[' or '*' does not match itself as a pattern.
   struct stat st {};
   if (out.empty() && stat(pattern.c_str(), &st) == 0) out.push_back(pattern);
@@ -35,8 +34,7 @@ std::vector<std::string> expand_one(const std::string& pattern, const std::strin
 
 }  // namespace
 
-std::vector<std::string> expand_globs(const std::vector<std::string>& patterns,
-                                      const std::string& what) {
+std::vector<std::string> expand_globs(const std::vector<std::string>& patterns, const std::string& what) {
   if (patterns.empty()) throw InputError(what + ": no file pattern given");
   std::vector<std::string> files;
   std::unordered_set<std::string> seen;

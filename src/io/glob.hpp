@@ -10,7 +10,6 @@ namespace ddp {
 // concatenated in pattern order, duplicates dropped (first occurrence kept).
 // A pattern matching nothing that is not itself an existing file throws
 // InputError "<what>: '<pattern>' matches no file"; so does an empty list.
-std::vector<std::string> expand_globs(const std::vector<std::string>& patterns,
-                                      const std::string& what);
+std::vector<std::string> expand_globs(const std::vector<std::string>& patterns, const std::string& what);
 
 }  // namespace ddp

@@ -15,10 +15,18 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -53,8 +61,7 @@ std::string to_json_line(const MetricRecord& record) {
   return line + "}";
 }
 
-MetricsWriter::MetricsWriter(const std::string& run_dir, bool enabled)
-    : path_(run_dir + "/metrics.jsonl") {
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool enabled) : path_(run_dir + "/metrics.jsonl") {
   if (!enabled) return;
   file_ = std::fopen(path_.c_str(), "a");
   if (!file_) DDP_FATAL("cannot open " << path_ << " for appending: " << std::strerror(errno));

@@ -62,8 +62,10 @@ std::vector<Token> lex(const std::string& text, const std::string& path) {
       while (j < n && (is_alnum(text[j]) || text[j] == '_')) ++j;
       std::string name = lower(text.substr(i + 1, j - i - 1));
       if (name.empty()) fail(path, line, std::string("expected a group name after '") + c + "'");
-      if (name == "end") toks.push_back({Tok::Close, text.substr(i, j - i), line, {}});
-      else toks.push_back({Tok::Open, name, line, {}});
+      if (name == "end")
+        toks.push_back({Tok::Close, text.substr(i, j - i), line, {}});
+      else
+        toks.push_back({Tok::Open, name, line, {}});
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string s;
@@ -110,9 +112,7 @@ class Parser {
   }
 
  private:
-  const Token& peek(std::size_t ahead = 0) const {
-    return toks_[std::min(pos_ + ahead, toks_.size() - 1)];
-  }
+  const Token& peek(std::size_t ahead = 0) const { return toks_[std::min(pos_ + ahead, toks_.size() - 1)]; }
   const Token& next() {
     const Token& t = peek();
     if (pos_ < toks_.size() - 1) ++pos_;
@@ -134,8 +134,7 @@ class Parser {
           continue;
         case Tok::End:
         case Tok::Open:
-          fail(path_, t.line, "missing '/' closing &" + g.name + " opened at line " +
-                                  std::to_string(g.line));
+          fail(path_, t.line, "missing '/' closing &" + g.name + " opened at line " + std::to_string(g.line));
         default:
           fail(path_, t.line, "expected a key in &" + g.name + ", got '" + t.text + "'");
       }
@@ -149,8 +148,9 @@ class Parser {
     next();
     for (const Entry& other : g.entries)
       if (other.key == e.key)
-        fail(path_, e.line, "duplicate key '" + e.key + "' in &" + g.name + " (first at line " +
-                                std::to_string(other.line) + ")");
+        fail(path_, e.line,
+             "duplicate key '" + e.key + "' in &" + g.name + " (first at line " + std::to_string(other.line) +
+                 ")");
     // The list goes on until the next `key =`, a terminator or a non-value.
     for (;;) {
       const Token& v = peek();
@@ -169,8 +169,8 @@ class Parser {
             (after == Tok::Word || after == Tok::String))
           return e;
         if (!val && is_identifier(v.text))
-          fail(path_, v.line, "expected a value for '" + e.key + "', got '" + v.text +
-                                  "' (strings need quotes)");
+          fail(path_, v.line,
+               "expected a value for '" + e.key + "', got '" + v.text + "' (strings need quotes)");
         if (!val) fail(path_, v.line, "invalid value '" + v.text + "' for '" + e.key + "'");
         e.values.push_back(*val);
       } else {
@@ -181,8 +181,7 @@ class Parser {
       if (peek().type == Tok::Comma) {
         next();
         // Fortran reads `1,,2` as a null value; here it is almost always a typo.
-        if (peek().type == Tok::Comma)
-          fail(path_, peek().line, "empty value in the list of '" + e.key + "'");
+        if (peek().type == Tok::Comma) fail(path_, peek().line, "empty value in the list of '" + e.key + "'");
       }
     }
   }

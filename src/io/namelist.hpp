@@ -23,11 +23,11 @@ enum class Kind { Int, Real, Logical, String };
 
 struct Value {
   Kind kind = Kind::String;
-  std::string text;       // as written: "1.d-3", "'it''s'", ".T."
-  std::int64_t i = 0;     // Kind::Int
-  double r = 0.0;         // Kind::Int and Kind::Real
-  bool b = false;         // Kind::Logical
-  std::string s;          // Kind::String, quotes removed
+  std::string text;    // as written: "1.d-3", "'it''s'", ".T."
+  std::int64_t i = 0;  // Kind::Int
+  double r = 0.0;      // Kind::Int and Kind::Real
+  bool b = false;      // Kind::Logical
+  std::string s;       // Kind::String, quotes removed
   int line = 0;
 };
 

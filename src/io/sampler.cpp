@@ -39,10 +39,14 @@ std::vector<std::int64_t> seeded_permutation(std::int64_t n, std::uint64_t seed)
   return p;
 }
 
-DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank,
-                                       bool shuffle, std::uint64_t seed, bool drop_last)
-    : size_(dataset_size), num_replicas_(num_replicas), rank_(rank), shuffle_(shuffle),
-      seed_(seed), drop_last_(drop_last) {
+DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, bool shuffle,
+                                       std::uint64_t seed, bool drop_last)
+    : size_(dataset_size),
+      num_replicas_(num_replicas),
+      rank_(rank),
+      shuffle_(shuffle),
+      seed_(seed),
+      drop_last_(drop_last) {
   check_replicas(num_replicas, rank);
   if (dataset_size < 0) throw InputError("sampler: negative data set size");
   // torch: ceil(N/W) with padding, floor(N/W) with drop_last.

@@ -13,8 +13,8 @@ namespace ddp {
 class DistributedSampler {
  public:
   // Throws InputError on num_replicas < 1 or rank outside [0, num_replicas).
-  DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, bool shuffle,
-                     std::uint64_t seed, bool drop_last);
+  DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, bool shuffle, std::uint64_t seed,
+                     bool drop_last);
 
   void set_epoch(std::int64_t epoch) { epoch_ = epoch; }
   std::int64_t epoch() const { return epoch_; }

@@ -86,8 +86,7 @@ FileInfo inspect_file(const std::string& path) {
   if (!x_ok) throw InputError(path + ": /x is " + type_name(fi.x) + "; expected float32 or uint8");
   const bool y_ok = fi.y.cls == H5T_INTEGER || (fi.y.cls == H5T_FLOAT && fi.y.size == 4);
   if (!y_ok)
-    throw InputError(path + ": /y is " + type_name(fi.y) +
-                     "; expected integer labels or float32 targets");
+    throw InputError(path + ": /y is " + type_name(fi.y) + "; expected integer labels or float32 targets");
   if (fi.y.cls == H5T_INTEGER && fi.y.dims.size() != 1)
     throw InputError(path + ": /y holds integer labels of shape " + shape_str(fi.y.dims) +
                      "; labels must be (N)");
@@ -131,8 +130,8 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
       // Every shard must look like the first: the model is built from its shapes.
       const std::string& first = l.files[0];
       if (sample != l.sample_shape)
-        throw InputError(path + ": /x has sample shape " + shape_str(sample) + " but " + first +
-                         " has " + shape_str(l.sample_shape));
+        throw InputError(path + ": /x has sample shape " + shape_str(sample) + " but " + first + " has " +
+                         shape_str(l.sample_shape));
       if (x_uint8 != l.x_uint8)
         throw InputError(path + ": /x is " + type_name(fi.x) + " but " + first + " has " +
                          (l.x_uint8 ? "uint8" : "float32"));
@@ -140,8 +139,8 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
         throw InputError(path + ": /y holds " + y_kind(labels) + " but " + first + " holds " +
                          y_kind(l.labels));
       if (target != l.target_shape)
-        throw InputError(path + ": /y has target shape " + shape_str(target) + " but " + first +
-                         " has " + shape_str(l.target_shape));
+        throw InputError(path + ": /y has target shape " + shape_str(target) + " but " + first + " has " +
+                         shape_str(l.target_shape));
       // Mixed label widths are harmless (read as int32) but bytes() counts the first's.
     }
     l.counts.push_back(fi.x.dims[0]);

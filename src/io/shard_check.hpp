@@ -15,8 +15,8 @@ struct Layout {
   std::vector<std::int64_t> sample_shape;  // /x dims after the first
   std::vector<std::int64_t> target_shape;  // /y dims after the first ({} for labels)
   bool x_uint8 = false;
-  bool labels = false;                     // /y integer
-  std::int64_t y_bytes = 0;                // bytes per /y element on disk
+  bool labels = false;       // /y integer
+  std::int64_t y_bytes = 0;  // bytes per /y element on disk
 };
 
 // Expands `patterns` and checks every file and their agreement. Throws InputError.

@@ -49,8 +49,7 @@ std::int64_t product(const std::vector<std::int64_t>& v) {
 // Reads rows given as sorted runs (start, length) of a dataset's first dimension
 // into `buf`, row after row, with ONE H5Dread over the union of the runs.
 // Caller holds hdf5_mutex().
-void read_runs(hid_t dset, hid_t mem_type, const std::vector<std::pair<hsize_t, hsize_t>>& runs,
-               void* buf) {
+void read_runs(hid_t dset, hid_t mem_type, const std::vector<std::pair<hsize_t, hsize_t>>& runs, void* buf) {
   if (runs.empty()) return;
   const hid_t fspace = H5_CHECK(H5Dget_space(dset));
   const int nd = H5_CHECK(H5Sget_simple_extent_ndims(fspace));
@@ -62,8 +61,8 @@ void read_runs(hid_t dset, hid_t mem_type, const std::vector<std::pair<hsize_t, 
     start[0] = runs[i].first;
     block[0] = runs[i].second;
     rows += runs[i].second;
-    H5_CHECK(H5Sselect_hyperslab(fspace, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
-                                 nullptr, count.data(), block.data()));
+    H5_CHECK(H5Sselect_hyperslab(fspace, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                                 count.data(), block.data()));
   }
   std::vector<hsize_t> mdims = dims;
   mdims[0] = rows;
@@ -78,8 +77,7 @@ void read_runs(hid_t dset, hid_t mem_type, const std::vector<std::pair<hsize_t, 
 }
 
 // Sorted unique rows -> maximal runs of consecutive rows.
-std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::size_t n,
-                                                 std::int64_t base) {
+std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::size_t n, std::int64_t base) {
   std::vector<std::pair<hsize_t, hsize_t>> runs;
   for (std::size_t i = 0; i < n; ++i) {
     const auto r = static_cast<hsize_t>(rows[i] - base);
@@ -93,8 +91,7 @@ std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::
 
 }  // namespace
 
-ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns,
-                           const std::string& what)
+ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what)
     : what_(what) {
   // Our messages are the one-line user errors; HDF5's own stack dumps would bury them.
   // H5_CHECK still reads the error stack.
@@ -167,8 +164,7 @@ std::size_t ShardDataset::bytes() const {
 }
 
 void ShardDataset::check_labels(std::int64_t n_classes) {
-  if (!labels_)
-    throw InputError(what_ + ": /y holds float32 targets, not integer class labels");
+  if (!labels_) throw InputError(what_ + ": /y holds float32 targets, not integer class labels");
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
   std::string error;
@@ -186,9 +182,9 @@ void ShardDataset::check_labels(std::int64_t n_classes) {
         }
         for (std::int64_t i = 0; i < m; ++i)
           if (y[i] < 0 || y[i] >= n_classes) {
-            error = s.path + ": label /y[" + std::to_string(start + i) + "] = " +
-                    std::to_string(y[i]) + " is outside [0, " + std::to_string(n_classes) +
-                    ") for a model with " + std::to_string(n_classes) + " classes";
+            error = s.path + ": label /y[" + std::to_string(start + i) + "] = " + std::to_string(y[i]) +
+                    " is outside [0, " + std::to_string(n_classes) + ") for a model with " +
+                    std::to_string(n_classes) + " classes";
             break;
           }
       }
@@ -234,8 +230,8 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
                         float* targets) {
   for (std::int64_t i = 0; i < n; ++i)
     if (idx[i] < 0 || idx[i] >= total_)
-      throw std::out_of_range(what_ + ": sample index " + std::to_string(idx[i]) +
-                              " is outside [0, " + std::to_string(total_) + ")");
+      throw std::out_of_range(what_ + ": sample index " + std::to_string(idx[i]) + " is outside [0, " +
+                              std::to_string(total_) + ")");
   const std::size_t numel = static_cast<std::size_t>(sample_numel_);
   const std::size_t tnumel = static_cast<std::size_t>(target_numel_);
   const std::size_t xrow = numel * (x_uint8_ ? 1 : 4);
@@ -252,8 +248,10 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
   std::vector<float> tbuf;         // (rows, target...)
   if (!preloaded_) {
     xbuf.resize(rows.size() * xrow);
-    if (labels_) lbuf.resize(rows.size());
-    else tbuf.resize(rows.size() * tnumel);
+    if (labels_)
+      lbuf.resize(rows.size());
+    else
+      tbuf.resize(rows.size() * tnumel);
     std::size_t begin = 0;
     for (const auto& s : shards_) {
       std::size_t end = begin;
@@ -261,9 +259,7 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
       if (end == begin) continue;
       const auto runs = to_runs(rows.data() + begin, end - begin, s.offset);
       std::lock_guard<std::mutex> lock(hdf5_mutex());
-      if (x)
-        read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, runs,
-                  xbuf.data() + begin * xrow);
+      if (x) read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, runs, xbuf.data() + begin * xrow);
       if (labels && labels_) read_runs(s.y, H5T_NATIVE_INT32, runs, lbuf.data() + begin);
       if (targets && !labels_) read_runs(s.y, H5T_NATIVE_FLOAT, runs, tbuf.data() + begin * tnumel);
       begin = end;
@@ -289,8 +285,7 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
     }
     if (labels && labels_) labels[i] = lsrc[r];
     if (targets && !labels_)
-      std::memcpy(targets + static_cast<std::size_t>(i) * tnumel, tsrc + r * tnumel,
-                  tnumel * sizeof(float));
+      std::memcpy(targets + static_cast<std::size_t>(i) * tnumel, tsrc + r * tnumel, tnumel * sizeof(float));
   }
 }
 

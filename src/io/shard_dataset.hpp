@@ -57,8 +57,7 @@ class ShardDataset {
   // Not collective, thread-safe. Samples by global index, any order, repeats allowed:
   // x: (n, sample...) floats; labels: (n) or targets: (n, target...) floats,
   // nullptr for what is not wanted. Throws std::out_of_range on a bad index.
-  void read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels,
-            float* targets);
+  void read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels, float* targets);
 
  private:
   struct Shard {
@@ -82,7 +81,7 @@ class ShardDataset {
   std::size_t y_stored_bytes_ = 0;  // per element, as on disk
 
   bool preloaded_ = false;
-  std::vector<std::uint8_t> x_mem_;  // (N, sample...) uint8 or float32 bytes
+  std::vector<std::uint8_t> x_mem_;       // (N, sample...) uint8 or float32 bytes
   std::vector<std::int32_t> labels_mem_;  // (N)
   std::vector<float> targets_mem_;        // (N, target...)
 };

@@ -38,8 +38,7 @@ void Tanh::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   ConstView1 xv = x.data;
   View1 yv = y.data;
   Kokkos::parallel_for(
-      "Tanh::forward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = tanh(xv(i)); });
+      "Tanh::forward", Range(0, x.numel()), KOKKOS_LAMBDA(std::int64_t i) { yv(i) = tanh(xv(i)); });
 }
 
 // dx = dy * (1 - y^2)

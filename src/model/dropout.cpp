@@ -40,8 +40,7 @@ void Dropout::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, T
   ConstView1 mv = mask_.data, dyv = dy.data;
   View1 dxv = dx_.data;
   Kokkos::parallel_for(
-      "Dropout::backward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * mv(i); });
+      "Dropout::backward", Range(0, x.numel()), KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * mv(i); });
   dx = dx_;
 }
 

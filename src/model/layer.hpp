@@ -4,11 +4,11 @@
 // model's two contiguous buffers. Shapes: B is the batch; "sample" shapes have no
 // batch dimension.
 
-#include "model/rng.hpp"
-#include "model/tensor.hpp"
-
 #include <string>
 #include <vector>
+
+#include "model/rng.hpp"
+#include "model/tensor.hpp"
 
 namespace ddp {
 

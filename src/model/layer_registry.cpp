@@ -3,16 +3,16 @@
 // validates the arguments.
 #include "model/layer_registry.hpp"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
 #include "comm/check.hpp"
 #include "model/activation.hpp"
 #include "model/dropout.hpp"
 #include "model/flatten.hpp"
 #include "model/linear.hpp"
-
-#include <cctype>
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 
 namespace ddp {
 
@@ -80,8 +80,7 @@ std::unique_ptr<Layer> make_layer(const std::string& spec) {
   std::string name = s.substr(0, s.find('('));
   Args args;
   if (name.size() < s.size()) {
-    if (s.back() != ')' || s.find('(', name.size() + 1) != std::string::npos ||
-        s.find(')') != s.size() - 1)
+    if (s.back() != ')' || s.find('(', name.size() + 1) != std::string::npos || s.find(')') != s.size() - 1)
       throw InputError("malformed layer spec; expected name or name(arguments)");
     std::string inner = s.substr(name.size() + 1, s.size() - name.size() - 2);
     for (std::size_t start = 0; !inner.empty();) {

@@ -2,10 +2,10 @@
 // Layer specs as written in the input file: 'linear(256)', 'relu', 'tanh',
 // 'flatten', 'dropout(0.5)'. Whitespace-tolerant and case-insensitive.
 
-#include "model/layer.hpp"
-
 #include <memory>
 #include <string>
+
+#include "model/layer.hpp"
 
 namespace ddp {
 

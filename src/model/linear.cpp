@@ -1,9 +1,9 @@
 #include "model/linear.hpp"
 
+#include <cmath>
+
 #include "comm/check.hpp"
 #include "model/gemm.hpp"
-
-#include <cmath>
 
 namespace ddp {
 
@@ -44,8 +44,7 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   View1 yv = y.data;
   const float* bias = bias_;
   Kokkos::parallel_for(
-      "Linear::forward_bias", Range(0, B * out),
-      KOKKOS_LAMBDA(std::int64_t i) { yv(i) += bias[i % out]; });
+      "Linear::forward_bias", Range(0, B * out), KOKKOS_LAMBDA(std::int64_t i) { yv(i) += bias[i % out]; });
 }
 
 void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {

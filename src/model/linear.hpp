@@ -21,10 +21,10 @@ class Linear : public Layer {
   std::int64_t in_ = 0;
   std::int64_t out_;
   Shape in_sample_, out_sample_;  // (in), (out): kept so resizing allocates nothing
-  float* weight_ = nullptr;   // (out, in)
-  float* bias_ = nullptr;     // (out)
-  float* dweight_ = nullptr;  // (out, in)
-  float* dbias_ = nullptr;    // (out)
+  float* weight_ = nullptr;       // (out, in)
+  float* bias_ = nullptr;         // (out)
+  float* dweight_ = nullptr;      // (out, in)
+  float* dbias_ = nullptr;        // (out)
 };
 
 }  // namespace ddp

@@ -14,8 +14,8 @@ using Kokkos::Experimental::log;
 #endif
 }  // namespace
 
-void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                  View1 loss, View1 correct) {
+void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
+                  View1 correct) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   ConstView1 o = out.data;
   if (kind == LossKind::CrossEntropy) {
@@ -70,8 +70,7 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
     // d loss_b / d out_bc = 2 (out_bc - target_bc) / C
     const float k = 2.0f * scale / C;
     Kokkos::parallel_for(
-        "MSE::backward", Range(0, B * C),
-        KOKKOS_LAMBDA(std::int64_t i) { d(i) = k * (o(i) - targets(i)); });
+        "MSE::backward", Range(0, B * C), KOKKOS_LAMBDA(std::int64_t i) { d(i) = k * (o(i) - targets(i)); });
   }
 }
 

@@ -16,8 +16,8 @@ enum class LossKind { CrossEntropy, MSE };
 // samples equals torch.nn.MSELoss().
 // correct: (B) 1 where argmax(out_b) (first maximum wins) == label_b, else 0;
 // CrossEntropy only, MSE leaves it untouched (it may be an empty View).
-void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                  View1 loss, View1 correct);
+void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
+                  View1 correct);
 
 // dout (B, C) = scale * d(sum_b loss_b) / d out; dout is resized here. The trainer
 // passes scale = 1 / (samples in the global step), so the sum over ranks of the

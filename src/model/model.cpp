@@ -1,11 +1,11 @@
 #include "model/model.hpp"
 
-#include "comm/check.hpp"
-#include "model/layer_registry.hpp"
-
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
+
+#include "comm/check.hpp"
+#include "model/layer_registry.hpp"
 
 namespace ddp {
 

@@ -3,12 +3,12 @@
 // every parameter in ONE contiguous buffer and every gradient in another of the
 // same layout, so gradient buckets are plain ranges and a checkpoint is a table.
 
-#include "model/layer.hpp"
-
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "model/layer.hpp"
 
 namespace ddp {
 
@@ -21,7 +21,7 @@ class Model {
 
   std::int64_t num_parameters() const { return static_cast<std::int64_t>(params_.extent(0)); }
   View1 parameters() const { return params_; }  // (num_parameters)
-  View1 gradients() const { return grads_; }  // (num_parameters), same layout
+  View1 gradients() const { return grads_; }    // (num_parameters), same layout
 
   struct ParamEntry {
     std::string name;  // "layers.<i>.weight": i counts every layer, as in nn.Sequential
@@ -48,14 +48,14 @@ class Model {
   std::string summary() const;
 
  private:
-  std::vector<std::string> specs_;            // as given, whitespace-trimmed
+  std::vector<std::string> specs_;  // as given, whitespace-trimmed
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Shape> shapes_;                 // shapes_[i]: per-sample input of layer i; back(): output
-  std::vector<std::int64_t> layer_params_;    // parameter count per layer
+  std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output
+  std::vector<std::int64_t> layer_params_;  // parameter count per layer
   std::vector<ParamEntry> table_;
-  std::size_t first_trained_;                 // first layer with parameters (layers_.size() if none)
+  std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
   View1 params_, grads_;
-  Tensor input_;             // (B, sample...) the last forward's input (shares its buffer)
+  Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i
   std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i
 };

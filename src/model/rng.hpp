@@ -5,7 +5,6 @@
 // cannot reproduce PyTorch's stream; we reproduce its distributions.
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 
 namespace ddp {

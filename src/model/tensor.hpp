@@ -5,7 +5,6 @@
 // step allocates nothing.
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -17,8 +17,8 @@ using nml::Kind;
 using nml::Value;
 
 // Where a key's value lives; the alternative held is the key's type.
-using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*,
-                           std::vector<std::string>*, std::vector<double>*>;
+using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*, std::vector<std::string>*,
+                           std::vector<double>*>;
 
 template <auto Group, auto Member>
 Field field(Config& c) {
@@ -97,42 +97,37 @@ const std::vector<Key>& keys() {
        "drop the tail instead of padding it to a multiple of the world size"},
       {"model", "layers", field<&C::model, &M::layers>, any(), true,
        "layer list, e.g. 'linear(256)', 'relu', 'linear(10)'"},
-      {"model", "loss", field<&C::model, &M::loss>, one_of({"auto", "cross_entropy", "mse"}),
-       false, "auto: cross_entropy for integer labels, mse for float targets"},
-      {"train", "epochs", field<&C::train, &T::epochs>, at_least(1), false,
-       "passes over the training set"},
+      {"model", "loss", field<&C::model, &M::loss>, one_of({"auto", "cross_entropy", "mse"}), false,
+       "auto: cross_entropy for integer labels, mse for float targets"},
+      {"train", "epochs", field<&C::train, &T::epochs>, at_least(1), false, "passes over the training set"},
       {"train", "batch_size", field<&C::train, &T::batch_size>, at_least(1), false,
        "samples per rank per micro-step"},
-      {"train", "accumulation_steps", field<&C::train, &T::accumulation_steps>, at_least(1),
-       false, "micro-steps per optimizer step"},
+      {"train", "accumulation_steps", field<&C::train, &T::accumulation_steps>, at_least(1), false,
+       "micro-steps per optimizer step"},
       {"train", "optimizer", field<&C::train, &T::optimizer>, one_of({"sgd", "adamw"}), false,
        "update rule, as torch.optim"},
       {"train", "lr", field<&C::train, &T::lr>, above(0), false, "peak learning rate"},
-      {"train", "momentum", field<&C::train, &T::momentum>, unit_interval(), false,
-       "sgd: momentum factor"},
+      {"train", "momentum", field<&C::train, &T::momentum>, unit_interval(), false, "sgd: momentum factor"},
       {"train", "nesterov", field<&C::train, &T::nesterov>, any(), false,
        "sgd: Nesterov momentum (needs momentum > 0)"},
       {"train", "weight_decay", field<&C::train, &T::weight_decay>, at_least(0), false,
        "sgd: L2 added to the gradient; adamw: decoupled"},
       {"train", "betas", field<&C::train, &T::betas>, pair_in_unit_interval(), false,
        "adamw: decay rates of the moment estimates"},
-      {"train", "eps", field<&C::train, &T::eps>, above(0), false,
-       "adamw: added to the denominator"},
-      {"train", "schedule", field<&C::train, &T::schedule>,
-       one_of({"constant", "step", "cosine"}), false, "learning-rate schedule after warm-up"},
+      {"train", "eps", field<&C::train, &T::eps>, above(0), false, "adamw: added to the denominator"},
+      {"train", "schedule", field<&C::train, &T::schedule>, one_of({"constant", "step", "cosine"}), false,
+       "learning-rate schedule after warm-up"},
       {"train", "warmup_steps", field<&C::train, &T::warmup_steps>, at_least(0), false,
        "optimizer steps of linear warm-up"},
       {"train", "step_epochs", field<&C::train, &T::step_epochs>, at_least(1), false,
        "step: epochs between decays"},
       {"train", "gamma", field<&C::train, &T::gamma>, above(0), false, "step: decay factor"},
-      {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false,
-       "cosine: final learning rate"},
+      {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false, "cosine: final learning rate"},
       {"train", "seed", field<&C::train, &T::seed>, any(), false,
        "initialisation, sampler permutation, dropout"},
       {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
        "optimizer steps between progress lines; 0: none"},
-      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
-       "directory of metrics.jsonl"},
+      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false, "directory of metrics.jsonl"},
   };
   return table;
 }
@@ -146,8 +141,8 @@ std::size_t distance(const std::string& a, const std::string& b) {
   for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i)
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
-                          d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      d[i][j] =
+          std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
       if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
         d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
@@ -201,8 +196,8 @@ std::string format_number(double x) {
 std::string describe(const Rule& r) {
   const bool lo = std::isfinite(r.lo), hi = std::isfinite(r.hi);
   if (lo && hi)
-    return std::string("in ") + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " +
-           format_number(r.hi) + (r.hi_open ? ")" : "]");
+    return std::string("in ") + (r.lo_open ? "(" : "[") + format_number(r.lo) + ", " + format_number(r.hi) +
+           (r.hi_open ? ")" : "]");
   if (lo) return (r.lo_open ? "> " : ">= ") + format_number(r.lo);
   return (r.hi_open ? "< " : "<= ") + format_number(r.hi);
 }
@@ -262,8 +257,7 @@ void store(std::string& out, const std::vector<Value>& vs, const Rule& r, const 
   out = v.s;
 }
 
-void store(std::vector<std::string>& out, const std::vector<Value>& vs, const Rule&,
-           const Site& site) {
+void store(std::vector<std::string>& out, const std::vector<Value>& vs, const Rule&, const Site& site) {
   std::vector<std::string> list;
   for (const Value& v : vs) {
     if (v.kind != Kind::String) site.type_error("a list of strings", v.text);
@@ -273,11 +267,9 @@ void store(std::vector<std::string>& out, const std::vector<Value>& vs, const Ru
   out = std::move(list);
 }
 
-void store(std::vector<double>& out, const std::vector<Value>& vs, const Rule& r,
-           const Site& site) {
+void store(std::vector<double>& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
   if (r.count != 0 && vs.size() != r.count)
-    site.value_error("expected " + std::to_string(r.count) + " values, got " +
-                     std::to_string(vs.size()));
+    site.value_error("expected " + std::to_string(r.count) + " values, got " + std::to_string(vs.size()));
   std::vector<double> list;
   for (const Value& v : vs) {
     if (!is_number(v)) site.type_error("a list of reals", v.text);
@@ -388,8 +380,7 @@ Config parse_config(const std::string& text, const std::string& path,
   for (const nml::Group& g : nml::parse(text, path)) {
     const std::string where = path + ":" + std::to_string(g.line);
     if (std::find(kGroups.begin(), kGroups.end(), g.name) == kGroups.end())
-      throw InputError(where + ": unknown group '&" + g.name + "'" +
-                       suggestion(g.name, kGroups, "&"));
+      throw InputError(where + ": unknown group '&" + g.name + "'" + suggestion(g.name, kGroups, "&"));
     for (const nml::Group* other : seen)
       if (other->name == g.name)
         throw InputError(where + ": duplicate group &" + g.name + " (first at line " +
@@ -415,8 +406,7 @@ Config parse_config(const std::string& text, const std::string& path,
     const std::string group = lower(trim(o.substr(0, dot)));
     const std::string key = lower(trim(o.substr(dot + 1, eq - dot - 1)));
     if (std::find(kGroups.begin(), kGroups.end(), group) == kGroups.end())
-      throw InputError(where + ": " + o + ": unknown group '" + group + "'" +
-                       suggestion(group, kGroups));
+      throw InputError(where + ": " + o + ": unknown group '" + group + "'" + suggestion(group, kGroups));
     const int k = find_key(group, key);
     if (k < 0)
       throw InputError(where + ": " + o + ": unknown key '" + key + "' in &" + group +
@@ -436,8 +426,7 @@ Config parse_config(const std::string& text, const std::string& path,
   if (t.nesterov && t.momentum <= 0)
     set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");
   if (t.schedule == "cosine" && t.min_lr > t.lr)
-    set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" +
-                                                    format_number(t.lr) + ")");
+    set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;
 }
 

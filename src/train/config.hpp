@@ -27,22 +27,22 @@ struct ModelConfig {
 
 struct TrainConfig {
   int epochs = 1;
-  int batch_size = 64;          // per rank, per micro-step
-  int accumulation_steps = 1;   // micro-steps per optimizer step
+  int batch_size = 64;            // per rank, per micro-step
+  int accumulation_steps = 1;     // micro-steps per optimizer step
   std::string optimizer = "sgd";  // 'sgd' | 'adamw'
   double lr = 0.01;
-  double momentum = 0.0;        // sgd
-  bool nesterov = false;        // sgd
-  double weight_decay = 0.0;    // sgd: L2 added to the gradient; adamw: decoupled
+  double momentum = 0.0;                     // sgd
+  bool nesterov = false;                     // sgd
+  double weight_decay = 0.0;                 // sgd: L2 added to the gradient; adamw: decoupled
   std::vector<double> betas = {0.9, 0.999};  // adamw
-  double eps = 1e-8;            // adamw
-  std::string schedule = "constant";  // 'constant' | 'step' | 'cosine'
-  int warmup_steps = 0;         // linear warm-up from 0 (cosine and step)
-  int step_epochs = 30;         // step: multiply lr by gamma every step_epochs epochs
-  double gamma = 0.1;           // step
-  double min_lr = 0.0;          // cosine: final learning rate
-  std::int64_t seed = 0;        // initialisation, sampler permutation, dropout
-  int log_every = 100;          // optimizer steps between progress lines; 0: none
+  double eps = 1e-8;                         // adamw
+  std::string schedule = "constant";         // 'constant' | 'step' | 'cosine'
+  int warmup_steps = 0;                      // linear warm-up from 0 (cosine and step)
+  int step_epochs = 30;                      // step: multiply lr by gamma every step_epochs epochs
+  double gamma = 0.1;                        // step
+  double min_lr = 0.0;                       // cosine: final learning rate
+  std::int64_t seed = 0;                     // initialisation, sampler permutation, dropout
+  int log_every = 100;                       // optimizer steps between progress lines; 0: none
 };
 
 struct IoConfig {

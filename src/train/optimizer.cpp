@@ -20,8 +20,8 @@ namespace kmath = Kokkos::Experimental;
 // Arithmetic is in float like PyTorch's; scalars derived from lr are rounded once.
 
 // torch.optim.SGD, dampening 0. buf (n) is unused when momentum is 0.
-void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> buf,
-                float lr, float weight_decay, float momentum, bool nesterov, bool first_step) {
+void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> buf, float lr,
+                float weight_decay, float momentum, bool nesterov, bool first_step) {
   Kokkos::parallel_for(
       "SGD::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) {
@@ -38,9 +38,8 @@ void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::Vi
 // torch.optim.AdamW (amsgrad off): decoupled decay, then the Adam step with
 // step_size = lr / bias_correction1 and denom = sqrt(v) / sqrt(bias_correction2) + eps.
 void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> m,
-                  Kokkos::View<float*> v, float decay, float beta1, float beta2,
-                  float one_minus_beta1, float one_minus_beta2, float step_size,
-                  float bias_correction2_sqrt, float eps) {
+                  Kokkos::View<float*> v, float decay, float beta1, float beta2, float one_minus_beta1,
+                  float one_minus_beta2, float step_size, float bias_correction2_sqrt, float eps) {
   Kokkos::parallel_for(
       "AdamW::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) {
@@ -55,11 +54,10 @@ void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::
 
 namespace {
 
-void check_sizes(const Kokkos::View<float*>& p, const Kokkos::View<const float*>& g,
-                 std::size_t n) {
-  DDP_REQUIRE(p.extent(0) == n && g.extent(0) == n,
-              "optimizer built for " << n << " parameters got params " << p.extent(0)
-                                     << ", grads " << g.extent(0));
+void check_sizes(const Kokkos::View<float*>& p, const Kokkos::View<const float*>& g, std::size_t n) {
+  DDP_REQUIRE(p.extent(0) == n && g.extent(0) == n, "optimizer built for " << n << " parameters got params "
+                                                                           << p.extent(0) << ", grads "
+                                                                           << g.extent(0));
 }
 
 class SGD : public Optimizer {
@@ -105,9 +103,8 @@ class AdamW : public Optimizer {
     const double bias_correction1 = 1.0 - std::pow(beta1_, t);
     const double bias_correction2 = 1.0 - std::pow(beta2_, t);
     adamw_update(params, grads, exp_avg_, exp_avg_sq_, static_cast<float>(1.0 - lr * weight_decay_),
-                 static_cast<float>(beta1_), static_cast<float>(beta2_),
-                 static_cast<float>(1.0 - beta1_), static_cast<float>(1.0 - beta2_),
-                 static_cast<float>(lr / bias_correction1),
+                 static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(1.0 - beta1_),
+                 static_cast<float>(1.0 - beta2_), static_cast<float>(lr / bias_correction1),
                  static_cast<float>(std::sqrt(bias_correction2)), static_cast<float>(eps_));
     ++steps_;
   }

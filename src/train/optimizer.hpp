@@ -4,7 +4,6 @@
 // space, so it runs where the buffers live (host or GPU).
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,15 +19,14 @@ class Optimizer {
   virtual ~Optimizer();
 
   // params (n) -= update(grads (n)) at learning rate lr; counts one step.
-  virtual void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads,
-                    double lr) = 0;
+  virtual void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) = 0;
   virtual std::string name() const = 0;  // "SGD" | "AdamW"
 
   // State buffers (n each) by torch's names, for checkpoints: "momentum_buffer";
   // "exp_avg", "exp_avg_sq". Writing into them restores the state.
   virtual std::vector<std::pair<std::string, Kokkos::View<float*>>> state() = 0;
 
-  std::int64_t steps() const { return steps_; }  // steps taken (AdamW's t before the next one)
+  std::int64_t steps() const { return steps_; }           // steps taken (AdamW's t before the next one)
   void set_steps(std::int64_t steps) { steps_ = steps; }  // on resume, with state()
 
  protected:

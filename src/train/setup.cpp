@@ -1,6 +1,7 @@
 #include "train/setup.hpp"
 
 #include <hdf5.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -87,8 +88,11 @@ Config load_config(const Context& ctx, const CommandLine& cli) {
   std::string text, problem;
   if (ctx.rank() == 0) {
     std::ifstream in(cli.input_file, std::ios::binary);
+    struct stat st {};
     if (!in) {
       problem = "cannot read input file '" + cli.input_file + "': " + std::strerror(errno);
+    } else if (stat(cli.input_file.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      problem = "cannot read input file '" + cli.input_file + "': it is a directory";
     } else {
       std::ostringstream os;
       os << in.rdbuf();
@@ -117,9 +121,9 @@ Data open_data(const Context& ctx, const Config& cfg) {
     if (cfg.train.batch_size > sampler.num_samples())
       throw InputError("train.batch_size = " + std::to_string(cfg.train.batch_size) +
                        " is larger than each rank's share of the training data (" +
-                       std::to_string(sampler.num_samples()) + " samples = " +
-                       std::to_string(data.train->size()) + " over " + std::to_string(ctx.size()) +
-                       " ranks): lower the batch size or run on fewer ranks");
+                       std::to_string(sampler.num_samples()) +
+                       " samples = " + std::to_string(data.train->size()) + " over " +
+                       std::to_string(ctx.size()) + " ranks): lower the batch size or run on fewer ranks");
     return 0;
   });
 
@@ -132,10 +136,12 @@ Data open_data(const Context& ctx, const Config& cfg) {
   } else if (ctx.thread_multiple()) {
     data.prefetch_batches = cfg.data.prefetch_batches;
   } else {
-    log::warn("MPI gives no MPI_THREAD_MULTIPLE: streaming reads happen on the main thread, without prefetch");
+    log::warn(
+        "MPI gives no MPI_THREAD_MULTIPLE: streaming reads happen on the main thread, without prefetch");
   }
   std::ostringstream os;
-  os << "data: " << data.train->size() << " training samples of shape " << to_string(data.train->sample_shape());
+  os << "data: " << data.train->size() << " training samples of shape "
+     << to_string(data.train->sample_shape());
   if (data.val) os << ", " << data.val->size() << " validation samples";
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
@@ -147,7 +153,8 @@ Data open_data(const Context& ctx, const Config& cfg) {
 ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
   return collective_input(ctx.world(), [&] {
     ModelSetup setup;
-    setup.model = std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
+    setup.model =
+        std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)
       throw InputError("data.val_files: /y holds " + std::string(labels ? "targets" : "class labels") +
@@ -158,15 +165,21 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     std::int64_t out_numel = 1;
     for (auto d : out) out_numel *= d;
     if (loss == "cross_entropy") {
-      if (!labels) throw InputError("model.loss = 'cross_entropy' needs integer class labels in /y, but /y holds float targets");
-      if (out.size() != 1) throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " + to_string(out));
+      if (!labels)
+        throw InputError(
+            "model.loss = 'cross_entropy' needs integer class labels in /y, but /y holds float targets");
+      if (out.size() != 1)
+        throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " +
+                         to_string(out));
       data.train->check_labels(out[0]);
       if (data.val) data.val->check_labels(out[0]);
       setup.loss = LossKind::CrossEntropy;
     } else {
-      if (labels) throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");
+      if (labels)
+        throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");
       if (out_numel != data.train->target_numel())
-        throw InputError("the model gives " + std::to_string(out_numel) + " outputs per sample but the targets have " +
+        throw InputError("the model gives " + std::to_string(out_numel) +
+                         " outputs per sample but the targets have " +
                          std::to_string(data.train->target_numel()) + " values");
       setup.loss = LossKind::MSE;
     }

@@ -42,7 +42,13 @@ std::uint64_t mix(std::uint64_t x) {
 
 Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
                  ShardDataset* val, int prefetch_batches)
-    : cfg_(cfg), comm_(comm), model_(model), loss_kind_(loss), train_(train), val_(val), prefetch_(prefetch_batches) {
+    : cfg_(cfg),
+      comm_(comm),
+      model_(model),
+      loss_kind_(loss),
+      train_(train),
+      val_(val),
+      prefetch_(prefetch_batches) {
   const std::int64_t n_params = model_.num_parameters();
   optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params));
 
@@ -133,7 +139,8 @@ EpochStats Trainer::train_epoch(std::int64_t epoch) {
     micro = 0;
     if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) {
       char line[160];
-      std::snprintf(line, sizeof line, "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
+      std::snprintf(line, sizeof line,
+                    "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
                     (long long)epoch + 1, (long long)step_, window_loss / double(window_samples),
                     (long long)window_samples, learning_rate(cfg_.train, step_ - 1, steps_per_epoch_));
       log::info(line);
@@ -211,8 +218,8 @@ void Trainer::fit(MetricsWriter* metrics) {
       val_seconds = now() - t0;
     }
     char line[256];
-    int len = std::snprintf(line, sizeof line, "epoch %lld/%d  step %lld  train_loss %.4f", (long long)e.epoch,
-                            cfg_.train.epochs, (long long)e.step, e.train_loss);
+    int len = std::snprintf(line, sizeof line, "epoch %lld/%d  step %lld  train_loss %.4f",
+                            (long long)e.epoch, cfg_.train.epochs, (long long)e.step, e.train_loss);
     if (val_) len += std::snprintf(line + len, sizeof line - len, "  val_loss %.4f", v.loss);
     if (val_ && classify) len += std::snprintf(line + len, sizeof line - len, "  val_acc %.4f", v.accuracy);
     std::snprintf(line + len, sizeof line - len, "  samples/s %.0f  time %.2f s", e.samples_per_s,
@@ -220,9 +227,8 @@ void Trainer::fit(MetricsWriter* metrics) {
     log::info(line);
 
     if (!metrics) continue;
-    MetricRecord r = {{"epoch", (long long)e.epoch},
-                      {"step", (long long)e.step},
-                      {"train_loss", e.train_loss}};
+    MetricRecord r = {
+        {"epoch", (long long)e.epoch}, {"step", (long long)e.step}, {"train_loss", e.train_loss}};
     if (val_) {
       r.push_back({"val_loss", v.loss});
       if (classify) r.push_back({"val_acc", v.accuracy});

@@ -17,19 +17,19 @@
 namespace ddp {
 
 struct EpochStats {
-  std::int64_t epoch = 0;     // 1-based
-  std::int64_t step = 0;      // optimizer steps taken so far
-  double train_loss = 0.0;    // mean over every sample trained this epoch, all ranks
-  double samples_per_s = 0.0; // training samples of all ranks per second of training
+  std::int64_t epoch = 0;      // 1-based
+  std::int64_t step = 0;       // optimizer steps taken so far
+  double train_loss = 0.0;     // mean over every sample trained this epoch, all ranks
+  double samples_per_s = 0.0;  // training samples of all ranks per second of training
   double train_seconds = 0.0;
   double data_wait_seconds = 0.0;  // rank 0's time blocked on the loader
-  double lr = 0.0;            // learning rate of the epoch's last step
+  double lr = 0.0;                 // learning rate of the epoch's last step
 };
 
 struct ValStats {
-  double loss = 0.0;           // mean per-sample loss
-  double accuracy = 0.0;       // classification only
-  std::int64_t count = 0;      // samples evaluated: every sample exactly once
+  double loss = 0.0;       // mean per-sample loss
+  double accuracy = 0.0;   // classification only
+  std::int64_t count = 0;  // samples evaluated: every sample exactly once
   double loss_sum = 0.0;
   std::int64_t correct = 0;
 };
@@ -64,12 +64,12 @@ class Trainer {
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
 
-  Tensor x_;           // (B, sample...)
-  LabelView labels_;   // (B)
-  View1 targets_;      // (B * target_numel)
-  View1 loss_;         // (B) per-sample loss
-  View1 correct_;      // (B) 1 where argmax == label
-  Tensor dout_;        // (B, out...)
+  Tensor x_;          // (B, sample...)
+  LabelView labels_;  // (B)
+  View1 targets_;     // (B * target_numel)
+  View1 loss_;        // (B) per-sample loss
+  View1 correct_;     // (B) 1 where argmax == label
+  Tensor dout_;       // (B, out...)
 };
 
 }  // namespace ddp

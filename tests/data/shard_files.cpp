@@ -35,14 +35,12 @@ void write_shard(const std::string& path, const ShardSpec& s) {
       std::vector<std::uint8_t> x(std::size_t(s.count * numel));
       for (std::int64_t i = 0; i < s.count; ++i)
         for (std::int64_t k = 0; k < numel; ++k) x[i * numel + k] = x_u8(s.first + i, k);
-      write_dataset(f, "/x", s.x_type >= 0 ? s.x_type : H5T_STD_U8LE, H5T_NATIVE_UINT8, xdims,
-                    x.data());
+      write_dataset(f, "/x", s.x_type >= 0 ? s.x_type : H5T_STD_U8LE, H5T_NATIVE_UINT8, xdims, x.data());
     } else {
       std::vector<float> x(std::size_t(s.count * numel));
       for (std::int64_t i = 0; i < s.count; ++i)
         for (std::int64_t k = 0; k < numel; ++k) x[i * numel + k] = x_f32(s.first + i, k);
-      write_dataset(f, "/x", s.x_type >= 0 ? s.x_type : H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, xdims,
-                    x.data());
+      write_dataset(f, "/x", s.x_type >= 0 ? s.x_type : H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, xdims, x.data());
     }
   }
   if (s.write_y) {

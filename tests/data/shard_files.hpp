@@ -18,12 +18,12 @@ inline float x_f32(std::int64_t g, std::int64_t k) { return float(g * 1000 + k);
 inline float target_value(std::int64_t g, std::int64_t t) { return -float(g) - 0.5f * float(t); }
 
 struct ShardSpec {
-  std::int64_t first = 0;   // global index of the first sample (for the values)
+  std::int64_t first = 0;  // global index of the first sample (for the values)
   std::int64_t count = 0;
   std::vector<hsize_t> sample_shape;  // /x dims after N
   bool x_uint8 = true;
-  hid_t x_type = -1;        // override /x's file type (error tests); -1: from x_uint8
-  bool labels = true;       // /y int64 (N) labels, else float32 (N, target...)
+  hid_t x_type = -1;   // override /x's file type (error tests); -1: from x_uint8
+  bool labels = true;  // /y int64 (N) labels, else float32 (N, target...)
   std::vector<hsize_t> target_shape{1};
   std::int64_t classes = 10;
   bool write_x = true, write_y = true;

@@ -25,10 +25,10 @@ class GlobTest : public ::testing::Test {
 };
 
 TEST_F(GlobTest, SortedConcatenatedDeduplicated) {
-  const auto files = ddp::expand_globs({dir_ + "/b_*.h5", dir_ + "/a_*.h5", dir_ + "/b_000.h5"},
-                                       "data.train_files");
-  const std::vector<std::string> expected = {dir_ + "/b_000.h5", dir_ + "/b_002.h5",
-                                             dir_ + "/b_010.h5", dir_ + "/a_001.h5"};
+  const auto files =
+      ddp::expand_globs({dir_ + "/b_*.h5", dir_ + "/a_*.h5", dir_ + "/b_000.h5"}, "data.train_files");
+  const std::vector<std::string> expected = {dir_ + "/b_000.h5", dir_ + "/b_002.h5", dir_ + "/b_010.h5",
+                                             dir_ + "/a_001.h5"};
   EXPECT_EQ(files, expected);
 }
 

@@ -89,9 +89,7 @@ TEST_F(ShardErrorTest, EmptyGlob) {
             "data.train_files: '" + dir_ + "/nothing_*.h5' matches no file");
 }
 
-TEST_F(ShardErrorTest, NoPatterns) {
-  EXPECT_EQ(open_error({}), "data.train_files: no file pattern given");
-}
+TEST_F(ShardErrorTest, NoPatterns) { EXPECT_EQ(open_error({}), "data.train_files: no file pattern given"); }
 
 TEST_F(ShardErrorTest, NotHdf5) {
   EXPECT_EQ(open_error({dir_ + "/text.h5"}), dir_ + "/text.h5: not an HDF5 file");
@@ -107,13 +105,11 @@ TEST_F(ShardErrorTest, MissingX) {
 
 TEST_F(ShardErrorTest, SampleShapesDisagree) {
   EXPECT_EQ(open_error({dir_ + "/shape_*.h5"}),
-            dir_ + "/shape_001.h5: /x has sample shape (1,4,3) but " + dir_ +
-                "/shape_000.h5 has (1,4,4)");
+            dir_ + "/shape_001.h5: /x has sample shape (1,4,3) but " + dir_ + "/shape_000.h5 has (1,4,4)");
 }
 
 TEST_F(ShardErrorTest, YCountDiffers) {
-  EXPECT_EQ(open_error({dir_ + "/shorty_000.h5"}),
-            dir_ + "/shorty_000.h5: /y has 3 samples but /x has 4");
+  EXPECT_EQ(open_error({dir_ + "/shorty_000.h5"}), dir_ + "/shorty_000.h5: /y has 3 samples but /x has 4");
 }
 
 TEST_F(ShardErrorTest, WrongXType) {
@@ -127,9 +123,8 @@ TEST_F(ShardErrorTest, XTypesDisagree) {
 }
 
 TEST_F(ShardErrorTest, YKindsDisagree) {
-  EXPECT_EQ(open_error({dir_ + "/kind_*.h5"}),
-            dir_ + "/kind_001.h5: /y holds float32 targets but " + dir_ +
-                "/kind_000.h5 holds integer labels");
+  EXPECT_EQ(open_error({dir_ + "/kind_*.h5"}), dir_ + "/kind_001.h5: /y holds float32 targets but " + dir_ +
+                                                   "/kind_000.h5 holds integer labels");
 }
 
 TEST_F(ShardErrorTest, LabelOutOfRange) {
@@ -140,8 +135,9 @@ TEST_F(ShardErrorTest, LabelOutOfRange) {
     ADD_FAILURE() << "label 8 accepted with 8 classes";
   } catch (const InputError& e) {
     // labels_001 holds 4..9, 0..5: its first label >= 8 is /y[4] = 8.
-    EXPECT_EQ(std::string(e.what()), dir_ + "/labels_001.h5: label /y[4] = 8 is outside [0, 8) "
-                                            "for a model with 8 classes");
+    EXPECT_EQ(std::string(e.what()), dir_ +
+                                         "/labels_001.h5: label /y[4] = 8 is outside [0, 8) "
+                                         "for a model with 8 classes");
   }
 }
 

@@ -35,12 +35,14 @@ inline Tensor make_tensor(const Shape& shape, const std::vector<float>& values) 
 }
 
 // n values U(lo, hi), each at least min_abs away from 0 (keeps relu off its kink).
-inline std::vector<float> random_values(std::int64_t n, std::uint32_t seed, float lo = -1.0f,
-                                        float hi = 1.0f, float min_abs = 0.0f) {
+inline std::vector<float> random_values(std::int64_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f,
+                                        float min_abs = 0.0f) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
-  for (float& x : v) do x = dist(gen); while (std::fabs(x) < min_abs);
+  for (float& x : v) do
+      x = dist(gen);
+    while (std::fabs(x) < min_abs);
   return v;
 }
 

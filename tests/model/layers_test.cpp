@@ -43,8 +43,9 @@ struct Bound {
 
 // Gradient check of one layer on a (B, in_sample...) input. before_forward runs
 // before every forward (dropout uses it to fix its mask).
-void check_layer(Bound& b, const Shape& in_sample, std::int64_t B, bool training, float min_abs,
-                 const std::function<void()>& before_forward = [] {}) {
+void check_layer(
+    Bound& b, const Shape& in_sample, std::int64_t B, bool training, float min_abs,
+    const std::function<void()>& before_forward = [] {}) {
   Shape in_shape = {B};
   in_shape.insert(in_shape.end(), in_sample.begin(), in_sample.end());
   Tensor x = make_tensor(in_shape, random_values(shape_numel(in_shape), 11, -1.0f, 1.0f, min_abs));
@@ -68,8 +69,7 @@ void check_layer(Bound& b, const Shape& in_sample, std::int64_t B, bool training
   b.layer->backward(x, y, dy, dx);
   ASSERT_EQ(dx.shape, x.shape);
   expect_close(to_host(dx.data, dx.numel()), numeric_gradient(x.data, x.numel(), 1e-2, loss), "dx");
-  if (b.n > 0)
-    expect_close(to_host(b.grads, b.n), numeric_gradient(b.params, b.n, 1e-2, loss), "dparams");
+  if (b.n > 0) expect_close(to_host(b.grads, b.n), numeric_gradient(b.params, b.n, 1e-2, loss), "dparams");
 }
 
 TEST(Linear, ForwardIsXWtPlusB) {
@@ -104,7 +104,8 @@ TEST(Linear, RejectsNonFlatInput) {
     l.output_shape({1, 28, 28});
     FAIL() << "no error";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "linear needs a flat input (features) but gets (1, 28, 28): add 'flatten' before it");
+    EXPECT_STREQ(e.what(),
+                 "linear needs a flat input (features) but gets (1, 28, 28): add 'flatten' before it");
   }
 }
 
@@ -148,14 +149,16 @@ TEST(Dropout, DropsAFractionPAndScalesTheRest) {
   std::vector<float> first = to_host(y.data, y.numel());
   std::int64_t dropped = 0;
   for (std::size_t i = 0; i < xv.size(); ++i) {
-    if (first[i] == 0.0f) ++dropped;
-    else EXPECT_FLOAT_EQ(first[i], xv[i] / (1 - p)) << i;
+    if (first[i] == 0.0f)
+      ++dropped;
+    else
+      EXPECT_FLOAT_EQ(first[i], xv[i] / (1 - p)) << i;
   }
   EXPECT_NEAR(double(dropped) / xv.size(), p, 0.01);
 
   d.forward(x, y, true);  // the stream moves on: a new mask
   EXPECT_NE(to_host(y.data, y.numel()), first);
-  d.reseed(5);            // and restarts reproducibly
+  d.reseed(5);  // and restarts reproducibly
   d.forward(x, y, true);
   EXPECT_EQ(to_host(y.data, y.numel()), first);
   d.reseed(6);

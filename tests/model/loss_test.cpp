@@ -1,12 +1,13 @@
 // Losses: values against hand-computed examples, gradients against central
 // finite differences of scale * sum_b loss_b.
 
+#include "model/loss.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "grad_check.hpp"
-#include "model/loss.hpp"
 
 namespace ddp {
 namespace {
@@ -32,8 +33,8 @@ TEST(CrossEntropy, HandComputedValues) {
   loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct);
   std::vector<float> l = to_host(loss, 4), c = to_host(correct, 4);
   const double lse = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));  // 3.40760596
-  EXPECT_NEAR(l[0], lse - 3, 1e-6);  // 0.40760596
-  EXPECT_NEAR(l[1], lse - 1, 1e-6);  // 2.40760596
+  EXPECT_NEAR(l[0], lse - 3, 1e-6);                                            // 0.40760596
+  EXPECT_NEAR(l[1], lse - 1, 1e-6);                                            // 2.40760596
   EXPECT_NEAR(l[2], std::log(2.0), 1e-6);
   EXPECT_NEAR(l[3], 1000, 1e-3);
   EXPECT_EQ(c, (std::vector<float>{1, 0, 0, 0}));
@@ -53,8 +54,8 @@ TEST(CrossEntropy, GradientCheck) {
     for (float v : to_host(loss, B)) s += v;
     return scale * s;
   };
-  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f),
-                     "dout", 1e-2, 1e-4);
+  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f), "dout",
+                     1e-2, 1e-4);
 }
 
 TEST(MSE, HandComputedValues) {
@@ -80,8 +81,8 @@ TEST(MSE, GradientCheck) {
     for (float v : to_host(loss, B)) s += v;
     return scale * s;
   };
-  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f),
-                     "dout", 1e-2, 1e-4);
+  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f), "dout",
+                     1e-2, 1e-4);
 }
 
 }  // namespace

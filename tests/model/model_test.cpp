@@ -2,6 +2,8 @@
 // whole-model gradients against finite differences, accumulation, batch invariance
 // of forward, and buffer reuse.
 
+#include "model/model.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include "comm/check.hpp"
 #include "grad_check.hpp"
 #include "model/loss.hpp"
-#include "model/model.hpp"
 
 namespace ddp {
 namespace {
@@ -37,12 +38,14 @@ TEST(ModelSpecs, ErrorMessages) {
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");
   EXPECT_EQ(build_error({"dropout(-0.1)"}, {4}), "model.layers(1) = 'dropout(-0.1)': p must be in [0, 1)");
-  EXPECT_EQ(build_error({"dropout(abc)"}, {4}), "model.layers(1) = 'dropout(abc)': p must be a number, got 'abc'");
+  EXPECT_EQ(build_error({"dropout(abc)"}, {4}),
+            "model.layers(1) = 'dropout(abc)': p must be a number, got 'abc'");
   EXPECT_EQ(build_error({"linear(2.5)"}, {4}),
             "model.layers(1) = 'linear(2.5)': out features must be an integer, got '2.5'");
   EXPECT_EQ(build_error({"linear"}, {4}),
             "model.layers(1) = 'linear': linear takes 1 argument, got 0; usage: linear(n)");
-  EXPECT_EQ(build_error({"relu(2)"}, {4}), "model.layers(1) = 'relu(2)': relu takes 0 arguments, got 1; usage: relu");
+  EXPECT_EQ(build_error({"relu(2)"}, {4}),
+            "model.layers(1) = 'relu(2)': relu takes 0 arguments, got 1; usage: relu");
   EXPECT_EQ(build_error({"linear(10"}, {4}),
             "model.layers(1) = 'linear(10': malformed layer spec; expected name or name(arguments)");
   EXPECT_EQ(build_error({"linear(10)"}, {1, 28, 28}),
@@ -140,7 +143,9 @@ void check_model(const std::vector<std::string>& specs, bool training) {
                      "gradients", 1e-2, 1e-4);
 }
 
-TEST(ModelGradients, LinearTanhLinearCrossEntropy) { check_model({"flatten", "linear(5)", "tanh", "linear(3)"}, false); }
+TEST(ModelGradients, LinearTanhLinearCrossEntropy) {
+  check_model({"flatten", "linear(5)", "tanh", "linear(3)"}, false);
+}
 
 TEST(ModelGradients, WithDropoutInTraining) {
   check_model({"flatten", "linear(5)", "tanh", "dropout(0.3)", "linear(4)", "tanh", "linear(3)"}, true);
@@ -172,7 +177,8 @@ TEST(ModelForward, RowsIndependentOfBatchComposition) {
   const std::int64_t F = 784, C = 10;
   std::vector<float> xs = random_values(64 * F, 61, 0.0f, 1.0f);
   auto run = [&](std::int64_t first, std::int64_t B) {
-    Tensor x = make_tensor({B, 1, 28, 28}, std::vector<float>(xs.begin() + first * F, xs.begin() + (first + B) * F));
+    Tensor x =
+        make_tensor({B, 1, 28, 28}, std::vector<float>(xs.begin() + first * F, xs.begin() + (first + B) * F));
     const Tensor& y = m.forward(x, false);
     return to_host(y.data, y.numel());
   };
@@ -201,7 +207,8 @@ TEST(ModelForward, SteadyStateReusesBuffers) {
   Model m(kMlp, {1, 28, 28}, 7);
   Tensor x64 = make_tensor({64, 1, 28, 28}, random_values(64 * 784, 71));
   Tensor x37 = make_tensor({37, 1, 28, 28}, random_values(37 * 784, 72));
-  Tensor d64 = make_tensor({64, 10}, random_values(640, 73)), d37 = make_tensor({37, 10}, random_values(370, 74));
+  Tensor d64 = make_tensor({64, 10}, random_values(640, 73)),
+         d37 = make_tensor({37, 10}, random_values(370, 74));
   const float* out = m.forward(x64, true).data.data();
   m.backward(d64);
   EXPECT_EQ(m.forward(x37, true).data.data(), out);  // a smaller last batch uses a prefix

@@ -32,7 +32,8 @@ inline void write_classification_shard(MPI_Comm comm, const std::string& path, s
       float best_score = -1e30f;
       for (int c = 0; c < classes; ++c) {
         float score = 0.0f;
-        for (int f = 0; f < features; ++f) score += x[std::size_t(i * features + f)] * std::sin(float(c * 7 + f));
+        for (int f = 0; f < features; ++f)
+          score += x[std::size_t(i * features + f)] * std::sin(float(c * 7 + f));
         if (score > best_score) best_score = score, best = c;
       }
       y[std::size_t(i)] = best;

@@ -98,10 +98,10 @@ TEST(Config, FileValues) {
 }
 
 TEST(Config, OverridesApplyAfterTheFile) {
-  const ddp::Config c = parse(with_train("epochs = 5, lr = 0.1"),
-                              {"train.epochs=7", "io.run_dir=runs/try1", "model.layers=linear(10)",
-                               "train.lr=1.d-2", "train.momentum=0.9", "train.nesterov=T",
-                               "data.val_files=v_*.h5", "TRAIN.Batch_Size = 16"});
+  const ddp::Config c =
+      parse(with_train("epochs = 5, lr = 0.1"),
+            {"train.epochs=7", "io.run_dir=runs/try1", "model.layers=linear(10)", "train.lr=1.d-2",
+             "train.momentum=0.9", "train.nesterov=T", "data.val_files=v_*.h5", "TRAIN.Batch_Size = 16"});
   EXPECT_EQ(c.train.epochs, 7);
   EXPECT_EQ(c.io.run_dir, "runs/try1");
   EXPECT_EQ(c.model.layers, std::vector<std::string>{"linear(10)"});
@@ -112,9 +112,9 @@ TEST(Config, OverridesApplyAfterTheFile) {
 }
 
 TEST(Config, OverrideListsSplitAtTopLevelCommas) {
-  const ddp::Config c = parse(kRequired, {"model.layers=conv2d(8,3),relu, 'linear(10)'",
-                                          "train.betas=0.5,0.6", "io.run_dir='it''s, here'",
-                                          "data.val_files="});
+  const ddp::Config c =
+      parse(kRequired, {"model.layers=conv2d(8,3),relu, 'linear(10)'", "train.betas=0.5,0.6",
+                        "io.run_dir='it''s, here'", "data.val_files="});
   EXPECT_EQ(c.model.layers, (std::vector<std::string>{"conv2d(8,3)", "relu", "linear(10)"}));
   EXPECT_EQ(c.train.betas, (std::vector<double>{0.5, 0.6}));
   EXPECT_EQ(c.io.run_dir, "it's, here");
@@ -154,8 +154,9 @@ TEST(Config, WrongTypes) {
             "x.nml:3: train.epochs = 3000000000: out of range for a 32-bit integer");
   EXPECT_EQ(error_of(kRequired, {"train.epochs=abc"}), "command line: train.epochs=abc: expected an integer");
   EXPECT_EQ(error_of(kRequired, {"train.lr=1e-3x"}), "command line: train.lr=1e-3x: expected a real");
-  EXPECT_EQ(error_of(kRequired, {"train.shuffle=yes"}), "command line: train.shuffle=yes: unknown key "
-                                                        "'shuffle' in &train");
+  EXPECT_EQ(error_of(kRequired, {"train.shuffle=yes"}),
+            "command line: train.shuffle=yes: unknown key "
+            "'shuffle' in &train");
   EXPECT_EQ(error_of(kRequired, {"data.shuffle=yes"}), "command line: data.shuffle=yes: expected a logical");
 }
 

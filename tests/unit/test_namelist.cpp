@@ -47,8 +47,8 @@ TEST(Namelist, EveryValueKind) {
   EXPECT_EQ(entry(g, "neg").values.at(0).i, -7);
   EXPECT_EQ(entry(g, "plus").values.at(0).i, 3);
 
-  const std::vector<std::pair<std::string, double>> reals = {
-      {"r1", 1e-3}, {"r2", 1e-3}, {"r3", 1e3}, {"r4", 0.5}, {"r5", 5.0}, {"r6", -250.0}};
+  const std::vector<std::pair<std::string, double>> reals = {{"r1", 1e-3}, {"r2", 1e-3}, {"r3", 1e3},
+                                                             {"r4", 0.5},  {"r5", 5.0},  {"r6", -250.0}};
   for (const auto& [key, want] : reals) {
     const auto& v = entry(g, key).values.at(0);
     EXPECT_EQ(v.kind, Kind::Real) << key;
@@ -57,9 +57,9 @@ TEST(Namelist, EveryValueKind) {
   }
   EXPECT_EQ(entry(g, "r2").values.at(0).text, "1.d-3");
 
-  const std::vector<std::pair<std::string, bool>> logicals = {
-      {"l1", true}, {"l2", false}, {"l3", true},  {"l4", false},
-      {"l5", true}, {"l6", true},  {"l7", false}, {"l8", false}};
+  const std::vector<std::pair<std::string, bool>> logicals = {{"l1", true},  {"l2", false}, {"l3", true},
+                                                              {"l4", false}, {"l5", true},  {"l6", true},
+                                                              {"l7", false}, {"l8", false}};
   for (const auto& [key, want] : logicals) {
     const auto& v = entry(g, key).values.at(0);
     EXPECT_EQ(v.kind, Kind::Logical) << key;
@@ -135,12 +135,10 @@ TEST(Namelist, QuotesHoldCommasParenthesesAndComments) {
 TEST(Namelist, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(error_of("&g\n  a = 1\n  s = 'abc\n/"), "x.nml:3: unterminated string");
   EXPECT_EQ(error_of("\n&train\n  lr = 1\n"), "x.nml:3: missing '/' closing &train opened at line 2");
-  EXPECT_EQ(error_of("&train lr = 1\n&io x = 2 /"),
-            "x.nml:2: missing '/' closing &train opened at line 1");
+  EXPECT_EQ(error_of("&train lr = 1\n&io x = 2 /"), "x.nml:2: missing '/' closing &train opened at line 1");
   EXPECT_EQ(error_of("&train\n epochs = 1\n lr 0.1 /"), "x.nml:3: expected '=' after 'lr'");
   EXPECT_EQ(error_of("&g\n a = 1\n a = 2 /"), "x.nml:3: duplicate key 'a' in &g (first at line 2)");
-  EXPECT_EQ(error_of("&g\n a = 1\n B = 2, b = 3 /"),
-            "x.nml:3: duplicate key 'b' in &g (first at line 3)");
+  EXPECT_EQ(error_of("&g\n a = 1\n B = 2, b = 3 /"), "x.nml:3: duplicate key 'b' in &g (first at line 3)");
   EXPECT_EQ(error_of("&g a = 1 /\nstray text\n"), "x.nml:2: text outside a group: 'stray'");
   EXPECT_EQ(error_of("# hash comment\n&g a = 1 /"), "x.nml:1: unexpected character '#'");
   EXPECT_EQ(error_of("&g\n a = ,\n b = 1 /"), "x.nml:2: missing value for 'a'");

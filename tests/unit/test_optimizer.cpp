@@ -14,8 +14,7 @@ namespace {
 using Vec = std::vector<double>;
 
 // Three steps of gradients for a 4-parameter model, (3, 4).
-const std::vector<Vec> kGrads = {
-    {0.5, -1.0, 0.25, 2.0}, {0.4, -0.8, -0.5, 1.5}, {-0.3, 0.6, 0.1, 1.0}};
+const std::vector<Vec> kGrads = {{0.5, -1.0, 0.25, 2.0}, {0.4, -0.8, -0.5, 1.5}, {-0.3, 0.6, 0.1, 1.0}};
 const Vec kParams0 = {1.0, -2.0, 0.5, 3.0};
 
 Kokkos::View<float*> to_device(const Vec& x, const std::string& label) {
@@ -91,10 +90,10 @@ TEST(SGD, MomentumAndNesterovByHand) {
 }
 
 TEST(SGD, MatchesTorchRule) {
-  for (const auto& cfg : {sgd(0, false, 0.1), sgd(0.9, false, 0), sgd(0.9, false, 0.01),
-                          sgd(0.8, true, 0), sgd(0.8, true, 0.05)}) {
-    SCOPED_TRACE("momentum " + std::to_string(cfg.momentum) + " nesterov " +
-                 std::to_string(cfg.nesterov) + " wd " + std::to_string(cfg.weight_decay));
+  for (const auto& cfg : {sgd(0, false, 0.1), sgd(0.9, false, 0), sgd(0.9, false, 0.01), sgd(0.8, true, 0),
+                          sgd(0.8, true, 0.05)}) {
+    SCOPED_TRACE("momentum " + std::to_string(cfg.momentum) + " nesterov " + std::to_string(cfg.nesterov) +
+                 " wd " + std::to_string(cfg.weight_decay));
     auto opt = ddp::make_optimizer(cfg, 4);
     Vec buf;
     const Vec want = sgd_reference(cfg, 0.05, buf);
@@ -193,9 +192,9 @@ TEST(Schedule, StepDecaysEveryStepEpochs) {
 }
 
 TEST(Schedule, CosineAfterWarmup) {
-  const auto cfg = schedule("cosine", 10);  // T = 50 - 10 = 40
-  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 4, 10), 0.05);   // warm-up: 0.1 * 5 / 10
-  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 10, 10), 0.1);   // t = 0: peak
+  const auto cfg = schedule("cosine", 10);                   // T = 50 - 10 = 40
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 4, 10), 0.05);    // warm-up: 0.1 * 5 / 10
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 10, 10), 0.1);    // t = 0: peak
   EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 30, 10), 0.055);  // t = T/2: halfway to min_lr
   EXPECT_NEAR(ddp::learning_rate(cfg, 20, 10), 0.01 + 0.09 * (1 + std::sqrt(0.5)) / 2, 1e-15);
   EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 50, 10), 0.01);  // t = T: min_lr

@@ -34,6 +34,11 @@ class Layer {
   // parameter_specs() order. Both live in the default memory space.
   virtual void bind(float* /*params*/, float* /*grads*/) {}
 
+  // Non-trained state saved with the model (BatchNorm's running statistics), in
+  // PyTorch's names and layouts; bound to a sub-range of the model's buffer block.
+  virtual std::vector<ParamSpec> buffer_specs() const { return {}; }
+  virtual void bind_buffers(float* /*buffers*/) {}
+
   // PyTorch's default initialisation of the bound parameters; keys come from rng.
   virtual void init(Rng& /*rng*/) {}
 

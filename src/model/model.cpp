@@ -23,7 +23,8 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
 
   // Build the layers, propagating the per-sample shape and laying out parameters.
   shapes_.push_back(sample_shape);
-  std::int64_t total = 0;
+  std::int64_t total = 0, total_buffers = 0;
+  std::vector<std::int64_t> layer_buffers;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     specs_.push_back(trim(specs[i]));
     try {
@@ -40,15 +41,27 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
     }
     layer_params_.push_back(n);
     total += n;
+    std::int64_t nb = 0;
+    for (const Layer::ParamSpec& b : layers_.back()->buffer_specs()) {
+      std::int64_t size = shape_numel(b.shape);
+      buffer_table_.push_back(
+          {"layers." + std::to_string(i) + "." + b.suffix, b.shape, total_buffers + nb, size});
+      nb += size;
+    }
+    layer_buffers.push_back(nb);
+    total_buffers += nb;
   }
+  buffers_ = View1("Model::buffers", total_buffers);
 
   params_ = View1("Model::parameters", total);
   grads_ = View1("Model::gradients", total);  // zero-initialised
   Rng rng(seed);
   first_trained_ = layers_.size();
-  std::int64_t offset = 0;
+  std::int64_t offset = 0, buffer_offset = 0;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->bind(params_.data() + offset, grads_.data() + offset);
+    layers_[i]->bind_buffers(buffers_.data() + buffer_offset);
+    buffer_offset += layer_buffers[i];
     layers_[i]->init(rng);
     if (layer_params_[i] > 0 && first_trained_ == layers_.size()) first_trained_ = i;
     offset += layer_params_[i];

@@ -31,6 +31,11 @@ class Model {
   };
   const std::vector<ParamEntry>& parameter_table() const { return table_; }
 
+  // Non-trained state (BatchNorm running statistics): one block, its own table,
+  // saved in checkpoints beside the parameters ("layers.<i>.running_mean").
+  View1 buffers() const { return buffers_; }
+  const std::vector<ParamEntry>& buffer_table() const { return buffer_table_; }
+
   const Shape& input_shape() const { return shapes_.front(); }  // per sample, e.g. {1, 28, 28}
   const Shape& output_shape() const { return shapes_.back(); }  // per sample, e.g. {10}
 
@@ -53,8 +58,9 @@ class Model {
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output
   std::vector<std::int64_t> layer_params_;  // parameter count per layer
   std::vector<ParamEntry> table_;
+  std::vector<ParamEntry> buffer_table_;
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
-  View1 params_, grads_;
+  View1 params_, grads_, buffers_;
   Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i
   std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i

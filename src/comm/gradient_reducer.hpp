@@ -1,0 +1,81 @@
+#pragma once
+// Bucketed, overlapped gradient all-reduce, as DistributedDataParallel does it.
+//
+// The gradient buffer is cut into buckets: contiguous ranges of whole parameter
+// tensors, taken in reverse order (backward produces the last layer's gradients
+// first), a small first bucket so communication starts early, then buckets of
+// about bucket_mb. When backward has finished every gradient at or above an
+// offset, mark_ready(offset) starts the all-reduce of every bucket that lies
+// entirely above it; finish() waits for what is still in flight.
+//
+// Non-blocking collectives in MPI progress only inside MPI calls. Two ways to
+// give them that, chosen at construction and measured by tools/ddp_bench:
+//  - Progress::Poll: MPI_Iallreduce at start, MPI_Testall at every mark_ready/poll;
+//  - Progress::Thread: a communication thread runs blocking MPI_Allreduce calls on
+//    the buckets in order (needs MPI_THREAD_MULTIPLE), on its own communicator.
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ddp {
+
+struct Bucket {
+  std::int64_t begin = 0, end = 0;  // [begin, end) in the gradient buffer
+};
+
+// Buckets over tensors given by their [offset, offset+size) ranges in increasing
+// order, packed from the END of the buffer. first_bucket_mb caps the first,
+// bucket_mb the others; a tensor larger than the cap is a bucket of its own.
+std::vector<Bucket> plan_buckets(const std::vector<std::pair<std::int64_t, std::int64_t>>& tensors,
+                                 double bucket_mb, double first_bucket_mb);
+
+class GradientReducer {
+ public:
+  enum class Progress { Poll, Thread };
+  static Progress parse_progress(const std::string& name);  // "poll" | "thread"
+
+  // grads: the gradient buffer (host memory); buckets from plan_buckets.
+  GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Every gradient at offsets >= `offset` is final for this step: start the
+  // buckets that lie entirely at or above it (in bucket order).
+  void mark_ready(std::int64_t offset);
+  void poll();    // let in-flight non-blocking reductions progress (Poll mode)
+  void finish();  // start what is left, wait for everything; the buffer holds the sums
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  double finish_wait_seconds() const { return finish_wait_; }  // last finish(): time blocked
+
+ private:
+  void start(std::size_t bucket);
+  void run_thread();
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  float* grads_;
+  std::vector<Bucket> buckets_;
+  Progress progress_;
+  int size_ = 1;
+  std::size_t started_ = 0;  // buckets [0, started_) have been started this step
+  std::vector<MPI_Request> requests_;
+  double finish_wait_ = 0.0;
+
+  // Thread mode: the main thread queues bucket numbers, the thread reduces them.
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::size_t> queue_;
+  std::size_t completed_ = 0;  // buckets finished this step
+  bool stop_ = false;
+};
+
+}  // namespace ddp

@@ -3,20 +3,23 @@
 #include "comm/communicator.hpp"  // collectives between ranks
 #include "comm/context.hpp"       // MPI + Kokkos lifetime, ranks
 #include "io/metrics.hpp"         // metrics.jsonl
-#include "train/setup.hpp"        // input file, data sets, model, run directory
+#include "train/setup.hpp"        // input file, data sets, model, run directory, checkpoint to start from
+#include "train/signals.hpp"      // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
 #include "train/trainer.hpp"      // the DDP loop
 
 int main(int argc, char** argv) {
   ddp::Context ctx(argc, argv);
+  ddp::install_preemption_handlers();
   const ddp::CommandLine cli = ddp::parse_command_line(ctx, argc, argv);
   if (cli.exit_now) return cli.exit_code;
   const ddp::Config cfg = ddp::load_config(ctx, cli);
+  if (cli.check) return ddp::check_run(ctx, cfg);
   ddp::prepare_run_dir(ctx, cfg);
   ddp::Data data = ddp::open_data(ctx, cfg);
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);
   auto comm = ddp::make_mpi_communicator(ctx.world());
   ddp::Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, data.val.get(), data.prefetch_batches);
+  ddp::start_from_checkpoint(ctx, cfg, *net.model, trainer);
   ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);
-  trainer.fit(&metrics);
-  return 0;
+  return trainer.fit(&metrics);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
 }

@@ -127,7 +127,21 @@ const std::vector<Key>& keys() {
        "initialisation, sampler permutation, dropout"},
       {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
        "optimizer steps between progress lines; 0: none"},
-      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false, "directory of metrics.jsonl"},
+      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false, "directory of metrics.jsonl and checkpoints/"},
+      {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,
+       "epochs between checkpoints; 0: none by epoch"},
+      {"io", "checkpoint_every_steps", field<&C::io, &I::checkpoint_every_steps>, at_least(0), false,
+       "optimizer steps between checkpoints; 0: none by step"},
+      {"io", "checkpoint_every_minutes", field<&C::io, &I::checkpoint_every_minutes>, at_least(0), false,
+       "minutes between checkpoints; 0: none by time"},
+      {"io", "keep_checkpoints", field<&C::io, &I::keep_checkpoints>, at_least(1), false,
+       "checkpoints kept in <run_dir>/checkpoints, newest first"},
+      {"io", "resume", field<&C::io, &I::resume>, any(), false,
+       "'auto': from run_dir's latest valid checkpoint; 'never'; or a checkpoint file"},
+      {"io", "init_from", field<&C::io, &I::init_from>, any(), false,
+       "checkpoint whose weights start a new run; '': none"},
+      {"io", "trace_samples", field<&C::io, &I::trace_samples>, any(), false,
+       "debug: write each rank's trained sample indices to run_dir"},
   };
   return table;
 }
@@ -425,6 +439,8 @@ Config parse_config(const std::string& text, const std::string& path,
   const TrainConfig& t = cfg.train;
   if (t.nesterov && t.momentum <= 0)
     set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");
+  if (cfg.io.resume.empty())
+    set_by[find_key("io", "resume")].value_error("expected 'auto', 'never' or a checkpoint file");
   if (t.schedule == "cosine" && t.min_lr > t.lr)
     set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;

@@ -46,7 +46,14 @@ struct TrainConfig {
 };
 
 struct IoConfig {
-  std::string run_dir = "runs/default";  // metrics.jsonl goes here
+  std::string run_dir = "runs/default";  // metrics.jsonl and checkpoints/ go here
+  int checkpoint_every = 1;              // epochs between checkpoints; 0: none by epoch
+  int checkpoint_every_steps = 0;        // optimizer steps between checkpoints; 0: none by step
+  double checkpoint_every_minutes = 0;   // minutes between checkpoints; 0: none by time
+  int keep_checkpoints = 3;              // the newest this many stay in <run_dir>/checkpoints
+  std::string resume = "auto";           // 'auto' (run_dir's latest valid) | 'never' | a checkpoint path
+  std::string init_from;                 // a checkpoint whose weights start a new run; '': none
+  bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
 };
 
 struct Config {

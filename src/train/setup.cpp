@@ -10,8 +10,10 @@
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
+#include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
+#include "train/optimizer.hpp"
 
 namespace ddp {
 
@@ -24,7 +26,7 @@ std::string to_string(const Shape& shape) {
 }
 
 const char* kUsage =
-    "usage: ddp_train [--help] [--version] input.nml [group.key=value ...]\n"
+    "usage: ddp_train [--help] [--version] [--check] input.nml [group.key=value ...]\n"
     "\n"
     "Data-parallel training on MPI ranks, configured by a Fortran namelist file.\n"
     "Launch with srun or mpirun, e.g.  mpirun -np 2 ddp_train inputs/fashion_mlp.nml\n"
@@ -32,6 +34,8 @@ const char* kUsage =
     "  input.nml          namelist with groups &data, &model, &train, &io\n"
     "  group.key=value    override one key of the input file, e.g. train.epochs=3\n"
     "                     io.run_dir=runs/try1 (strings need no quotes)\n"
+    "  --check            validate the input, the data files and the model, then exit\n"
+    "                     without training (exit status 0 when all is well)\n"
     "  --help             this text\n"
     "  --version          version and build configuration\n";
 
@@ -67,7 +71,9 @@ CommandLine parse_command_line(const Context& ctx, int argc, char** argv) {
       cli.exit_now = true;
       return cli;
     }
-    if (arg.rfind("-", 0) == 0) {
+    if (arg == "--check") {
+      cli.check = true;
+    } else if (arg.rfind("-", 0) == 0) {
       problem = "unknown option '" + arg + "'";
     } else if (cli.input_file.empty() && arg.find('=') == std::string::npos) {
       cli.input_file = arg;
@@ -197,6 +203,35 @@ void prepare_run_dir(const Context& ctx, const Config& cfg) {
      << ", input " << cfg.source_path << "\n--- resolved input ---\n"
      << cfg.to_namelist() << "----------------------";
   log::info(os.str());
+}
+
+void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, Trainer& trainer) {
+  bool weights_only = false;
+  const std::string optimizer = make_optimizer(cfg.train, 0)->name();
+  const auto ck = find_start_checkpoint(ctx.world(), cfg, model, optimizer, &weights_only);
+  if (ck) trainer.restore(*ck, weights_only);
+}
+
+int check_run(const Context& ctx, const Config& cfg) {
+  std::ostringstream os;
+  os << "ddp_train " << DDP_VERSION << " --check: " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
+     << ", input " << cfg.source_path << "\n--- resolved input ---\n"
+     << cfg.to_namelist() << "----------------------";
+  log::info(os.str());
+  Data data = open_data(ctx, cfg);
+  ModelSetup net = build_model(ctx, cfg, data);
+  bool weights_only = false;
+  const std::string optimizer = make_optimizer(cfg.train, 0)->name();
+  const auto ck = find_start_checkpoint(ctx.world(), cfg, *net.model, optimizer, &weights_only);
+  if (ck && weights_only)
+    log::info("checkpoint: a new run from the weights of " + ck->path);
+  else if (ck)
+    log::info("checkpoint: would resume from " + ck->path + " (epoch " + std::to_string(ck->state.epoch + 1) +
+              ", step " + std::to_string(ck->state.step) + ")");
+  else
+    log::info("checkpoint: none; a new run");
+  log::info("check passed");
+  return 0;
 }
 
 }  // namespace ddp

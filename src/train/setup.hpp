@@ -13,12 +13,14 @@
 #include "model/loss.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
+#include "train/trainer.hpp"
 
 namespace ddp {
 
 struct CommandLine {
   std::string input_file;
   std::vector<std::string> overrides;  // "group.key=value"
+  bool check = false;                  // --check: validate input, data and model, do not train
   bool exit_now = false;               // --help, --version
   int exit_code = 0;
 };
@@ -48,5 +50,14 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data);
 
 // Creates <run_dir> (rank 0) and prints the resolved configuration and the plan.
 void prepare_run_dir(const Context& ctx, const Config& cfg);
+
+// Resume (io.resume) or initialise (io.init_from) the trainer from a checkpoint,
+// when there is one: rank 0 reads and checks it, every rank gets it.
+void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, Trainer& trainer);
+
+// ddp_train --check: the input, every data file, the model built on the data, and
+// the checkpoint a run would start from; prints a summary and "check passed".
+// Returns the exit status (0); any problem is the usual one-line collective error.
+int check_run(const Context& ctx, const Config& cfg);
 
 }  // namespace ddp

@@ -1,11 +1,15 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
+#include "comm/check.hpp"
 #include "comm/log.hpp"
 #include "io/sampler.hpp"
 #include "train/schedule.hpp"
+#include "train/signals.hpp"
 
 namespace ddp {
 
@@ -54,7 +58,12 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
 
   // Every rank starts from rank 0's weights, as DDP does at construction.
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
-  model_.reseed_dropout(mix(std::uint64_t(cfg_.train.seed) * 1000003u + std::uint64_t(comm_.rank())));
+  // Dropout streams differ per rank and restart per micro-batch from (key, position),
+  // so a checkpoint's one number (the position) restores them exactly.
+  dropout_key_ = mix(std::uint64_t(cfg_.train.seed) * 1000003u + std::uint64_t(comm_.rank()));
+  model_.reseed_dropout(dropout_key_);
+  pos_.seed = cfg_.train.seed;
+  pos_.world_size = comm_.size();
 
   const DistributedSampler sampler(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle,
                                    std::uint64_t(cfg_.train.seed), cfg_.data.drop_last);
@@ -102,24 +111,107 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank) {
   const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
   optimizer_->step(model_.parameters(), grads, lr);
   ++step_;
+  pos_.step = step_;
+  pos_.lr_step = step_;
+}
+
+void Trainer::restore(const Checkpoint& ck, bool weights_only) {
+  using HostIn = Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+  Kokkos::deep_copy(model_.parameters(), HostIn(ck.parameters.data(), ck.parameters.size()));
+  if (!ck.buffers.empty()) Kokkos::deep_copy(model_.buffers(), HostIn(ck.buffers.data(), ck.buffers.size()));
+  if (weights_only) {
+    log::info("initialised from " + ck.path + " (weights only; a new run)");
+    return;
+  }
+  for (auto& [name, view] : optimizer_->state()) {
+    auto it = std::find_if(ck.optimizer_state.begin(), ck.optimizer_state.end(),
+                           [&](const auto& e) { return e.first == name; });
+    if (it == ck.optimizer_state.end()) DDP_FATAL("checkpoint " << ck.path << " has no /optimizer/" << name);
+    Kokkos::deep_copy(view, HostIn(it->second.data(), it->second.size()));
+  }
+  optimizer_->set_steps(ck.optimizer_steps);
+  step_ = ck.state.step;
+  pos_ = ck.state;
+  pos_.world_size = comm_.size();
+  if (pos_.seed != cfg_.train.seed)
+    log::warn("train.seed is " + std::to_string(cfg_.train.seed) + " but the checkpoint's run used " +
+              std::to_string(pos_.seed) + ": the sample order keeps the checkpoint's seed");
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "resumed from %s at epoch %lld step %lld (%lld of the epoch's %lld samples done; written by %lld "
+                "rank%s, continuing on %d)",
+                ck.path.c_str(), (long long)pos_.epoch + 1, (long long)step_, (long long)pos_.consumed,
+                (long long)train_.size(), (long long)ck.state.world_size, ck.state.world_size == 1 ? "" : "s",
+                comm_.size());
+  log::info(line);
+}
+
+Trainer::Agreed Trainer::poll() {
+  // One all-reduce of two numbers per step: a signal seen by any rank, and rank 0's
+  // clock for the time cadence (so that every rank takes the same decision).
+  const double minutes = cfg_.io.checkpoint_every_minutes;
+  double flags[2] = {preemption_signal() != 0 ? 1.0 : 0.0,
+                     comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
+  comm_.allreduce_sum(flags, 2);
+  Agreed a;
+  a.preempt = flags[0] > 0;
+  a.time_due = flags[1] > 0;
+  return a;
+}
+
+std::string Trainer::checkpoint() {
+  std::string path;
+  pos_.step = step_;
+  pos_.lr_step = step_;
+  pos_.world_size = comm_.size();
+  if (comm_.rank() == 0)
+    path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_);
+  last_checkpoint_time_ = now();
+  return path;
 }
 
 EpochStats Trainer::train_epoch(std::int64_t epoch) {
-  DistributedSampler sampler(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle,
-                             std::uint64_t(cfg_.train.seed), cfg_.data.drop_last);
-  sampler.set_epoch(epoch);
-  BatchLoader loader(train_, sampler.indices(), cfg_.train.batch_size, prefetch_);
+  pos_.epoch = epoch;
+  pos_.consumed = 0;
+  pos_.epoch_loss_sum = 0.0;
+  pos_.epoch_samples = 0.0;
+  return run_epoch(false, nullptr);
+}
+
+EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
+  const std::int64_t epoch = pos_.epoch;
+  const std::int64_t start = pos_.consumed;
+  const int W = comm_.size();
+  BatchLoader loader(train_,
+                     epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle, std::uint64_t(pos_.seed),
+                                   cfg_.data.drop_last, epoch, start),
+                     cfg_.train.batch_size, prefetch_);
   const std::int64_t batches = loader.num_batches();
   const int accumulation = cfg_.train.accumulation_steps;
+
+  // Debug trace: the global indices this rank trains, one per line, appended.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> trace(nullptr, std::fclose);
+  if (cfg_.io.trace_samples) {
+    const std::string path = cfg_.io.run_dir + "/samples_rank" + std::to_string(comm_.rank()) + "_epoch" +
+                             std::to_string(epoch + 1) + ".txt";
+    trace.reset(std::fopen(path.c_str(), "a"));
+    if (!trace) DDP_FATAL("io.trace_samples: cannot open '" << path << "'");
+  }
+  // The epoch's training loss so far, from the checkpoint this run resumed from
+  // (a global sum, counted once, on rank 0).
+  const double prior_loss = comm_.rank() == 0 ? pos_.epoch_loss_sum : 0.0;
+  const double prior_samples = comm_.rank() == 0 ? pos_.epoch_samples : 0.0;
 
   const double t0 = now();
   double loss_sum = 0.0, window_loss = 0.0;
   std::int64_t samples = 0, window_samples = 0, group_samples = 0;
   int micro = 0;
+  bool stopped = false;
   Batch batch;
   model_.zero_grad();
   for (std::int64_t b = 0; loader.next(batch); ++b) {
     load_batch(batch);
+    model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     const Tensor& out = model_.forward(x_, /*training=*/true);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
     const double batch_loss = sum(loss_, batch.size);
@@ -131,12 +223,16 @@ EpochStats Trainer::train_epoch(std::int64_t epoch) {
     samples += batch.size;
     window_samples += batch.size;
     group_samples += batch.size;
+    if (trace)
+      for (std::int64_t i = 0; i < batch.size; ++i) std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
     // Gradient accumulation: only the last micro-step of a group talks to the other ranks.
     if (++micro < accumulation && b + 1 < batches) continue;
     reduce_and_step(group_samples);
     model_.zero_grad();
     group_samples = 0;
     micro = 0;
+    // Every rank trains the same number of samples: positions of the global order done.
+    pos_.consumed = start + samples * W;
     if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) {
       char line[160];
       std::snprintf(line, sizeof line,
@@ -147,19 +243,47 @@ EpochStats Trainer::train_epoch(std::int64_t epoch) {
       window_loss = 0.0;
       window_samples = 0;
     }
+    if (!checkpoints) continue;
+    Agreed a = poll();
+    a.step_due = cfg_.io.checkpoint_every_steps > 0 && step_ % cfg_.io.checkpoint_every_steps == 0;
+    if (b + 1 == batches) {  // the epoch's end: fit() checkpoints after validation
+      *pending = a;
+      break;
+    }
+    if (!(a.preempt || a.time_due || a.step_due)) continue;
+    double partial[2] = {loss_sum + prior_loss, double(samples) + prior_samples};
+    comm_.allreduce_sum(partial, 2);
+    pos_.epoch_loss_sum = partial[0];
+    pos_.epoch_samples = partial[1];
+    const std::string path = checkpoint();
+    if (a.preempt) {
+      stopped = true;
+      char line[512];
+      std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",
+                    path.c_str(), (long long)step_, kExitRequeue);
+      log::info(line);
+      break;
+    }
   }
   const double seconds = now() - t0;
 
-  double totals[2] = {loss_sum, double(samples)};
-  comm_.allreduce_sum(totals, 2);
+  double totals[3] = {loss_sum + prior_loss, double(samples) + prior_samples, double(samples)};
+  comm_.allreduce_sum(totals, 3);
   EpochStats stats;
   stats.epoch = epoch + 1;
   stats.step = step_;
   stats.train_loss = totals[0] / totals[1];
   stats.train_seconds = seconds;
-  stats.samples_per_s = totals[1] / seconds;
+  stats.samples_per_s = totals[2] / seconds;
   stats.data_wait_seconds = loader.wait_seconds();
   stats.lr = learning_rate(cfg_.train, step_ - 1, steps_per_epoch_);
+  stats.complete = !stopped;
+  if (!stopped) {
+    pos_.epoch = epoch + 1;
+    pos_.consumed = 0;
+    pos_.epoch_loss_sum = 0.0;
+    pos_.epoch_samples = 0.0;
+  }
   return stats;
 }
 
@@ -206,10 +330,21 @@ ValStats Trainer::validate(ShardDataset& data) {
   return stats;
 }
 
-void Trainer::fit(MetricsWriter* metrics) {
+int Trainer::fit(MetricsWriter* metrics) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
-  for (std::int64_t epoch = 0; epoch < cfg_.train.epochs; ++epoch) {
-    const EpochStats e = train_epoch(epoch);
+  const IoConfig& io = cfg_.io;
+  const bool scheduled = io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
+  last_checkpoint_time_ = now();
+  if (pos_.epoch >= cfg_.train.epochs) {
+    log::info("nothing to train: the run is complete (epoch " + std::to_string(pos_.epoch) + " of " +
+              std::to_string(cfg_.train.epochs) + ", step " + std::to_string(step_) +
+              "); raise train.epochs to continue it, or set io.resume = 'never' for a new run");
+    return 0;
+  }
+  while (pos_.epoch < cfg_.train.epochs) {
+    Agreed last_step;
+    const EpochStats e = run_epoch(true, &last_step);
+    if (!e.complete) return kExitRequeue;
     ValStats v;
     double val_seconds = 0.0;
     if (val_) {
@@ -226,23 +361,40 @@ void Trainer::fit(MetricsWriter* metrics) {
                   e.train_seconds + val_seconds);
     log::info(line);
 
-    if (!metrics) continue;
-    MetricRecord r = {
-        {"epoch", (long long)e.epoch}, {"step", (long long)e.step}, {"train_loss", e.train_loss}};
-    if (val_) {
-      r.push_back({"val_loss", v.loss});
-      if (classify) r.push_back({"val_acc", v.accuracy});
-      if (classify) r.push_back({"val_correct", (long long)v.correct});
-      r.push_back({"val_count", (long long)v.count});
+    if (metrics) {
+      MetricRecord r = {
+          {"epoch", (long long)e.epoch}, {"step", (long long)e.step}, {"train_loss", e.train_loss}};
+      if (val_) {
+        r.push_back({"val_loss", v.loss});
+        if (classify) r.push_back({"val_acc", v.accuracy});
+        if (classify) r.push_back({"val_correct", (long long)v.correct});
+        r.push_back({"val_count", (long long)v.count});
+      }
+      r.push_back({"samples_per_s", e.samples_per_s});
+      r.push_back({"train_seconds", e.train_seconds});
+      r.push_back({"val_seconds", val_seconds});
+      r.push_back({"data_wait_seconds", e.data_wait_seconds});
+      r.push_back({"lr", e.lr});
+      r.push_back({"world_size", (long long)comm_.size()});
+      metrics->write(r);
     }
-    r.push_back({"samples_per_s", e.samples_per_s});
-    r.push_back({"train_seconds", e.train_seconds});
-    r.push_back({"val_seconds", val_seconds});
-    r.push_back({"data_wait_seconds", e.data_wait_seconds});
-    r.push_back({"lr", e.lr});
-    r.push_back({"world_size", (long long)comm_.size()});
-    metrics->write(r);
+
+    // A signal that came during validation counts too.
+    const Agreed now_flags = poll();
+    const bool preempt = last_step.preempt || now_flags.preempt;
+    const bool last = pos_.epoch >= cfg_.train.epochs;
+    const bool due = scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
+                                   last_step.step_due || last_step.time_due || now_flags.time_due || last);
+    if (!due && !(preempt && !last)) continue;
+    const std::string path = checkpoint();
+    if (preempt && !last) {
+      std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",
+                    path.c_str(), (long long)step_, kExitRequeue);
+      log::info(line);
+      return kExitRequeue;
+    }
   }
+  return 0;
 }
 
 }  // namespace ddp

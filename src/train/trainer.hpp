@@ -7,6 +7,7 @@
 
 #include "comm/communicator.hpp"
 #include "io/batch_loader.hpp"
+#include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/loss.hpp"
@@ -24,6 +25,7 @@ struct EpochStats {
   double train_seconds = 0.0;
   double data_wait_seconds = 0.0;  // rank 0's time blocked on the loader
   double lr = 0.0;                 // learning rate of the epoch's last step
+  bool complete = true;            // false: stopped mid-epoch (preemption)
 };
 
 struct ValStats {
@@ -40,16 +42,38 @@ class Trainer {
   Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
           ShardDataset* val, int prefetch_batches);
 
-  // All epochs of cfg.train, one line per epoch on rank 0 and one metrics record.
-  void fit(MetricsWriter* metrics);
+  // Continue from a checkpoint: its weights, and unless `weights_only` (init_from)
+  // its optimizer state and training position. Same on every rank.
+  void restore(const Checkpoint& ck, bool weights_only);
 
-  EpochStats train_epoch(std::int64_t epoch);  // epoch is 0-based
+  // The remaining epochs of cfg.train, from where restore() left off: one line per
+  // epoch on rank 0, one metrics record, checkpoints at the io.checkpoint_* cadence
+  // and at the end. Returns the process exit status: 0, or kExitRequeue (75) after
+  // a preemption signal made every rank stop at a step boundary and rank 0 write a
+  // checkpoint.
+  int fit(MetricsWriter* metrics);
+
+  // One whole epoch (0-based), no checkpoints: the unit the equivalence tests use.
+  EpochStats train_epoch(std::int64_t epoch);
   ValStats validate(ShardDataset& data);
 
   std::int64_t step() const { return step_; }
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  const TrainingState& position() const { return pos_; }
 
  private:
+  // Flags agreed on by all ranks at a step boundary (one small all-reduce).
+  struct Agreed {
+    bool preempt = false;  // some rank got SIGUSR1/SIGTERM
+    bool time_due = false;  // rank 0's clock: checkpoint_every_minutes elapsed
+    bool step_due = false;  // checkpoint_every_steps divides the step count (same on every rank)
+  };
+  Agreed poll();
+  // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
+  // them mid-epoch at the step/time cadence and stops at a preemption (complete =
+  // false); `pending` then holds the flags of the epoch's last step.
+  EpochStats run_epoch(bool checkpoints, Agreed* pending);
+  std::string checkpoint();  // every rank calls it; rank 0 writes pos_
   void load_batch(const Batch& batch);  // host batch -> input, label/target views
   void reduce_and_step(std::int64_t samples_per_rank);
 
@@ -63,6 +87,9 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
+  TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
+  std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
+  double last_checkpoint_time_ = 0.0;
 
   Tensor x_;          // (B, sample...)
   LabelView labels_;  // (B)

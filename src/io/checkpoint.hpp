@@ -1,0 +1,106 @@
+#pragma once
+// HDF5 checkpoints: written by rank 0 alone (serial HDF5, no MPI-IO), atomically
+// (temp file, fsync, rename, fsync of the directory, then the `latest` pointer the
+// same way), the last `keep` kept. Read by rank 0, checked, broadcast to all ranks.
+//
+// <run_dir>/checkpoints/ckpt_<step, 9 digits>.h5, <run_dir>/checkpoints/latest (its name)
+//
+//   /model/layers.<i>.weight|bias      float32, PyTorch layouts (Linear (out, in))
+//   /model/<buffer name>               float32, Model::buffer_table() (BatchNorm stats)
+//   /optimizer/<state name>            float32 (num_parameters), the model's flat parameter
+//                                      order; attribute `name` ("SGD" | "AdamW")
+//   /optimizer/steps                   int64, optimizer steps taken
+//   /state/{epoch, step, consumed, seed, lr_step, dropout_position, world_size}  int64
+//   /state/{epoch_loss_sum, epoch_samples}                                       float64
+//   attributes of /: format "ddp_train.checkpoint", format_version 1, world_size,
+//   config (resolved namelist), source_path, source_text (the input file as read),
+//   checksum "fnv1a64:<16 hex>" over every dataset (its path, then its bytes, in
+//   path order), verified at load.
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model.hpp"
+#include "train/config.hpp"
+#include "train/optimizer.hpp"
+
+namespace ddp {
+
+// A checkpoint that cannot be used: unreadable, truncated, checksum mismatch.
+// The message is the reason, without the file name.
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Where training stands: the /state group.
+struct TrainingState {
+  std::int64_t epoch = 0;             // 0-based epoch in progress (epochs done when consumed == 0)
+  std::int64_t step = 0;              // optimizer steps taken
+  std::int64_t consumed = 0;          // positions of the epoch's global sample order already trained
+  std::int64_t seed = 0;              // train.seed: the sampler permutation of epoch e uses seed + e
+  std::int64_t lr_step = 0;           // learning-rate schedule position (the next step's index)
+  std::int64_t dropout_position = 0;  // micro-batches per rank since the start: the dropout stream
+  std::int64_t world_size = 0;        // ranks of the run that wrote it
+  double epoch_loss_sum = 0.0;        // training loss summed over the epoch's trained samples, all ranks
+  double epoch_samples = 0.0;         // samples (with padding) trained in the epoch, all ranks
+};
+
+// A checkpoint in host memory, checked against the model it is for.
+struct Checkpoint {
+  std::string path;
+  TrainingState state;
+  std::vector<float> parameters;  // (num_parameters) the model's flat layout
+  std::vector<float> buffers;     // (buffer block size)
+  std::string optimizer;          // "SGD" | "AdamW"
+  std::int64_t optimizer_steps = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;  // each (num_parameters)
+  std::string config;  // resolved namelist of the run that wrote it
+};
+
+std::string checkpoint_dir(const std::string& run_dir);        // <run_dir>/checkpoints
+std::string checkpoint_name(std::int64_t step);                // ckpt_000001234.h5
+
+// Rank 0 only. Writes the checkpoint of `step`, updates `latest`, removes all but
+// the newest `keep` checkpoints and any temp file a killed writer left. Returns the
+// path. Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
+// the temp file (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill
+// the writer at that point. Takes hdf5_mutex().
+std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
+                            const TrainingState& state, const Config& cfg);
+
+// Any process. Reads `path`, verifies format and checksum (CheckpointError when the
+// file is unusable) and its fit to `model` (InputError: the model or the optimizer
+// differs from the run's). `optimizer` empty: weights only, any optimizer.
+Checkpoint load_checkpoint(const std::string& path, const Model& model, const std::string& optimizer);
+
+// The checkpoints of a run directory, the one `latest` names first, then the rest
+// newest first.
+std::vector<std::string> checkpoint_candidates(const std::string& run_dir);
+
+// Collective. The checkpoint a run starts from, per io.resume ('auto': the newest
+// valid one of run_dir, each unusable newer one skipped with a warning; 'never';
+// a path: that file, an error when unusable), then io.init_from (weights only).
+// Rank 0 reads and checks; every rank receives the same Checkpoint. nullopt: a new
+// run. `weights_only` tells which of the two it came from.
+std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
+                                                const std::string& optimizer, bool* weights_only);
+
+// The order of this rank's samples for epoch `epoch` when `consumed` positions of
+// the epoch's global order are already trained (possibly by a run with another
+// number of ranks). consumed == 0: DistributedSampler(...).indices(). Otherwise the
+// unpadded order P (the seeded permutation, or 0..N-1 unshuffled), its positions
+// [consumed, N) in order, padded by cycling P from its start (or truncated, drop_last)
+// to a multiple of `world`, dealt round-robin: rank r takes R[r], R[r+W], ...
+// With the same number of ranks and consumed a multiple of it this is exactly the
+// tail of the uninterrupted epoch's indices().
+std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, int world, int rank, bool shuffle,
+                                        std::uint64_t seed, bool drop_last, std::int64_t epoch,
+                                        std::int64_t consumed);
+
+}  // namespace ddp

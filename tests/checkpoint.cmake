@@ -1,0 +1,35 @@
+# Checkpoints, resume, preemption (SIGUSR1 -> exit 75), crash safety, PyTorch interop, --check.
+set(CKPT ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint)
+set(CKPT_MPIEXEC ${MPIEXEC_EXECUTABLE})
+
+ddp_add_test(test_checkpoint SOURCES checkpoint/test_checkpoint.cpp LABELS checkpoint)
+
+# ddp_add_checkpoint_test(name FIXTURE f NP n TIMEOUT t COMMAND ...): a driver script.
+function(ddp_add_checkpoint_test name)
+  cmake_parse_arguments(T "" "FIXTURE;NP;TIMEOUT" "COMMAND;SETS" ${ARGN})
+  add_test(NAME checkpoint_${name} COMMAND ${T_COMMAND})
+  set_tests_properties(checkpoint_${name} PROPERTIES FIXTURES_REQUIRED "${T_FIXTURE}" LABELS "e2e;checkpoint"
+                       TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_NP})
+  if(T_SETS)
+    set_tests_properties(checkpoint_${name} PROPERTIES FIXTURES_SETUP "${T_SETS}")
+  endif()
+endfunction()
+
+set(FASHION_NML ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml)
+ddp_add_checkpoint_test(exactness_np2 FIXTURE fashion NP 2 TIMEOUT 900 SETS ckpt_fashion_run
+  COMMAND ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML} runs/ckpt_exact)
+ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
+  COMMAND ${DDP_PYTHON} ${CKPT}/any_world_size.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
+          runs/ckpt_any_world_size 0.85)
+ddp_add_checkpoint_test(interop_pytorch FIXTURE "fashion;ckpt_fashion_run" NP 1 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/interop.py runs/ckpt_exact_straight "data/fashion-mnist/test_*.h5")
+ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
+ddp_add_checkpoint_test(cadence FIXTURE e2e_data NP 2 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/cadence.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_cadence)
+ddp_add_checkpoint_test(check_option FIXTURE e2e_data NP 2 TIMEOUT 90
+  COMMAND ${CKPT}/check_option.sh runs/ckpt_check --
+          ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> --check ${TINY} io.run_dir=runs/ckpt_check)
+# --check finds bad data like a run does: one error line, non-zero exit.
+ddp_add_error_test(check_bad_labels NP 2 REGEX "badlabels/train_001.h5.*17.*7"
+                   ARGS --check ${TINY} "data.train_files=e2e_data/badlabels/train_*.h5")

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Any world size: Fashion-MNIST on 2 ranks, stopped by SIGUSR1 in epoch 2,
+resumed on 3 ranks to the end of epoch 3. With io.trace_samples every rank writes
+the global sample indices it trained; across both runs every sample of epoch 2
+is trained exactly once, plus the padding the 3-rank remainder needs (counted
+twice: the first `pad` samples of the epoch's permutation, as DistributedSampler
+pads). Epochs 1 and 3 use every sample exactly once. Final val_acc >= MIN_ACC.
+
+usage: any_world_size.py MPIEXEC DDP_TRAIN INPUT.nml RUN_DIR MIN_ACC
+"""
+import collections
+import glob
+import json
+import os
+import shutil
+import sys
+
+from common import EX_TEMPFAIL, epoch_end_step, fail, latest, mpirun, progress_step, run, run_until, state
+
+mpiexec, binary, nml, run_dir, min_acc = sys.argv[1:6]
+shutil.rmtree(run_dir, ignore_errors=True)
+args = [nml, "train.epochs=3", "train.log_every=5", "io.trace_samples=.true.", f"io.run_dir={run_dir}"]
+N = 60000
+
+steps_per_epoch = [None]
+
+
+def stop_when(line):
+    if steps_per_epoch[0] is None:
+        steps_per_epoch[0] = epoch_end_step(line, 1)
+        return False
+    return (progress_step(line, 2) or 0) >= steps_per_epoch[0] * 1.4
+
+
+rc, out, sent = run_until(mpirun(mpiexec, 2, binary, args), stop_when)
+if not sent or rc != EX_TEMPFAIL:
+    fail(f"2-rank run: signal sent {sent}, exit status {rc}, expected {EX_TEMPFAIL}")
+stop = os.path.join(run_dir, "checkpoints", latest(run_dir))
+st = state(stop)
+C = st["consumed"]
+print(f"stopped: {stop} state {st}")
+if not (st["epoch"] == 1 and 0 < C < N and st["world_size"] == 2):
+    fail(f"not stopped mid-epoch 2 on 2 ranks: {st}")
+
+rc, out, _ = run(mpirun(mpiexec, 3, binary, args))
+if rc != 0:
+    fail(f"3-rank resumed run exit status {rc}")
+if f"resumed from {stop} at epoch 2 step {st['step']}" not in out or "continuing on 3" not in out:
+    fail("no 'resumed from ... continuing on 3' line")
+
+
+def counts(epoch):
+    c = collections.Counter()
+    files = sorted(glob.glob(os.path.join(run_dir, f"samples_rank*_epoch{epoch}.txt")))
+    for f in files:
+        c.update(int(x) for x in open(f).read().split())
+    return c, files
+
+
+errors = []
+for epoch, expect_ranks in ((1, 2), (3, 3)):
+    c, files = counts(epoch)
+    if len(files) != expect_ranks or len(c) != N or set(c.values()) != {1}:
+        errors.append(f"epoch {epoch}: {len(files)} files, {len(c)} distinct samples, counts {set(c.values())}")
+
+c2, files2 = counts(2)
+pad = (3 - (N - C) % 3) % 3
+trained = sum(c2.values())
+twice = sorted(k for k, v in c2.items() if v == 2)
+print(f"epoch 2: {len(files2)} trace files, {trained} samples trained = {C} before the stop (2 ranks) + "
+      f"{trained - C} after (3 ranks); {len(c2)} distinct; padding {pad} (samples trained twice: {len(twice)})")
+if len(c2) != N or not set(range(N)) == set(c2):
+    errors.append(f"epoch 2: {N - len(c2)} samples never trained")
+if trained != N + pad or len(twice) != pad or max(c2.values()) > 2:
+    errors.append(f"epoch 2: {trained} trained, expected {N} + padding {pad}")
+for r in (0, 1):  # the 2-rank part: exactly C/2 samples per rank before the stop
+    n = len(open(os.path.join(run_dir, f"samples_rank{r}_epoch2.txt")).read().split())
+    expect = C // 2 + (N - C + pad) // 3
+    if n != expect:
+        errors.append(f"rank {r} epoch 2: {n} samples, expected {C // 2} + {(N - C + pad) // 3}")
+
+records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+print("metrics: " + "; ".join(f"epoch {r['epoch']} W={r['world_size']} val_acc {r['val_acc']}" for r in records))
+if [r["epoch"] for r in records] != [1, 2, 3] or [r["world_size"] for r in records] != [2, 3, 3]:
+    errors.append("metrics records are not epochs 1, 2, 3 on 2, 3, 3 ranks")
+elif not records[-1]["val_acc"] >= float(min_acc):
+    errors.append(f"final val_acc {records[-1]['val_acc']} < {min_acc}")
+if errors:
+    fail("; ".join(errors))
+print(f"PASS: epoch 2 = {C} samples on 2 ranks + {N - C} (+{pad} padding) on 3 ranks, each sample once; "
+      f"final val_acc {records[-1]['val_acc']}")

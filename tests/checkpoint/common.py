@@ -1,0 +1,104 @@
+"""Helpers for the checkpoint tests: run ddp_train under mpiexec, stop it with a
+real SIGUSR1 (sent to mpiexec, which forwards it to the ranks), read checkpoints."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+EX_TEMPFAIL = 75
+
+
+def mpirun(mpiexec, np_, binary, args):
+    return [mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(np_), binary] + list(args)
+
+
+def run(cmd, env=None, timeout=600):
+    """Runs to completion; returns (exit status, stdout, stderr), echoing both."""
+    print("$ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    sys.stdout.write(p.stdout)
+    sys.stdout.write(p.stderr)
+    print(f"exit status {p.returncode}", flush=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_until(cmd, stop_when, timeout=600):
+    """Runs cmd; sends SIGUSR1 to mpiexec when stop_when(line) is true for a line of
+    its stdout. Returns (exit status, stdout text, whether the signal was sent)."""
+    print("$ " + " ".join(cmd), flush=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    out, sent = [], False
+    deadline = time.time() + timeout
+    for line in p.stdout:
+        out.append(line)
+        sys.stdout.write(line)
+        if not sent and stop_when(line):
+            p.send_signal(signal.SIGUSR1)
+            sent = True
+            print(">>> sent SIGUSR1 to mpiexec", flush=True)
+        if time.time() > deadline:
+            p.kill()
+            break
+    rc = p.wait()
+    print(f"exit status {rc}", flush=True)
+    return rc, "".join(out), sent
+
+
+def progress_step(line, epoch):
+    """Step of a progress line '  epoch E  step S ...' of epoch E, else None."""
+    m = re.match(r"\s+epoch (\d+)\s+step (\d+)\s", line)
+    return int(m.group(2)) if m and int(m.group(1)) == epoch else None
+
+
+def epoch_end_step(text, epoch):
+    m = re.search(rf"^epoch {epoch}/\d+\s+step (\d+)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def state(path):
+    with h5py.File(path, "r") as f:
+        return {k: f["state"][k][()].item() for k in f["state"]}
+
+
+def arrays(path, groups=("model", "optimizer")):
+    """Every dataset of the given groups, by path."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for g in groups:
+            for k in f[g]:
+                out[f"/{g}/{k}"] = f[g][k][()]
+    return out
+
+
+def bitwise_equal(a, b):
+    """(equal, report) comparing two dicts of arrays bit for bit."""
+    if sorted(a) != sorted(b):
+        return False, f"different datasets: {sorted(a)} vs {sorted(b)}"
+    worst = []
+    for k in sorted(a):
+        x, y = np.asarray(a[k]), np.asarray(b[k])
+        same = x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+        if not same:
+            diff = np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.shape == y.shape else "shape"
+            worst.append(f"{k}: max |diff| {diff}")
+    return not worst, ("; ".join(worst) if worst else f"{len(a)} datasets bitwise identical")
+
+
+def latest(run_dir):
+    with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
+        return f.read().strip()
+
+
+def checkpoints(run_dir):
+    d = os.path.join(run_dir, "checkpoints")
+    return sorted(n for n in os.listdir(d) if re.fullmatch(r"ckpt_\d{9}\.h5", n))
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)

@@ -1,0 +1,58 @@
+#pragma once
+// How a rank talks and where it runs: the communication backend (`&comm backend`),
+// whether device buffers go to MPI directly or through pinned host memory, the GPU
+// a rank binds to, and the NCCL unique-id bootstrap over MPI. Plain C++ and MPI,
+// so all of it is tested on the CPU; the CUDA glue (src/cuda) acts on the answers.
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace ddp {
+
+enum class Backend { Mpi, Nccl };
+
+const char* backend_name(Backend b);  // "mpi", "nccl"
+
+struct CommChoice {
+  Backend backend = Backend::Mpi;
+  // MPI backend only: device buffers handed to MPI as they are (MPI is CUDA-aware)...
+  bool device_direct = false;
+  // ...or copied to pinned host memory, reduced there and copied back.
+  bool stage_through_host = false;
+  std::string reason;  // one line for the start-up log
+};
+
+// requested: `comm.backend`, 'auto' | 'nccl' | 'mpi'.
+// nccl_available: this build has NCCL (DDP_WITH_CUDA_GLUE) and the rank bound a GPU.
+// device_buffers: gradients live in device memory (a CUDA Kokkos).
+// mpi_cuda_aware: mpi_cuda_aware() below.
+// 'auto' picks NCCL when it can (NCCL and device buffers), MPI otherwise. 'nccl'
+// when NCCL cannot run, or an unknown name, throws InputError naming comm.backend.
+CommChoice choose_comm(const std::string& requested, bool nccl_available, bool device_buffers,
+                       bool mpi_cuda_aware);
+// The backend alone; `reason` (optional) receives CommChoice::reason.
+Backend choose_backend(const std::string& requested, bool nccl_available, bool device_buffers,
+                       bool mpi_cuda_aware, std::string* reason);
+
+// The GPU a rank binds to. device_count: what cudaGetDeviceCount reports (<= 0: none,
+// or it failed). local_rank: the rank within the node (Context::local_rank).
+// slurm_localid: $SLURM_LOCALID or nullptr. One visible device (Slurm's
+// --gpus-per-task / --gpu-bind, or a CUDA_VISIBLE_DEVICES set per rank) means
+// device 0; otherwise node-local rank modulo the device count, the node-local
+// rank taken from SLURM_LOCALID when Slurm launched the job. -1 without a device.
+struct DeviceChoice {
+  int device = -1;
+  std::string reason;  // "no CUDA device (...)", "device 1 of 4 (local rank 5)", ...
+};
+DeviceChoice pick_device(int device_count, int local_rank, const char* slurm_localid);
+
+// Broadcast n bytes from `root` (n < 2^31).
+void broadcast_bytes(MPI_Comm comm, void* data, std::size_t n, int root);
+// The NCCL bootstrap without NCCL: rank 0 fills the n bytes at `id` with make_id
+// (ncclGetUniqueId), and every rank returns with rank 0's bytes. Collective.
+void bootstrap_id(MPI_Comm comm, void* id, std::size_t n, const std::function<void(void*)>& make_id);
+
+}  // namespace ddp

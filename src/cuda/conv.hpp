@@ -1,0 +1,74 @@
+#pragma once
+// cuDNN 2-D convolution, NCHW, on device pointers: forward, backward-data and
+// backward-filter. The algorithm for each shape and direction is chosen once and
+// cached; one workspace, grown only, serves all calls (stream-ordered allocation,
+// so growing it does not synchronise the host).
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <map>
+#include <tuple>
+
+#include "cuda/dtype.hpp"
+
+namespace ddp::cuda {
+
+struct ConvShape {
+  int n = 1, c = 1, h = 1, w = 1;  // input  (N, C, H, W)
+  int k = 1, r = 1, s = 1;         // filter (K, C, R, S)
+  int pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
+  int out_h() const { return (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1; }
+  int out_w() const { return (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1; }
+  auto key() const {
+    return std::make_tuple(n, c, h, w, k, r, s, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w);
+  }
+};
+
+class CudnnConv {
+ public:
+  // Heuristic: cudnnGet*_v7 (fast, no trial runs). Benchmark: cudnnFind* (times the
+  // candidates once per shape; worth it for long runs on fixed shapes).
+  enum class Search { Heuristic, Benchmark };
+
+  // Tensors of type `dtype`, accumulation in fp32.
+  CudnnConv(cudaStream_t stream, DType dtype = DType::F32, Search search = Search::Heuristic);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // y (N, K, P, Q) = alpha * conv(x (N, C, H, W), w (K, C, R, S)) + beta * y
+  void forward(const ConvShape& s, const void* x, const void* w, void* y, float alpha = 1, float beta = 0);
+  // dx (N, C, H, W) = alpha * conv^T(dy (N, K, P, Q), w) + beta * dx
+  void backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha = 1,
+                     float beta = 0);
+  // dw (K, C, R, S) = alpha * corr(x, dy) + beta * dw  (beta = 1 accumulates)
+  void backward_filter(const ConvShape& s, const void* x, const void* dy, void* dw, float alpha = 1,
+                       float beta = 0);
+
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+
+ private:
+  struct Plan {
+    cudnnConvolutionFwdAlgo_t fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    cudnnConvolutionBwdDataAlgo_t bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    std::size_t fwd_bytes = 0, bwd_data_bytes = 0, bwd_filter_bytes = 0;
+  };
+  const Plan& plan(const ConvShape& s);  // sets the descriptors to s; chooses on first sight
+  void* workspace(std::size_t bytes);
+
+  cudaStream_t stream_;
+  DType dtype_;
+  Search search_;
+  cudnnHandle_t handle_ = nullptr;
+  cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr;
+  cudnnFilterDescriptor_t w_desc_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
+  std::map<decltype(ConvShape().key()), Plan> plans_;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+}  // namespace ddp::cuda

@@ -1,0 +1,35 @@
+#include "cuda/device.hpp"
+
+#include <cstdlib>
+
+#include "cuda/cuda_check.hpp"
+
+namespace ddp::cuda {
+
+int device_count(std::string* why) {
+  int n = 0;
+  cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    if (why) *why = std::string(cudaGetErrorName(rc)) + ": " + cudaGetErrorString(rc);
+    cudaGetLastError();  // clear it so that later calls start clean
+    return 0;
+  }
+  if (why) *why = n > 0 ? "" : "cudaGetDeviceCount = 0";
+  return n;
+}
+
+DeviceChoice bind_device(int local_rank) {
+  std::string why;
+  int n = device_count(&why);
+  DeviceChoice d = pick_device(n, local_rank, std::getenv("SLURM_LOCALID"));
+  if (d.device < 0) {
+    d.reason = "no CUDA device (" + why + ")";
+    return d;
+  }
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
+    d.reason += std::string(", CUDA_VISIBLE_DEVICES=") + visible;
+  CUDA_CHECK(cudaSetDevice(d.device));
+  return d;
+}
+
+}  // namespace ddp::cuda

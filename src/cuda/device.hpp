@@ -1,0 +1,16 @@
+#pragma once
+// Binding a rank to its GPU (the choice itself is ddp::pick_device, tested on the CPU).
+
+#include "comm/backend.hpp"
+
+namespace ddp::cuda {
+
+// Ask CUDA for the visible devices (CUDA_VISIBLE_DEVICES applies), pick one for this
+// node-local rank, cudaSetDevice it. Returns device -1 and reason "no CUDA device
+// (...)" when there is none or cudaGetDeviceCount fails (no driver): never aborts.
+DeviceChoice bind_device(int local_rank);
+
+// cudaGetDeviceCount, 0 on any failure; `why` (optional) receives CUDA's error text.
+int device_count(std::string* why = nullptr);
+
+}  // namespace ddp::cuda

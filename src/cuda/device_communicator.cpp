@@ -1,0 +1,77 @@
+#include "cuda/device_communicator.hpp"
+
+#include "cuda/cuda_check.hpp"
+
+namespace ddp::cuda {
+
+namespace {
+
+class DeviceMpiCommunicator final : public Communicator {
+ public:
+  DeviceMpiCommunicator(MPI_Comm comm, cudaStream_t compute, bool stage)
+      : mpi_(make_mpi_communicator(comm)), compute_(compute), stage_(stage) {}
+  ~DeviceMpiCommunicator() override {
+    if (host_) cudaFreeHost(host_);
+  }
+
+  int rank() const override { return mpi_->rank(); }
+  int size() const override { return mpi_->size(); }
+  void allreduce_sum(float* data, std::size_t n) override {
+    run(data, n, [&](auto* p) { mpi_->allreduce_sum(p, n); });
+  }
+  void allreduce_sum(double* data, std::size_t n) override {
+    run(data, n, [&](auto* p) { mpi_->allreduce_sum(p, n); });
+  }
+  void broadcast(float* data, std::size_t n, int root) override {
+    run(data, n, [&](auto* p) { mpi_->broadcast(p, n, root); });
+  }
+  void barrier() override {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    mpi_->barrier();
+  }
+
+ private:
+  template <class T, class Op>
+  void run(T* device, std::size_t n, Op&& op) {
+    const std::size_t bytes = n * sizeof(T);
+    if (!stage_) {
+      CUDA_CHECK(cudaStreamSynchronize(compute_));  // the data MPI reads are final
+      op(device);
+      return;
+    }
+    if (bytes > host_bytes_) {                      // grown only, reused after
+      CUDA_CHECK(cudaStreamSynchronize(compute_));  // the last copy out of it is done
+      if (host_) CUDA_CHECK(cudaFreeHost(host_));
+      CUDA_CHECK(cudaMallocHost(&host_, bytes));
+      host_bytes_ = bytes;
+    }
+    T* host = static_cast<T*>(host_);
+    CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, compute_));
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    op(host);
+    // Queued on the compute stream, so the kernels after it see the result; the next
+    // call's copy into `host` is queued behind this one.
+    CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, compute_));
+  }
+
+  std::unique_ptr<Communicator> mpi_;
+  cudaStream_t compute_;
+  bool stage_;
+  void* host_ = nullptr;  // pinned
+  std::size_t host_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_device_mpi_communicator(MPI_Comm comm, cudaStream_t compute, bool stage) {
+  return std::make_unique<DeviceMpiCommunicator>(comm, compute, stage);
+}
+
+std::unique_ptr<Communicator> make_device_communicator(const CommChoice& choice, MPI_Comm comm,
+                                                       cudaStream_t compute,
+                                                       NcclCommunicator::Options nccl_options) {
+  if (choice.backend == Backend::Nccl) return std::make_unique<NcclCommunicator>(comm, compute, nccl_options);
+  return make_device_mpi_communicator(comm, compute, choice.stage_through_host);
+}
+
+}  // namespace ddp::cuda

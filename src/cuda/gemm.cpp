@@ -1,0 +1,31 @@
+#include "cuda/gemm.hpp"
+
+#include "cuda/cuda_check.hpp"
+
+namespace ddp::cuda {
+
+CublasGemm::CublasGemm(cudaStream_t stream) {
+  CUBLAS_CHECK(cublasCreate(&handle_));
+  CUBLAS_CHECK(cublasSetStream(handle_, stream));
+  // Tensor cores for bf16/fp16 operands; fp32 operands stay fp32 under COMPUTE_32F.
+  CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+}
+
+CublasGemm::~CublasGemm() {
+  if (handle_) cublasDestroy(handle_);
+}
+
+void CublasGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+                            int lda, const void* b, int ldb, float beta, void* c, int ldc, DType ab,
+                            DType c_type) {
+  DDP_REQUIRE(c_type == DType::F32 || c_type == ab,
+              "cuBLAS GEMM: C of " << dtype_name(c_type) << " with " << dtype_name(ab) << " operands");
+  if (m == 0 || n == 0) return;
+  // cuBLAS is column-major: a row-major (m, n) C is a column-major (n, m) C^T, and
+  // C^T = op(B)^T op(A)^T, so the operands swap and keep their own transposes.
+  CUBLAS_CHECK(cublasGemmEx(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            n, m, k, &alpha, b, cuda_type(ab), ldb, a, cuda_type(ab), lda, &beta, c,
+                            cuda_type(c_type), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace ddp::cuda

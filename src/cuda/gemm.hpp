@@ -1,0 +1,33 @@
+#pragma once
+// The GPU GEMM: src/model/gemm.hpp's row-major contract on device pointers, through
+// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32 shortcut for fp32
+// operands) on fp32, bf16 or fp16 operands.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "cuda/dtype.hpp"
+
+namespace ddp::cuda {
+
+class CublasGemm {
+ public:
+  explicit CublasGemm(cudaStream_t stream);  // the handle runs on `stream`
+  ~CublasGemm();
+  CublasGemm(const CublasGemm&) = delete;
+  CublasGemm& operator=(const CublasGemm&) = delete;
+
+  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major, device
+  // memory. op(A) = A^T when trans_a (A is then stored (k, m)); likewise for B.
+  // A and B are of type ab; C is fp32 or of type ab. alpha and beta are fp32.
+  void operator()(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                  const void* b, int ldb, float beta, void* c, int ldc, DType ab = DType::F32,
+                  DType c_type = DType::F32);
+
+  cublasHandle_t handle() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+}  // namespace ddp::cuda

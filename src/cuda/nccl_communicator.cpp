@@ -1,0 +1,102 @@
+#include "cuda/nccl_communicator.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "comm/backend.hpp"
+#include "cuda/cuda_check.hpp"
+
+namespace ddp::cuda {
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options options)
+    : compute_(compute), options_(options) {
+  MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm, &size_));
+  ncclUniqueId id;
+  bootstrap_id(comm, &id, sizeof id,
+               [](void* out) { NCCL_CHECK(ncclGetUniqueId(static_cast<ncclUniqueId*>(out))); });
+  NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  synchronize();
+  ncclCommDestroy(comm_);
+  cudaFree(scratch_);
+  cudaEventDestroy(done_);
+  cudaEventDestroy(ready_);
+  cudaStreamDestroy(stream_);
+}
+
+template <class Call>
+void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, Call&& call) {
+  last_op_ = std::string(op) + " of " + std::to_string(n) + " " + type;
+  CUDA_CHECK(cudaEventRecord(ready_, compute_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  NCCL_CHECK(call());
+  CUDA_CHECK(cudaEventRecord(done_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+}
+
+void NcclCommunicator::allreduce_sum(float* data, std::size_t n) {
+  enqueue("all_reduce", n, "floats",
+          [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); });
+}
+
+void NcclCommunicator::allreduce_sum(double* data, std::size_t n) {
+  enqueue("all_reduce", n, "doubles",
+          [&] { return ncclAllReduce(data, data, n, ncclFloat64, ncclSum, comm_, stream_); });
+}
+
+void NcclCommunicator::broadcast(float* data, std::size_t n, int root) {
+  enqueue("broadcast", n, "floats",
+          [&] { return ncclBroadcast(data, data, n, ncclFloat32, root, comm_, stream_); });
+}
+
+void NcclCommunicator::reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) {
+  enqueue("reduce_scatter", recv_count, "floats per rank",
+          [&] { return ncclReduceScatter(send, recv, recv_count, ncclFloat32, ncclSum, comm_, stream_); });
+}
+
+void NcclCommunicator::all_gather(const float* send, float* recv, std::size_t send_count) {
+  enqueue("all_gather", send_count, "floats per rank",
+          [&] { return ncclAllGather(send, recv, send_count, ncclFloat32, comm_, stream_); });
+}
+
+void NcclCommunicator::barrier() {
+  enqueue("barrier", 1, "float",
+          [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+  synchronize();
+}
+
+void NcclCommunicator::synchronize() {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(options_.timeout_s);
+  // done_ was recorded after the last collective: polling it, not blocking in
+  // cudaEventSynchronize, lets a dead peer or a network error be seen and reported.
+  for (;;) {
+    cudaError_t q = cudaEventQuery(done_);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) CUDA_CHECK(q);
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      ncclCommAbort(comm_);
+      DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ": "
+                        << ncclGetErrorString(async) << "; communicator aborted");
+    }
+    if (clock::now() > deadline) {
+      ncclCommAbort(comm_);
+      DDP_FATAL("NCCL " << last_op_ << " did not complete within " << options_.timeout_s << " s on rank "
+                        << rank_ << " of " << size_
+                        << " (a rank died, hung or never called it); communicator aborted");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace ddp::cuda

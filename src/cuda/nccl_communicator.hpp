@@ -1,0 +1,64 @@
+#pragma once
+// ddp::Communicator over NCCL, on device buffers. Rank 0's ncclUniqueId reaches the
+// others by MPI_Bcast (ddp::bootstrap_id). Collectives run on the communicator's own
+// stream, ordered against the caller's compute stream by events in both directions:
+// a collective starts after the compute work queued before it and the compute work
+// queued after it waits for it, and the host never waits on the hot path. Only
+// barrier() and synchronize() wait, under a watchdog that aborts the communicator
+// (ncclCommAbort) on an asynchronous NCCL error or when the wait exceeds the timeout.
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace ddp::cuda {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  struct Options {
+    double timeout_s = 600;  // a wait longer than this is a hang: abort with the rank and operation
+  };
+
+  // Collective over `comm`; the device must already be bound (bind_device).
+  NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options options);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  // Device pointers, in place; queued, not waited for.
+  void allreduce_sum(float* data, std::size_t n) override;
+  void allreduce_sum(double* data, std::size_t n) override;
+  void broadcast(float* data, std::size_t n, int root) override;
+  // Every rank's queued collectives done (a one-element all-reduce, then a wait).
+  void barrier() override;
+
+  // recv (recv_count) = this rank's slice of the sum over ranks of send (size * recv_count).
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
+  // recv (size * send_count) = the concatenation in rank order of every rank's send (send_count).
+  void all_gather(const float* send, float* recv, std::size_t send_count);
+
+  // Wait, under the watchdog, until the collectives queued so far have completed.
+  void synchronize();
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  template <class Call>
+  void enqueue(const char* op, std::size_t n, const char* type, Call&& call);
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t compute_ = nullptr, stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> NCCL, NCCL -> compute
+  float* scratch_ = nullptr;                      // barrier()'s one element
+  int rank_ = 0, size_ = 1;
+  Options options_;
+  std::string last_op_ = "none";  // named by the watchdog
+};
+
+}  // namespace ddp::cuda

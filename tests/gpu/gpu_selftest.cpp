@@ -1,0 +1,292 @@
+// GPU self-test, run as `mpiexec -n 2 gpu_selftest`: cuBLAS GEMM and cuDNN
+// convolution against the CPU path on random inputs, NCCL collectives against MPI.
+// Without a CUDA device on every rank it prints "skipped: no CUDA device" and exits
+// with DDP_GPU_SKIP_CODE, which CTest reports as skipped (SKIP_RETURN_CODE).
+//
+// Tolerances (max |gpu - ref| / max |ref| over the output):
+//   GEMM fp32 operands            1e-5  (fp32 accumulation, no TF32: summation order only)
+//   GEMM bf16 operands            1e-4  against the CPU GEMM of the same bf16-rounded operands,
+//                                 2e-2  against the CPU GEMM of the unrounded fp32 operands
+//   convolution fp32 (fwd, bwd-data, bwd-filter)  1e-5 against a double-precision loop
+//   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
+//                                 commutative); 1e-6 on more ranks (summation order)
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/backend.hpp"
+#include "comm/cuda_aware.hpp"
+#include "cuda/conv.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device.hpp"
+#include "cuda/device_communicator.hpp"
+#include "cuda/gemm.hpp"
+#include "cuda/nccl_communicator.hpp"
+#include "model/gemm.hpp"
+
+#ifndef DDP_GPU_SKIP_CODE
+#define DDP_GPU_SKIP_CODE 77
+#endif
+
+namespace {
+
+int g_rank = 0, g_failures = 0;
+
+void check(const char* what, double err, double tol) {
+  bool ok = err <= tol;  // false for a NaN error too
+  if (!ok) ++g_failures;
+  if (g_rank == 0 || !ok)
+    std::printf("rank %d: %-44s rel err %.3g (tol %.1g) %s\n", g_rank, what, err, tol, ok ? "ok" : "FAILED");
+}
+
+template <class A, class B>
+double rel_err(const std::vector<A>& got, const std::vector<B>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    num = std::max(num, std::fabs(double(got[i]) - double(ref[i])));
+    den = std::max(den, std::fabs(double(ref[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::vector<float> random_vector(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(gen);
+  return v;
+}
+
+// Round to bf16 (nearest even), kept as a float: what convert_from_f32 stores.
+float round_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// A device copy of a host vector, freed at scope exit.
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceBuffer(std::size_t count) : n(count) {
+    CUDA_CHECK(cudaMalloc(&ptr, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
+  explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  void upload(const std::vector<T>& h) {
+    CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+void test_gemm(cudaStream_t stream) {
+  ddp::cuda::CublasGemm gemm(stream);
+  const int m = 67, n = 45, k = 123;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    const int lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    std::vector<float> a = random_vector(std::size_t(m) * k, 10 + t),
+                       b = random_vector(std::size_t(k) * n, 20 + t);
+    std::vector<float> c0 = random_vector(std::size_t(m) * n, 30 + t);
+    const float alpha = 0.75f, beta = 0.5f;
+    std::string tag = std::string(" ") + (ta ? "T" : "N") + (tb ? "T" : "N");
+
+    std::vector<float> ref = c0;
+    ddp::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, ref.data(), ldc);
+    DeviceBuffer<float> da(a), db(b), dc(c0);
+    gemm(ta, tb, m, n, k, alpha, da.ptr, lda, db.ptr, ldb, beta, dc.ptr, ldc);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    check(("cuBLAS GEMM fp32" + tag).c_str(), rel_err(dc.download(), ref), 1e-5);
+
+    // bf16 operands, fp32 C: the device casts, the CPU rounds the same way.
+    DeviceBuffer<std::uint16_t> a16(a.size()), b16(b.size());
+    ddp::cuda::convert_from_f32(da.ptr, a16.ptr, ddp::cuda::DType::BF16, a.size(), stream);
+    ddp::cuda::convert_from_f32(db.ptr, b16.ptr, ddp::cuda::DType::BF16, b.size(), stream);
+    dc.upload(c0);
+    gemm(ta, tb, m, n, k, alpha, a16.ptr, lda, b16.ptr, ldb, beta, dc.ptr, ldc, ddp::cuda::DType::BF16,
+         ddp::cuda::DType::F32);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> ar = a, br = b, ref16 = c0;
+    for (auto& x : ar) x = round_bf16(x);
+    for (auto& x : br) x = round_bf16(x);
+    ddp::gemm(ta, tb, m, n, k, alpha, ar.data(), lda, br.data(), ldb, beta, ref16.data(), ldc);
+    std::vector<float> got = dc.download();
+    check(("cuBLAS GEMM bf16" + tag + " vs rounded operands").c_str(), rel_err(got, ref16), 1e-4);
+    check(("cuBLAS GEMM bf16" + tag + " vs fp32").c_str(), rel_err(got, ref), 2e-2);
+  }
+}
+
+// y (N, K, P, Q) = conv(x (N, C, H, W), w (K, C, R, S)), and the two backward
+// products, by the definition, in double.
+struct ConvRef {
+  std::vector<double> y, dx, dw;
+};
+ConvRef conv_ref(const ddp::cuda::ConvShape& s, const std::vector<float>& x, const std::vector<float>& w,
+                 const std::vector<float>& dy) {
+  const int P = s.out_h(), Q = s.out_w();
+  ConvRef r{std::vector<double>(std::size_t(s.n) * s.k * P * Q), std::vector<double>(x.size()),
+            std::vector<double>(w.size())};
+  for (int n = 0; n < s.n; ++n)
+    for (int k = 0; k < s.k; ++k)
+      for (int p = 0; p < P; ++p)
+        for (int q = 0; q < Q; ++q) {
+          const std::size_t yi = ((std::size_t(n) * s.k + k) * P + p) * Q + q;
+          for (int c = 0; c < s.c; ++c)
+            for (int i = 0; i < s.r; ++i)
+              for (int j = 0; j < s.s; ++j) {
+                const int h = p * s.stride_h - s.pad_h + i * s.dilation_h;
+                const int ww = q * s.stride_w - s.pad_w + j * s.dilation_w;
+                if (h < 0 || h >= s.h || ww < 0 || ww >= s.w) continue;
+                const std::size_t xi = ((std::size_t(n) * s.c + c) * s.h + h) * s.w + ww;
+                const std::size_t wi = ((std::size_t(k) * s.c + c) * s.r + i) * s.s + j;
+                r.y[yi] += double(x[xi]) * w[wi];
+                r.dx[xi] += double(dy[yi]) * w[wi];
+                r.dw[wi] += double(dy[yi]) * x[xi];
+              }
+        }
+  return r;
+}
+
+void test_conv(cudaStream_t stream) {
+  ddp::cuda::CudnnConv conv(stream);
+  ddp::cuda::ConvShape shapes[3];
+  shapes[0] = {2, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1};    // same padding
+  shapes[1] = {3, 5, 12, 10, 6, 5, 3, 0, 1, 2, 2, 1, 1};  // strided, uneven
+  shapes[2] = {1, 4, 11, 11, 8, 3, 3, 2, 2, 1, 1, 2, 2};  // dilated
+  int id = 0;
+  for (const auto& s : shapes) {
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass reuses the cached plan
+      std::vector<float> x = random_vector(std::size_t(s.n) * s.c * s.h * s.w, 100 + id);
+      std::vector<float> w = random_vector(std::size_t(s.k) * s.c * s.r * s.s, 200 + id);
+      std::vector<float> dy = random_vector(std::size_t(s.n) * s.k * s.out_h() * s.out_w(), 300 + id);
+      ConvRef ref = conv_ref(s, x, w, dy);
+      DeviceBuffer<float> dx_in(x), dw_in(w), ddy(dy), y(dy.size()), dx(x.size()), dw(w.size());
+      conv.forward(s, dx_in.ptr, dw_in.ptr, y.ptr);
+      conv.backward_data(s, dw_in.ptr, ddy.ptr, dx.ptr);
+      conv.backward_filter(s, dx_in.ptr, ddy.ptr, dw.ptr);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::string tag = " shape " + std::to_string(id % 3) + (pass ? " (cached)" : "");
+      check(("cuDNN conv forward fp32" + tag).c_str(), rel_err(y.download(), ref.y), 1e-5);
+      check(("cuDNN conv backward-data fp32" + tag).c_str(), rel_err(dx.download(), ref.dx), 1e-5);
+      check(("cuDNN conv backward-filter fp32" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-5);
+    }
+    ++id;
+  }
+}
+
+void test_collectives(MPI_Comm world, cudaStream_t compute, int size) {
+  const std::size_t n = (std::size_t(1) << 20) + 3;
+  const double tol = size == 2 ? 0.0 : 1e-6;
+  std::vector<float> mine = random_vector(n, 1000 + g_rank), ref(n);
+  MPI_CHECK(MPI_Allreduce(mine.data(), ref.data(), int(n), MPI_FLOAT, MPI_SUM, world));
+
+  ddp::cuda::NcclCommunicator nccl(world, compute, {60.0});
+  {
+    // Queued on the compute stream with no host wait in between: the events order
+    // the upload, the all-reduce and the download.
+    std::vector<float> got(n);
+    float* d = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&d, n * sizeof(float), compute));
+    CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute));
+    nccl.allreduce_sum(d, n);
+    CUDA_CHECK(cudaMemcpyAsync(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+    CUDA_CHECK(cudaFreeAsync(d, compute));
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    check("NCCL all-reduce float vs MPI", rel_err(got, ref), tol);
+  }
+  {
+    std::vector<double> md(mine.begin(), mine.end()), rd(n);
+    MPI_CHECK(MPI_Allreduce(md.data(), rd.data(), int(n), MPI_DOUBLE, MPI_SUM, world));
+    DeviceBuffer<double> d(md);
+    nccl.allreduce_sum(d.ptr, n);
+    nccl.synchronize();
+    check("NCCL all-reduce double vs MPI", rel_err(d.download(), rd), tol);
+  }
+  {
+    DeviceBuffer<float> d(mine);
+    nccl.broadcast(d.ptr, n, size - 1);
+    nccl.barrier();
+    std::vector<float> root = mine;
+    MPI_CHECK(MPI_Bcast(root.data(), int(n), MPI_FLOAT, size - 1, world));
+    check("NCCL broadcast vs MPI", rel_err(d.download(), root), 0.0);
+  }
+  {
+    const std::size_t per = 1000;
+    std::vector<float> send = random_vector(per * size, 2000 + g_rank), sum(per * size);
+    MPI_CHECK(MPI_Allreduce(send.data(), sum.data(), int(sum.size()), MPI_FLOAT, MPI_SUM, world));
+    DeviceBuffer<float> dsend(send), drecv(per), dall(per * size);
+    nccl.reduce_scatter_sum(dsend.ptr, drecv.ptr, per);
+    nccl.all_gather(drecv.ptr, dall.ptr, per);
+    nccl.synchronize();
+    std::vector<float> slice(sum.begin() + g_rank * per, sum.begin() + (g_rank + 1) * per);
+    check("NCCL reduce-scatter vs MPI", rel_err(drecv.download(), slice), tol);
+    check("NCCL all-gather(reduce-scatter) vs MPI", rel_err(dall.download(), sum), tol);
+  }
+  const bool aware = ddp::mpi_cuda_aware();
+  for (bool stage : {true, false}) {
+    if (!stage && !aware) continue;  // device pointers go to MPI only where MPI is CUDA-aware
+    auto mpi = ddp::cuda::make_device_mpi_communicator(world, compute, stage);
+    DeviceBuffer<float> d(mine);
+    mpi->allreduce_sum(d.ptr, n);
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    check(stage ? "MPI all-reduce staged through pinned memory" : "MPI all-reduce on device buffers",
+          rel_err(d.download(), ref), 0.0);
+  }
+}
+
+}  // namespace
+
+static int local_rank(MPI_Comm world) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &r));
+  MPI_Comm_free(&node);
+  return r;
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm world = MPI_COMM_WORLD;
+  int size = 1;
+  MPI_Comm_rank(world, &g_rank);
+  MPI_Comm_size(world, &size);
+
+  ddp::DeviceChoice dev = ddp::cuda::bind_device(local_rank(world));
+  int have = dev.device >= 0 ? 1 : 0, all_have = 0;
+  MPI_CHECK(MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, world));
+  if (!all_have) {
+    if (g_rank == 0) std::printf("skipped: %s\n", dev.reason.c_str());  // "no CUDA device (why)"
+    MPI_Finalize();
+    return DDP_GPU_SKIP_CODE;
+  }
+  std::printf("rank %d: %s\n", g_rank, dev.reason.c_str());
+
+  cudaStream_t compute;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  test_gemm(compute);
+  test_conv(compute);
+  test_collectives(world, compute, size);
+  CUDA_CHECK(cudaStreamDestroy(compute));
+
+  int failures = 0;
+  MPI_CHECK(MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, world));
+  if (g_rank == 0) std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "passed", failures);
+  MPI_Finalize();
+  return failures ? 1 : 0;
+}

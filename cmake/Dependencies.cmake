@@ -64,3 +64,23 @@ add_library(ddp::blas INTERFACE IMPORTED)
 set_target_properties(ddp::blas PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${DDP_CBLAS_INCLUDE_DIR}"
   INTERFACE_LINK_LIBRARIES "${BLAS_LIBRARIES}")
+
+# oneDNN (libdnnl-dev): convolutions on the host, exposed as ddp::dnnl and linked
+# into ddp_core through ddp::blas's interface (the host's heavy-math libraries travel
+# together). Found by header and library rather than by dnnl-config.cmake: Debian's
+# config also demands the OpenCL development files for its GPU runtime, which the
+# CPU path never uses. oneDNN there runs on OpenMP, so OpenMP is linked too, to pin
+# it to one thread per rank (src/model/dnnl_engine.cpp).
+find_path(DDP_DNNL_INCLUDE_DIR dnnl.hpp PATH_SUFFIXES oneapi/dnnl)
+find_library(DDP_DNNL_LIBRARY dnnl)
+if(NOT DDP_DNNL_INCLUDE_DIR OR NOT DDP_DNNL_LIBRARY)
+  message(FATAL_ERROR "oneDNN not found: apt-get install libdnnl-dev, or set DDP_DNNL_INCLUDE_DIR "
+                      "(the directory of dnnl.hpp) and DDP_DNNL_LIBRARY")
+endif()
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+add_library(ddp::dnnl INTERFACE IMPORTED)
+set_target_properties(ddp::dnnl PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${DDP_DNNL_INCLUDE_DIR}"
+  INTERFACE_LINK_LIBRARIES "${DDP_DNNL_LIBRARY};OpenMP::OpenMP_CXX")
+set_property(TARGET ddp::blas APPEND PROPERTY INTERFACE_LINK_LIBRARIES ddp::dnnl)
+message(STATUS "oneDNN: ${DDP_DNNL_LIBRARY}")

@@ -12,6 +12,8 @@
 
 namespace ddp {
 
+class Communicator;
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -41,6 +43,10 @@ class Layer {
 
   // PyTorch's default initialisation of the bound parameters; keys come from rng.
   virtual void init(Rng& /*rng*/) {}
+
+  // Layers that synchronise across ranks (SyncBatchNorm) reduce through `comm`;
+  // nullptr (the default) makes them behave as their per-rank version.
+  virtual void set_communicator(Communicator* /*comm*/) {}
 
   // Stochastic layers (dropout) restart their random stream from `seed`.
   virtual void reseed(std::uint64_t /*seed*/) {}

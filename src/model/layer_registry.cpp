@@ -1,24 +1,30 @@
-// The one table of layer kinds. A new kind (conv2d, pool, batchnorm) is one row:
-// its name, its usage as shown to the user, its argument count and a factory that
-// validates the arguments.
+// The one table of layer kinds. A new kind is one row: its name, its usage as
+// shown to the user, its positional argument count, the options it accepts
+// (`key=value`, or a bare flag such as `sync`) and a factory that validates them.
 #include "model/layer_registry.hpp"
 
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include "comm/check.hpp"
 #include "model/activation.hpp"
+#include "model/batchnorm.hpp"
+#include "model/conv2d.hpp"
 #include "model/dropout.hpp"
 #include "model/flatten.hpp"
 #include "model/linear.hpp"
+#include "model/pool.hpp"
+#include "model/resblock.hpp"
 
 namespace ddp {
 
 namespace {
 
-using Args = std::vector<std::string>;  // the spec's arguments, whitespace removed
+using Args = std::vector<std::string>;              // positional arguments, whitespace removed
+using Options = std::map<std::string, std::string>;  // "stride" -> "2"; a bare flag "sync" -> "true"
 
 std::int64_t int_arg(const std::string& arg, const char* what) {
   char* end = nullptr;
@@ -37,31 +43,94 @@ double float_arg(const std::string& arg, const char* what) {
   return v;
 }
 
+bool bool_arg(const std::string& arg, const char* what) {
+  if (arg == "true" || arg == "t" || arg == ".true." || arg == "1") return true;
+  if (arg == "false" || arg == "f" || arg == ".false." || arg == "0") return false;
+  throw InputError(std::string(what) + " must be true or false, got '" + arg + "'");
+}
+
+// The option `key` as an integer >= lo, or `fallback` when absent.
+std::int64_t int_option(const Options& o, const char* key, std::int64_t fallback, std::int64_t lo) {
+  auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  std::int64_t v = int_arg(it->second, key);
+  if (v < lo) throw InputError(std::string(key) + " must be >= " + std::to_string(lo));
+  return v;
+}
+
+bool bool_option(const Options& o, const char* key, bool fallback) {
+  auto it = o.find(key);
+  return it == o.end() ? fallback : bool_arg(it->second, key);
+}
+
+std::int64_t positive(const std::string& arg, const char* what) {
+  std::int64_t v = int_arg(arg, what);
+  if (v < 1) throw InputError(std::string(what) + " must be >= 1");
+  return v;
+}
+
 struct LayerRow {
-  const char* name;   // "linear"
-  const char* usage;  // "linear(n)"
-  std::size_t nargs;
-  std::unique_ptr<Layer> (*make)(const Args& args);
+  const char* name;     // "linear"
+  const char* usage;    // "linear(n)"
+  std::size_t nargs;    // positional arguments
+  const char* options;  // "stride,pad,bias": accepted key=value options
+  const char* flags;    // "sync": options that may be given bare, meaning true
+  std::unique_ptr<Layer> (*make)(const Args& args, const Options& options);
 };
 
 const LayerRow kLayers[] = {
-    {"linear", "linear(n)", 1,
-     [](const Args& a) -> std::unique_ptr<Layer> {
+    {"linear", "linear(n)", 1, "", "",
+     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
        std::int64_t n = int_arg(a[0], "out features");
        if (n < 1) throw InputError("out features must be >= 1");
        return std::make_unique<Linear>(n);
      }},
-    {"relu", "relu", 0, [](const Args&) -> std::unique_ptr<Layer> { return std::make_unique<ReLU>(); }},
-    {"tanh", "tanh", 0, [](const Args&) -> std::unique_ptr<Layer> { return std::make_unique<Tanh>(); }},
-    {"flatten", "flatten", 0,
-     [](const Args&) -> std::unique_ptr<Layer> { return std::make_unique<Flatten>(); }},
-    {"dropout", "dropout(p)", 1,
-     [](const Args& a) -> std::unique_ptr<Layer> {
+    {"relu", "relu", 0, "", "",
+     [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<ReLU>(); }},
+    {"tanh", "tanh", 0, "", "",
+     [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<Tanh>(); }},
+    {"flatten", "flatten", 0, "", "",
+     [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<Flatten>(); }},
+    {"dropout", "dropout(p)", 1, "", "",
+     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
        double p = float_arg(a[0], "p");
        if (!(p >= 0.0 && p < 1.0)) throw InputError("p must be in [0, 1)");
        return std::make_unique<Dropout>(static_cast<float>(p));
      }},
+    {"conv2d", "conv2d(out, k[, stride=s][, pad=p][, bias=false])", 2, "stride,pad,bias", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       std::int64_t out = positive(a[0], "out channels"), k = positive(a[1], "kernel size");
+       return std::make_unique<Conv2d>(out, k, int_option(o, "stride", 1, 1), int_option(o, "pad", 0, 0),
+                                       bool_option(o, "bias", true));
+     }},
+    {"maxpool", "maxpool(k[, stride=s])", 1, "stride", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       std::int64_t k = positive(a[0], "kernel size");
+       return std::make_unique<Pool2d>(Pool2d::Max, k, int_option(o, "stride", k, 1));
+     }},
+    {"avgpool", "avgpool(k[, stride=s])", 1, "stride", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       std::int64_t k = positive(a[0], "kernel size");
+       return std::make_unique<Pool2d>(Pool2d::Avg, k, int_option(o, "stride", k, 1));
+     }},
+    {"globalavgpool", "globalavgpool", 0, "", "",
+     [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<GlobalAvgPool>(); }},
+    {"batchnorm2d", "batchnorm2d[(sync)]", 0, "sync", "sync",
+     [](const Args&, const Options& o) -> std::unique_ptr<Layer> {
+       return std::make_unique<BatchNorm2d>(bool_option(o, "sync", false));
+     }},
+    {"resblock", "resblock(channels[, stride=s][, sync])", 1, "stride,sync", "sync",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       std::int64_t c = positive(a[0], "channels");
+       return std::make_unique<ResBlock>(c, int_option(o, "stride", 1, 1), bool_option(o, "sync", false));
+     }},
 };
+
+// "stride,pad" contains "pad"
+bool listed(const char* list, const std::string& word) {
+  std::string l = std::string(",") + list + ",";
+  return !word.empty() && l.find("," + word + ",") != std::string::npos;
+}
 
 }  // namespace
 
@@ -92,11 +161,28 @@ std::unique_ptr<Layer> make_layer(const std::string& spec) {
   }
   for (const LayerRow& row : kLayers) {
     if (name != row.name) continue;
-    if (args.size() != row.nargs)
+    // Positional arguments first, then options: key=value, or a bare flag.
+    Args positional;
+    Options options;
+    for (const std::string& arg : args) {
+      std::size_t eq = arg.find('=');
+      std::string key = eq == std::string::npos ? arg : arg.substr(0, eq);
+      if (eq != std::string::npos || listed(row.flags, key)) {
+        if (!listed(row.options, key))
+          throw InputError(name + " has no option '" + key + "'; usage: " + row.usage);
+        if (options.count(key)) throw InputError(name + ": option '" + key + "' given twice");
+        options[key] = eq == std::string::npos ? "true" : arg.substr(eq + 1);
+      } else if (!options.empty()) {
+        throw InputError(name + ": positional argument '" + arg + "' after an option; usage: " + row.usage);
+      } else {
+        positional.push_back(arg);
+      }
+    }
+    if (positional.size() != row.nargs)
       throw InputError(name + " takes " + std::to_string(row.nargs) + " argument" +
-                       (row.nargs == 1 ? "" : "s") + ", got " + std::to_string(args.size()) +
+                       (row.nargs == 1 ? "" : "s") + ", got " + std::to_string(positional.size()) +
                        "; usage: " + row.usage);
-    return row.make(args);
+    return row.make(positional, options);
   }
   throw InputError("unknown layer; known: " + known_layers());
 }

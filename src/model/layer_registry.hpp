@@ -1,6 +1,7 @@
 #pragma once
-// Layer specs as written in the input file: 'linear(256)', 'relu', 'tanh',
-// 'flatten', 'dropout(0.5)'. Whitespace-tolerant and case-insensitive.
+// Layer specs as written in the input file: 'linear(256)', 'relu', 'conv2d(32, 3, pad=1)',
+// 'maxpool(2)', 'batchnorm2d(sync)', 'resblock(64, stride=2)'. Whitespace-tolerant and
+// case-insensitive; options (key=value) follow the positional arguments.
 
 #include <memory>
 #include <string>
@@ -13,7 +14,7 @@ namespace ddp {
 // ("unknown layer; known: ..."); the model prefixes "model.layers(i) = '...': ".
 std::unique_ptr<Layer> make_layer(const std::string& spec);
 
-// The known specs, as shown in messages: "linear(n), relu, tanh, flatten, dropout(p)".
+// The known specs, as shown in messages: "linear(n), relu, tanh, flatten, dropout(p), conv2d(...".
 std::string known_layers();
 
 }  // namespace ddp

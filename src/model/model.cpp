@@ -93,6 +93,10 @@ void Model::backward(const Tensor& dout) {
 
 void Model::zero_grad() { Kokkos::deep_copy(grads_, 0.0f); }
 
+void Model::set_communicator(Communicator* comm) {
+  for (auto& layer : layers_) layer->set_communicator(comm);
+}
+
 void Model::reseed_dropout(std::uint64_t seed) {
   for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->reseed(hash64(seed, i));
 }

@@ -46,6 +46,9 @@ class Model {
   // dout: (B, output...), after forward(). Accumulates into gradients().
   void backward(const Tensor& dout);
   void zero_grad();
+  // The communicator SyncBatchNorm layers reduce their statistics through (the
+  // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
+  void set_communicator(Communicator* comm);
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
 

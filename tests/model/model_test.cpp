@@ -33,7 +33,9 @@ std::string build_error(const std::vector<std::string>& specs, const Shape& samp
 
 TEST(ModelSpecs, ErrorMessages) {
   EXPECT_EQ(build_error({"linear(8)", "relu", "relu2"}, {4}),
-            "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p)");
+            "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
+            "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s]), avgpool(k[, stride=s]), "
+            "globalavgpool, batchnorm2d[(sync)], resblock(channels[, stride=s][, sync])");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");

@@ -1,0 +1,54 @@
+#pragma once
+// batchnorm2d[(sync)]: PyTorch's nn.BatchNorm2d (affine, momentum 0.1, eps 1e-5,
+// track_running_stats) on (B, C, H, W). Training normalises with the batch's mean and
+// biased variance and updates running_mean / running_var (unbiased) /
+// num_batches_tracked, the layer's buffers; eval uses the running statistics.
+// 'sync' is nn.SyncBatchNorm: the per-channel sums of forward (count, sum, sum of
+// squares) and of backward (sum dy, sum dy*xhat) are all-reduced over the ranks of
+// the communicator, so W ranks with B samples each normalise as one batch of W*B.
+// Parameter gradients stay per-rank sums (the trainer reduces them like any other).
+
+#include "model/layer.hpp"
+
+namespace ddp {
+
+class BatchNorm2d : public Layer {
+ public:
+  explicit BatchNorm2d(bool sync, float momentum = 0.1f, float eps = 1e-5f)
+      : sync_(sync), momentum_(momentum), eps_(eps) {}
+
+  std::string kind() const override { return "batchnorm2d"; }
+  Shape output_shape(const Shape& in_sample) override;
+  std::vector<ParamSpec> parameter_specs() const override;
+  void bind(float* params, float* grads) override;
+  std::vector<ParamSpec> buffer_specs() const override;
+  void bind_buffers(float* buffers) override;
+  void init(Rng& rng) override;
+  void set_communicator(Communicator* comm) override { comm_ = sync_ ? comm : nullptr; }
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+ private:
+  // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
+  void allreduce(Kokkos::View<double*> sums, std::size_t n);
+
+  bool sync_;
+  float momentum_, eps_;
+  Communicator* comm_ = nullptr;
+  std::int64_t c_ = 0, hw_ = 0;
+  Shape sample_;                     // (C, H, W)
+  float* weight_ = nullptr;          // (C) gamma
+  float* bias_ = nullptr;            // (C) beta
+  float* dweight_ = nullptr;         // (C)
+  float* dbias_ = nullptr;           // (C)
+  float* running_mean_ = nullptr;    // (C)
+  float* running_var_ = nullptr;     // (C)
+  float* batches_tracked_ = nullptr;  // () PyTorch's int64 num_batches_tracked, kept as a float
+  bool normalised_by_batch_ = false;  // the last forward used batch statistics (training)
+  Kokkos::View<double*>::HostMirror sums_host_;  // sums_ on the host, for MPI
+  Kokkos::View<double*> sums_;       // (2C + 1) forward: sum x, sum x^2, count; backward: sum dy, sum dy xhat
+  Kokkos::View<float*> mean_, invstd_;  // (C) of the last forward
+  std::int64_t count_ = 0;           // samples per channel in the last forward, over all ranks
+};
+
+}  // namespace ddp

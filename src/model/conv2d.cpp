@@ -1,0 +1,231 @@
+#include "model/conv2d.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "comm/check.hpp"
+#include "model/dnnl_engine.hpp"
+
+namespace ddp {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+
+namespace {
+// DDP_CONV_LAYOUT=plain keeps every primitive on NCHW/OIHW (no reorders); the
+// default lets oneDNN choose, which on AVX-512 means nChw16c blocked kernels.
+tag layout_tag() {
+  static const bool plain = [] {
+    const char* v = std::getenv("DDP_CONV_LAYOUT");
+    return v && std::string(v) == "plain";
+  }();
+  return plain ? tag::nchw : tag::any;
+}
+}  // namespace
+
+// Activations live in our NCHW buffers and weights in PyTorch's OIHW layout. oneDNN
+// picks each primitive's layouts (format_tag::any): where it prefers a channel-blocked
+// one (nChw16c with AVX-512), a Port reorders between our buffer and a blocked copy
+// it owns, allocated once; where it takes the plain layout, it works on our buffer
+// directly. Scratchpads are ours too (user mode), allocated once.
+namespace {
+struct Port {
+  memory plain;     // over our buffer; the handle is re-pointed on every call
+  memory internal;  // the primitive's layout: == plain when no reorder is needed
+  dnnl::reorder reorder;
+  bool reordered = false;
+
+  Port() = default;
+  // to_internal: our buffer is an input of the primitive (else an output)
+  Port(const memory::desc& plain_md, const memory::desc& want, bool to_internal, dnnl::engine& eng)
+      : plain(plain_md, eng, DNNL_MEMORY_NONE), reordered(want != plain_md) {
+    if (!reordered) {
+      internal = plain;
+      return;
+    }
+    internal = memory(want, eng);
+    reorder = to_internal ? dnnl::reorder(plain, internal) : dnnl::reorder(internal, plain);
+  }
+  // An input: point at `data` and bring it into the primitive's layout.
+  const memory& in(const float* data, dnnl::stream& s) {
+    plain.set_data_handle(const_cast<float*>(data));
+    if (reordered) reorder.execute(s, plain, internal);
+    return internal;
+  }
+  // An output: point at `data`; finish() copies the result there.
+  const memory& out(float* data) {
+    plain.set_data_handle(data);
+    return internal;
+  }
+  void finish(dnnl::stream& s) {
+    if (reordered) reorder.execute(s, internal, plain);
+  }
+};
+}  // namespace
+
+struct Conv2d::Primitives {
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_weights;
+  memory b, db;                      // bias, its gradient: always plain (x)
+  Port fwd_x, fwd_w, fwd_y;          // forward: src, weights, dst
+  Port bwd_dy, bwd_w, bwd_dx;        // backward data: diff_dst, weights, diff_src
+  Port bww_x, bww_dy, bww_dw;        // backward weights: src, diff_dst, diff_weights
+  memory fwd_scratch, bwd_data_scratch, bwd_weights_scratch;
+};
+
+Conv2d::Conv2d(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t pad, bool bias)
+    : out_(out_channels), k_(kernel), stride_(stride), pad_(pad), has_bias_(bias) {}
+
+Conv2d::~Conv2d() = default;
+
+Shape Conv2d::output_shape(const Shape& in_sample) {
+  if (in_sample.size() != 3)
+    throw InputError("conv2d needs an image input (channels, height, width) but gets " + shape_str(in_sample));
+  in_ = in_sample[0];
+  h_ = in_sample[1];
+  w_ = in_sample[2];
+  if (h_ + 2 * pad_ < k_ || w_ + 2 * pad_ < k_)
+    throw InputError("kernel " + std::to_string(k_) + " is larger than the padded input " + shape_str(in_sample));
+  ho_ = (h_ + 2 * pad_ - k_) / stride_ + 1;
+  wo_ = (w_ + 2 * pad_ - k_) / stride_ + 1;
+  in_sample_ = in_sample;
+  out_sample_ = {out_, ho_, wo_};
+  return out_sample_;
+}
+
+std::vector<Layer::ParamSpec> Conv2d::parameter_specs() const {
+  std::vector<ParamSpec> specs = {{"weight", {out_, in_, k_, k_}}};
+  if (has_bias_) specs.push_back({"bias", {out_}});
+  return specs;
+}
+
+void Conv2d::bind(float* params, float* grads) {
+  const std::int64_t nw = out_ * in_ * k_ * k_;
+  weight_ = params;
+  dweight_ = grads;
+  bias_ = has_bias_ ? params + nw : nullptr;
+  dbias_ = has_bias_ ? grads + nw : nullptr;
+  dparams_scratch_ = View1("Conv2d::dparams_scratch", nw + out_);
+}
+
+void Conv2d::init(Rng& rng) {
+  // kaiming_uniform_(a=sqrt(5)) and PyTorch's bias rule: U(-1/sqrt(fan_in), +) with
+  // fan_in = in * k * k.
+  float bound = 1.0f / std::sqrt(static_cast<float>(in_ * k_ * k_));
+  fill_uniform(weight_, out_ * in_ * k_ * k_, -bound, bound, rng.next_u64());
+  if (has_bias_) fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
+}
+
+double Conv2d::forward_flops(std::int64_t B) const {
+  return 2.0 * B * out_ * ho_ * wo_ * in_ * k_ * k_;
+}
+
+Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
+  auto it = by_batch_.find(B);
+  if (it != by_batch_.end()) return *it->second;
+
+  dnnl_stream();  // pins this thread's OpenMP count first: kernels plan their threads at creation
+  dnnl::engine& eng = dnnl_engine();
+  const memory::dims x_dims = {B, in_, h_, w_}, y_dims = {B, out_, ho_, wo_}, w_dims = {out_, in_, k_, k_},
+                     b_dims = {out_}, strides = {stride_, stride_}, padding = {pad_, pad_};
+  const auto f32 = memory::data_type::f32;
+  memory::desc x_md(x_dims, f32, tag::nchw), y_md(y_dims, f32, tag::nchw), w_md(w_dims, f32, tag::oihw),
+      b_md(b_dims, f32, tag::x), no_md;
+  memory::desc x_any(x_dims, f32, layout_tag()), y_any(y_dims, f32, layout_tag()), w_any(w_dims, f32, layout_tag());
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const auto algo = dnnl::algorithm::convolution_direct;
+
+  auto p = std::make_unique<Primitives>();
+  dnnl::convolution_forward::primitive_desc fwd_pd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, x_any, w_any,
+                                      has_bias_ ? b_md : no_md, y_any, strides, padding, padding),
+      attr, eng);
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
+      dnnl::convolution_backward_data::desc(algo, x_any, w_any, y_any, strides, padding, padding), attr, eng,
+      fwd_pd);
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(
+      dnnl::convolution_backward_weights::desc(algo, x_any, w_any, has_bias_ ? b_md : no_md, y_any, strides,
+                                               padding, padding),
+      attr, eng, fwd_pd);
+  p->fwd = dnnl::convolution_forward(fwd_pd);
+  p->bwd_data = dnnl::convolution_backward_data(bwd_data_pd);
+  p->bwd_weights = dnnl::convolution_backward_weights(bwd_weights_pd);
+  p->fwd_x = Port(x_md, fwd_pd.src_desc(), true, eng);
+  p->fwd_w = Port(w_md, fwd_pd.weights_desc(), true, eng);
+  p->fwd_y = Port(y_md, fwd_pd.dst_desc(), false, eng);
+  p->bwd_dy = Port(y_md, bwd_data_pd.diff_dst_desc(), true, eng);
+  p->bwd_w = Port(w_md, bwd_data_pd.weights_desc(), true, eng);
+  p->bwd_dx = Port(x_md, bwd_data_pd.diff_src_desc(), false, eng);
+  p->bww_x = Port(x_md, bwd_weights_pd.src_desc(), true, eng);
+  p->bww_dy = Port(y_md, bwd_weights_pd.diff_dst_desc(), true, eng);
+  p->bww_dw = Port(w_md, bwd_weights_pd.diff_weights_desc(), false, eng);
+  p->b = memory(b_md, eng, DNNL_MEMORY_NONE);
+  p->db = memory(b_md, eng, DNNL_MEMORY_NONE);
+  p->fwd_scratch = memory(fwd_pd.scratchpad_desc(), eng);
+  p->bwd_data_scratch = memory(bwd_data_pd.scratchpad_desc(), eng);
+  p->bwd_weights_scratch = memory(bwd_weights_pd.scratchpad_desc(), eng);
+  return *by_batch_.emplace(B, std::move(p)).first->second;
+}
+
+// x: (B, in, h, w) -> y: (B, out, ho, wo)
+void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  const std::int64_t B = x.batch();
+  resize(y, B, out_sample_, "Conv2d::y");
+  if (B == 0) return;
+  Primitives& p = primitives(B);
+  dnnl::stream& s = dnnl_stream();
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, p.fwd_x.in(x.data.data(), s)},
+                                          {DNNL_ARG_WEIGHTS, p.fwd_w.in(weight_, s)},
+                                          {DNNL_ARG_DST, p.fwd_y.out(y.data.data())},
+                                          {DNNL_ARG_SCRATCHPAD, p.fwd_scratch}};
+  if (has_bias_) {
+    p.b.set_data_handle(bias_);
+    args[DNNL_ARG_BIAS] = p.b;
+  }
+  p.fwd.execute(s, args);
+  p.fwd_y.finish(s);
+  s.wait();
+}
+
+// dy: (B, out, ho, wo) -> dW (out, in, k, k) +=, db (out) +=, dx: (B, in, h, w)
+void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  const std::int64_t B = x.batch();
+  if (B > 0) {
+    Primitives& p = primitives(B);
+    dnnl::stream& s = dnnl_stream();
+    const std::int64_t nw = out_ * in_ * k_ * k_, nparams = nw + (has_bias_ ? out_ : 0);
+    float* scratch = dparams_scratch_.data();
+    std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, p.bww_x.in(x.data.data(), s)},
+                                            {DNNL_ARG_DIFF_DST, p.bww_dy.in(dy.data.data(), s)},
+                                            {DNNL_ARG_DIFF_WEIGHTS, p.bww_dw.out(scratch)},
+                                            {DNNL_ARG_SCRATCHPAD, p.bwd_weights_scratch}};
+    if (has_bias_) {
+      p.db.set_data_handle(scratch + nw);
+      args[DNNL_ARG_DIFF_BIAS] = p.db;
+    }
+    p.bwd_weights.execute(s, args);
+    p.bww_dw.finish(s);
+    s.wait();
+    // Accumulate, as PyTorch does: weight then bias sit contiguously in both.
+    float* dparams = dweight_;
+    Kokkos::parallel_for(
+        "Conv2d::accumulate_dparams", Range(0, nparams),
+        KOKKOS_LAMBDA(std::int64_t i) { dparams[i] += scratch[i]; });
+  }
+  if (!needs_input_grad()) return;
+  resize(dx, B, in_sample_, "Conv2d::dx");
+  if (B == 0) return;
+  Primitives& p = primitives(B);
+  dnnl::stream& s = dnnl_stream();
+  p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, p.bwd_dy.in(dy.data.data(), s)},
+                         {DNNL_ARG_WEIGHTS, p.bwd_w.in(weight_, s)},
+                         {DNNL_ARG_DIFF_SRC, p.bwd_dx.out(dx.data.data())},
+                         {DNNL_ARG_SCRATCHPAD, p.bwd_data_scratch}});
+  p.bwd_dx.finish(s);
+  s.wait();
+}
+
+}  // namespace ddp

@@ -1,0 +1,46 @@
+#pragma once
+// conv2d(out, k, stride=s, pad=p, bias=true): PyTorch's nn.Conv2d (square kernel,
+// symmetric zero padding, no dilation or groups) on NCHW float32, through oneDNN.
+// Weight (out, in, k, k), bias (out). The primitives for a batch size are created
+// once and cached; every call only points them at the current buffers.
+
+#include <map>
+#include <memory>
+
+#include "model/layer.hpp"
+
+namespace ddp {
+
+class Conv2d : public Layer {
+ public:
+  Conv2d(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t pad, bool bias);
+  ~Conv2d() override;
+
+  std::string kind() const override { return "conv2d"; }
+  Shape output_shape(const Shape& in_sample) override;
+  std::vector<ParamSpec> parameter_specs() const override;
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng) override;
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  // Floating-point operations of one forward at batch B (2 per multiply-add).
+  double forward_flops(std::int64_t B) const;
+
+ private:
+  struct Primitives;  // oneDNN descriptors, primitives and memories of one batch size
+  Primitives& primitives(std::int64_t B);
+
+  std::int64_t out_, k_, stride_, pad_;
+  bool has_bias_;
+  std::int64_t in_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
+  Shape in_sample_, out_sample_;  // (in, h, w), (out, ho, wo)
+  float* weight_ = nullptr;       // (out, in, k, k)
+  float* bias_ = nullptr;         // (out) or none
+  float* dweight_ = nullptr;      // (out, in, k, k)
+  float* dbias_ = nullptr;        // (out) or none
+  View1 dparams_scratch_;         // (out*in*k*k + out): oneDNN overwrites, we accumulate
+  std::map<std::int64_t, std::unique_ptr<Primitives>> by_batch_;
+};
+
+}  // namespace ddp

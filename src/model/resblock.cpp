@@ -1,0 +1,142 @@
+#include "model/resblock.hpp"
+
+#include "comm/check.hpp"
+
+namespace ddp {
+
+ResBlock::ResBlock(std::int64_t channels, std::int64_t stride, bool sync)
+    : channels_(channels),
+      stride_(stride),
+      conv1_(std::make_unique<Conv2d>(channels, 3, stride, 1, false)),
+      conv2_(std::make_unique<Conv2d>(channels, 3, 1, 1, false)),
+      bn1_(std::make_unique<BatchNorm2d>(sync)),
+      bn2_(std::make_unique<BatchNorm2d>(sync)),
+      down_bn_(std::make_unique<BatchNorm2d>(sync)) {}
+
+Shape ResBlock::output_shape(const Shape& in_sample) {
+  if (in_sample.size() != 3)
+    throw InputError("resblock needs an image input (channels, height, width) but gets " + shape_str(in_sample));
+  in_sample_ = in_sample;
+  projection_ = stride_ != 1 || in_sample[0] != channels_;
+  if (projection_) down_conv_ = std::make_unique<Conv2d>(channels_, 1, stride_, 0, false);
+  Shape s = conv1_->output_shape(in_sample);
+  bn1_->output_shape(s);
+  conv2_->output_shape(s);
+  bn2_->output_shape(s);
+  if (projection_) down_bn_->output_shape(down_conv_->output_shape(in_sample));
+  out_sample_ = s;
+  return out_sample_;
+}
+
+std::vector<ResBlock::Part> ResBlock::parts() const {
+  std::vector<Part> p = {{conv1_.get(), "conv1."}, {bn1_.get(), "bn1."}, {conv2_.get(), "conv2."}, {bn2_.get(), "bn2."}};
+  if (projection_) {
+    p.push_back({down_conv_.get(), "downsample.0."});
+    p.push_back({down_bn_.get(), "downsample.1."});
+  }
+  return p;
+}
+
+std::vector<Layer::ParamSpec> ResBlock::parameter_specs() const {
+  std::vector<ParamSpec> specs;
+  for (const Part& part : parts())
+    for (const ParamSpec& s : part.layer->parameter_specs()) specs.push_back({part.prefix + s.suffix, s.shape});
+  return specs;
+}
+
+void ResBlock::bind(float* params, float* grads) {
+  for (const Part& part : parts()) {
+    part.layer->bind(params, grads);
+    for (const ParamSpec& s : part.layer->parameter_specs()) {
+      params += shape_numel(s.shape);
+      grads += shape_numel(s.shape);
+    }
+  }
+}
+
+std::vector<Layer::ParamSpec> ResBlock::buffer_specs() const {
+  std::vector<ParamSpec> specs;
+  for (const Part& part : parts())
+    for (const ParamSpec& s : part.layer->buffer_specs()) specs.push_back({part.prefix + s.suffix, s.shape});
+  return specs;
+}
+
+void ResBlock::bind_buffers(float* buffers) {
+  for (const Part& part : parts()) {
+    part.layer->bind_buffers(buffers);
+    for (const ParamSpec& s : part.layer->buffer_specs()) buffers += shape_numel(s.shape);
+  }
+}
+
+void ResBlock::init(Rng& rng) {
+  for (const Part& part : parts()) part.layer->init(rng);
+}
+
+void ResBlock::set_communicator(Communicator* comm) {
+  for (const Part& part : parts()) part.layer->set_communicator(comm);
+}
+
+// x: (B, C_in, H, W) -> y: (B, channels, Ho, Wo)
+void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
+  conv1_->forward(x, a1_, training);
+  bn1_->forward(a1_, b1_, training);
+  resize_like(r1_, b1_, "ResBlock::r1");
+  ConstView1 b1 = b1_.data;
+  View1 r1 = r1_.data;
+  Kokkos::parallel_for(
+      "ResBlock::relu1", Range(0, b1_.numel()), KOKKOS_LAMBDA(std::int64_t i) { r1(i) = b1(i) > 0.0f ? b1(i) : 0.0f; });
+  conv2_->forward(r1_, a2_, training);
+  bn2_->forward(a2_, b2_, training);
+  const Tensor* shortcut = &x;
+  if (projection_) {
+    down_conv_->forward(x, s1_, training);
+    down_bn_->forward(s1_, s2_, training);
+    shortcut = &s2_;
+  }
+  resize_like(y, b2_, "ResBlock::y");
+  ConstView1 b2 = b2_.data, sc = shortcut->data;
+  View1 yv = y.data;
+  Kokkos::parallel_for(
+      "ResBlock::add_relu", Range(0, y.numel()), KOKKOS_LAMBDA(std::int64_t i) {
+        const float v = b2(i) + sc(i);
+        yv(i) = v > 0.0f ? v : 0.0f;
+      });
+}
+
+// dy: (B, channels, Ho, Wo) -> parameter gradients +=, dx: (B, C_in, H, W)
+void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  // g = dy where the output is positive: the gradient of both branches' sum
+  resize_like(g_, dy, "ResBlock::g");
+  {
+    ConstView1 yv = y.data, dyv = dy.data;
+    View1 g = g_.data;
+    Kokkos::parallel_for(
+        "ResBlock::relu_out_backward", Range(0, dy.numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { g(i) = yv(i) > 0.0f ? dyv(i) : 0.0f; });
+  }
+  bn2_->backward(a2_, b2_, g_, da2_);
+  conv2_->backward(r1_, a2_, da2_, dr1_);
+  {
+    ConstView1 r1 = r1_.data;
+    View1 d = dr1_.data;
+    Kokkos::parallel_for(
+        "ResBlock::relu1_backward", Range(0, dr1_.numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { d(i) = r1(i) > 0.0f ? d(i) : 0.0f; });
+  }
+  bn1_->backward(a1_, b1_, dr1_, da1_);
+  conv1_->set_needs_input_grad(needs_input_grad());
+  conv1_->backward(x, a1_, da1_, dx);
+  if (projection_) {
+    down_bn_->backward(s1_, s2_, g_, ds1_);
+    down_conv_->set_needs_input_grad(needs_input_grad());
+    down_conv_->backward(x, s1_, ds1_, dx_short_);
+  }
+  if (!needs_input_grad()) return;
+  // dx = main-branch gradient + shortcut gradient
+  ConstView1 short_grad = projection_ ? dx_short_.data : g_.data;
+  View1 dxv = dx.data;
+  Kokkos::parallel_for(
+      "ResBlock::add_shortcut_grad", Range(0, dx.numel()), KOKKOS_LAMBDA(std::int64_t i) { dxv(i) += short_grad(i); });
+}
+
+}  // namespace ddp

@@ -1,0 +1,33 @@
+# src/model CNN layers: gradient checks, spec errors, numbers against PyTorch,
+# SyncBatchNorm across ranks. Labels "unit;layers" (MPI tests: "mpi;layers").
+ddp_add_test(layers_grad_test SOURCES layers/grad_test.cpp LABELS layers)
+
+# Numbers against PyTorch: a fixture writes torch_reference.h5 with the python that
+# has torch (DDP_TORCH_PYTHON, found here); without torch these tests are left out.
+if(NOT DEFINED DDP_TORCH_PYTHON)
+  foreach(_py ${DDP_PYTHON} /usr/bin/python3)
+    execute_process(COMMAND ${_py} -c "import torch, h5py" RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
+    if(_rc EQUAL 0)
+      set(DDP_TORCH_PYTHON ${_py} CACHE FILEPATH "python3 with torch and h5py, for the PyTorch comparisons")
+      break()
+    endif()
+  endforeach()
+endif()
+if(DDP_TORCH_PYTHON)
+  set(_ref ${CMAKE_CURRENT_BINARY_DIR}/torch_reference.h5)
+  add_test(NAME layers_torch_reference
+           COMMAND ${DDP_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layers/torch_reference.py ${_ref})
+  set_tests_properties(layers_torch_reference PROPERTIES FIXTURES_SETUP layers_torch TIMEOUT ${DDP_TEST_TIMEOUT}
+                       LABELS "unit;layers")
+  ddp_add_test(layers_torch_compare_test SOURCES layers/torch_compare_test.cpp LABELS layers)
+  set_tests_properties(layers_torch_compare_test PROPERTIES FIXTURES_REQUIRED layers_torch
+                       ENVIRONMENT DDP_TORCH_REFERENCE=${_ref})
+else()
+  message(STATUS "No python3 with torch: the PyTorch comparisons of the layers are left out")
+endif()
+
+ddp_add_mpi_test(layers_sync_batchnorm_test SOURCES layers/sync_batchnorm_test.cpp NP 1 2 3 4 LABELS layers)
+
+# Timing of the CNN's convolutions (a program that prints numbers, not a test).
+add_executable(layers_conv_timing layers/conv_timing.cpp)
+target_link_libraries(layers_conv_timing PRIVATE ddp_core)

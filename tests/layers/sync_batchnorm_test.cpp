@@ -1,0 +1,71 @@
+// SyncBatchNorm across ranks: W ranks holding B samples each give the outputs,
+// summed parameter gradients and running statistics of one rank holding all W*B.
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "comm/communicator.hpp"
+#include "layer_fixture.hpp"
+#include "model/model.hpp"
+
+namespace ddp {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+using test::to_host;
+
+TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
+  std::unique_ptr<Communicator> comm = make_mpi_communicator(MPI_COMM_WORLD);
+  const int W = comm->size(), r = comm->rank();
+  const std::int64_t B = 3;
+  const Shape sample = {2, 5, 5};
+  const std::int64_t per_sample = shape_numel(sample);
+  const std::vector<std::string> specs = {"conv2d(4, 3, pad=1)", "batchnorm2d(sync)", "relu",
+                                          "resblock(4, sync)", "globalavgpool", "flatten", "linear(3)"};
+  // Every rank builds the same global batch and its one-rank answer.
+  const std::vector<float> x_all = random_values(W * B * per_sample, 5), dy_all = random_values(W * B * 3, 6);
+  Model full(specs, sample, 7);
+  const Tensor& y_full_t = full.forward(make_tensor({W * B, 2, 5, 5}, x_all), true);
+  std::vector<float> y_full = to_host(y_full_t.data, y_full_t.numel());
+  full.backward(make_tensor({W * B, 3}, dy_all));
+  std::vector<float> g_full = to_host(full.gradients(), full.num_parameters());
+  std::vector<float> buf_full = to_host(full.buffers(), full.buffers().extent(0));
+
+  // This rank's share, statistics synchronised through the communicator.
+  Model m(specs, sample, 7);
+  m.set_communicator(comm.get());
+  std::vector<float> x_mine(x_all.begin() + r * B * per_sample, x_all.begin() + (r + 1) * B * per_sample);
+  std::vector<float> dy_mine(dy_all.begin() + r * B * 3, dy_all.begin() + (r + 1) * B * 3);
+  const Tensor& y_t = m.forward(make_tensor({B, 2, 5, 5}, x_mine), true);
+  std::vector<float> y = to_host(y_t.data, y_t.numel());
+  m.backward(make_tensor({B, 3}, dy_mine));
+  std::vector<float> g = to_host(m.gradients(), m.num_parameters());
+  comm->allreduce_sum(g.data(), g.size());  // what the trainer does with gradients
+  std::vector<float> buf = to_host(m.buffers(), m.buffers().extent(0));
+
+  double worst = 0;
+  for (std::int64_t i = 0; i < B * 3; ++i) {
+    EXPECT_NEAR(y[i], y_full[r * B * 3 + i], 1e-5) << "y[" << i << "]";
+    worst = std::max(worst, std::fabs(double(y[i]) - y_full[r * B * 3 + i]));
+  }
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    EXPECT_NEAR(g[i], g_full[i], 1e-5 * (1 + std::fabs(g_full[i]))) << "grad[" << i << "]";
+    worst = std::max(worst, std::fabs(double(g[i]) - g_full[i]));
+  }
+  for (std::size_t i = 0; i < buf.size(); ++i) EXPECT_NEAR(buf[i], buf_full[i], 1e-5) << "buffer[" << i << "]";
+  if (r == 0) std::cout << "  " << W << " ranks vs 1: max abs difference " << worst << "\n";
+
+  // Without a communicator the same layers normalise per rank: the outputs differ.
+  if (W > 1) {
+    Model plain(specs, sample, 7);
+    const Tensor& yp = plain.forward(make_tensor({B, 2, 5, 5}, x_mine), true);
+    std::vector<float> y_plain = to_host(yp.data, yp.numel());
+    double diff = 0;
+    for (std::int64_t i = 0; i < B * 3; ++i) diff = std::max(diff, std::fabs(double(y_plain[i]) - y[i]));
+    EXPECT_GT(diff, 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace ddp

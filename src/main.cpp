@@ -1,11 +1,10 @@
 // ddp_train: data-parallel training on MPI ranks.
 //   context -> command line -> config -> data -> model -> trainer
-#include "comm/communicator.hpp"  // collectives between ranks
-#include "comm/context.hpp"       // MPI + Kokkos lifetime, ranks
-#include "io/metrics.hpp"         // metrics.jsonl
-#include "train/setup.hpp"        // input file, data sets, model, run directory, checkpoint to start from
-#include "train/signals.hpp"      // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
-#include "train/trainer.hpp"      // the DDP loop
+#include "comm/context.hpp"   // MPI + Kokkos lifetime, ranks
+#include "io/metrics.hpp"     // metrics.jsonl
+#include "train/setup.hpp"    // input file, data sets, model, run directory, checkpoint to start from
+#include "train/signals.hpp"  // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
+#include "train/trainer.hpp"  // the DDP loop
 
 int main(int argc, char** argv) {
   ddp::Context ctx(argc, argv);
@@ -17,7 +16,7 @@ int main(int argc, char** argv) {
   ddp::prepare_run_dir(ctx, cfg);
   ddp::Data data = ddp::open_data(ctx, cfg);
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);
-  auto comm = ddp::make_mpi_communicator(ctx.world());
+  auto comm = ddp::make_communicator(ctx, cfg);
   ddp::Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, data.val.get(), data.prefetch_batches);
   ddp::start_from_checkpoint(ctx, cfg, *net.model, trainer);
   ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);

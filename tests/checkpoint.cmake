@@ -6,7 +6,7 @@ ddp_add_test(test_checkpoint SOURCES checkpoint/test_checkpoint.cpp LABELS check
 
 # ddp_add_checkpoint_test(name FIXTURE f NP n TIMEOUT t COMMAND ...): a driver script.
 function(ddp_add_checkpoint_test name)
-  cmake_parse_arguments(T "" "FIXTURE;NP;TIMEOUT" "COMMAND;SETS" ${ARGN})
+  cmake_parse_arguments(T "" "NP;TIMEOUT" "FIXTURE;COMMAND;SETS" ${ARGN})
   add_test(NAME checkpoint_${name} COMMAND ${T_COMMAND})
   set_tests_properties(checkpoint_${name} PROPERTIES FIXTURES_REQUIRED "${T_FIXTURE}" LABELS "e2e;checkpoint"
                        TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_NP})
@@ -21,7 +21,7 @@ ddp_add_checkpoint_test(exactness_np2 FIXTURE fashion NP 2 TIMEOUT 900 SETS ckpt
 ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
   COMMAND ${DDP_PYTHON} ${CKPT}/any_world_size.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
           runs/ckpt_any_world_size 0.85)
-ddp_add_checkpoint_test(interop_pytorch FIXTURE "fashion;ckpt_fashion_run" NP 1 TIMEOUT 300
+ddp_add_checkpoint_test(interop_pytorch FIXTURE fashion ckpt_fashion_run NP 1 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/interop.py runs/ckpt_exact_straight "data/fashion-mnist/test_*.h5")
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)

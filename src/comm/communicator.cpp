@@ -34,6 +34,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  MPI_Comm mpi_comm() const override { return comm_; }
 
  private:
   template <class T>

@@ -20,6 +20,9 @@ class Communicator {
   virtual void allreduce_sum(double* data, std::size_t n) = 0;
   virtual void broadcast(float* data, std::size_t n, int root) = 0;
   virtual void barrier() = 0;
+  // The same ranks as an MPI communicator, for MPI-level helpers (the bucketed
+  // gradient reducer makes its own duplicate of it).
+  virtual MPI_Comm mpi_comm() const = 0;
 };
 
 // MPI on host buffers, over a private duplicate of `comm`.

@@ -29,6 +29,7 @@ class DeviceMpiCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     mpi_->barrier();
   }
+  MPI_Comm mpi_comm() const override { return mpi_->mpi_comm(); }
 
  private:
   template <class T, class Op>

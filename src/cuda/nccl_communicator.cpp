@@ -11,6 +11,7 @@ namespace ddp::cuda {
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options options)
     : compute_(compute), options_(options) {
+  MPI_CHECK(MPI_Comm_dup(comm, &mpi_comm_));
   MPI_CHECK(MPI_Comm_rank(comm, &rank_));
   MPI_CHECK(MPI_Comm_size(comm, &size_));
   ncclUniqueId id;
@@ -26,6 +27,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options 
 NcclCommunicator::~NcclCommunicator() {
   synchronize();
   ncclCommDestroy(comm_);
+  MPI_Comm_free(&mpi_comm_);
   cudaFree(scratch_);
   cudaEventDestroy(done_);
   cudaEventDestroy(ready_);

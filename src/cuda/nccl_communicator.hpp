@@ -38,6 +38,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(float* data, std::size_t n, int root) override;
   // Every rank's queued collectives done (a one-element all-reduce, then a wait).
   void barrier() override;
+  MPI_Comm mpi_comm() const override { return mpi_comm_; }
 
   // recv (recv_count) = this rank's slice of the sum over ranks of send (size * recv_count).
   void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
@@ -53,6 +54,7 @@ class NcclCommunicator final : public Communicator {
   void enqueue(const char* op, std::size_t n, const char* type, Call&& call);
 
   ncclComm_t comm_ = nullptr;
+  MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate of the constructor's communicator
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> NCCL, NCCL -> compute
   float* scratch_ = nullptr;                      // barrier()'s one element

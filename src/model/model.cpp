@@ -64,6 +64,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
     buffer_offset += layer_buffers[i];
     layers_[i]->init(rng);
     if (layer_params_[i] > 0 && first_trained_ == layers_.size()) first_trained_ = i;
+    layer_offset_.push_back(offset);
     offset += layer_params_[i];
   }
   // Nothing upstream of the first trained layer needs a gradient.
@@ -84,11 +85,13 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
   return acts_.back();
 }
 
-void Model::backward(const Tensor& dout) {
+void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready) {
   // Layer i reads the gradient w.r.t. its output: grad_[i + 1], or dout for the last.
-  for (std::size_t i = layers_.size(); i-- > first_trained_;)
+  for (std::size_t i = layers_.size(); i-- > first_trained_;) {
     layers_[i]->backward(i == 0 ? input_ : acts_[i - 1], acts_[i],
                          i + 1 == layers_.size() ? dout : grad_[i + 1], grad_[i]);
+    if (on_ready && layer_params_[i] > 0) on_ready(layer_offset_[i]);
+  }
 }
 
 void Model::zero_grad() { Kokkos::deep_copy(grads_, 0.0f); }

@@ -4,6 +4,7 @@
 // same layout, so gradient buckets are plain ranges and a checkpoint is a table.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +45,10 @@ class Model {
   // Throws InputError when x's sample shape is not the one the model was built for.
   const Tensor& forward(const Tensor& x, bool training);
   // dout: (B, output...), after forward(). Accumulates into gradients().
-  void backward(const Tensor& dout);
+  // on_ready(offset), when given, is called as soon as every gradient at offsets
+  // >= offset is final: after each layer with parameters, last layer first, so a
+  // bucketed all-reduce can start while backward goes on.
+  void backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready = nullptr);
   void zero_grad();
   // The communicator SyncBatchNorm layers reduce their statistics through (the
   // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
@@ -60,6 +64,7 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output
   std::vector<std::int64_t> layer_params_;  // parameter count per layer
+  std::vector<std::int64_t> layer_offset_;  // offset of each layer's parameters
   std::vector<ParamEntry> table_;
   std::vector<ParamEntry> buffer_table_;
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)

@@ -80,6 +80,7 @@ const std::vector<Key>& keys() {
   using M = ModelConfig;
   using T = TrainConfig;
   using I = IoConfig;
+  using K = CommConfig;
   static const std::vector<Key> table = {
       {"data", "train_files", field<&C::data, &D::train_files>, any(), true,
        "HDF5 shard globs of the training set"},
@@ -127,7 +128,8 @@ const std::vector<Key>& keys() {
        "initialisation, sampler permutation, dropout"},
       {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
        "optimizer steps between progress lines; 0: none"},
-      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false, "directory of metrics.jsonl and checkpoints/"},
+      {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
+       "directory of metrics.jsonl and checkpoints/"},
       {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,
        "epochs between checkpoints; 0: none by epoch"},
       {"io", "checkpoint_every_steps", field<&C::io, &I::checkpoint_every_steps>, at_least(0), false,
@@ -142,11 +144,18 @@ const std::vector<Key>& keys() {
        "checkpoint whose weights start a new run; '': none"},
       {"io", "trace_samples", field<&C::io, &I::trace_samples>, any(), false,
        "debug: write each rank's trained sample indices to run_dir"},
+      {"comm", "backend", field<&C::comm, &K::backend>, one_of({"auto", "mpi", "nccl"}), false,
+       "collectives: auto (NCCL with GPUs, else MPI), mpi or nccl"},
+      {"comm", "overlap", field<&C::comm, &K::overlap>, one_of({"poll", "thread", "none"}), false,
+       "all-reduce buckets during backward, progressed by polling or a thread; none: after"},
+      {"comm", "bucket_mb", field<&C::comm, &K::bucket_mb>, above(0), false, "gradient bucket size in MB"},
+      {"comm", "first_bucket_mb", field<&C::comm, &K::first_bucket_mb>, above(0), false,
+       "size of the first bucket (the last layers), in MB"},
   };
   return table;
 }
 
-const std::vector<std::string> kGroups = {"data", "model", "train", "io"};
+const std::vector<std::string> kGroups = {"data", "model", "train", "io", "comm"};
 
 // Edit distance counting a swap of neighbours as one edit (optimal string alignment).
 std::size_t distance(const std::string& a, const std::string& b) {

@@ -56,11 +56,19 @@ struct IoConfig {
   bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
 };
 
+struct CommConfig {
+  std::string backend = "auto";  // 'auto' | 'mpi' | 'nccl' (NCCL needs the GPU build)
+  std::string overlap = "poll";  // gradient all-reduce during backward: 'poll' | 'thread' | 'none'
+  double bucket_mb = 25.0;       // gradient bucket size, as DDP's bucket_cap_mb
+  double first_bucket_mb = 1.0;  // the first (last layers') bucket, small so it starts early
+};
+
 struct Config {
   DataConfig data;
   ModelConfig model;
   TrainConfig train;
   IoConfig io;
+  CommConfig comm;
 
   std::string source_path;  // the input file as given on the command line
   std::string source_text;  // its text, as read by rank 0 and shared with all ranks

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "comm/backend.hpp"
 #include "comm/check.hpp"
+#include "comm/cuda_aware.hpp"
 #include "comm/log.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
@@ -192,6 +194,15 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     log::info(setup.model->summary());
     return setup;
   });
+}
+
+std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg) {
+  const CommChoice choice = collective_input(ctx.world(), [&] {
+    return choose_comm(cfg.comm.backend, /*nccl_available=*/false, /*device_buffers=*/false,
+                       mpi_cuda_aware(nullptr));
+  });
+  log::info("comm: " + choice.reason);
+  return make_mpi_communicator(ctx.world());
 }
 
 void prepare_run_dir(const Context& ctx, const Config& cfg) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "comm/context.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/loss.hpp"
@@ -47,6 +48,10 @@ struct ModelSetup {
   LossKind loss;
 };
 ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data);
+
+// The communicator of comm.backend: MPI on host buffers in this build (tensors
+// live in host memory); 'nccl' is a clear error here.
+std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg);
 
 // Creates <run_dir> (rank 0) and prints the resolved configuration and the plan.
 void prepare_run_dir(const Context& ctx, const Config& cfg);

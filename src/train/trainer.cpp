@@ -58,6 +58,20 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
 
   // Every rank starts from rank 0's weights, as DDP does at construction.
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
+  model_.set_communicator(&comm_);  // SyncBatchNorm's statistics
+  if (cfg_.comm.overlap != "none" && comm_.size() > 1) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
+    for (const Model::ParamEntry& p : model_.parameter_table()) tensors.push_back({p.offset, p.size});
+    reducer_ = std::make_unique<GradientReducer>(
+        comm_.mpi_comm(), model_.gradients().data(),
+        plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
+        GradientReducer::parse_progress(cfg_.comm.overlap));
+    char line[160];
+    std::snprintf(
+        line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, all-reduced during backward (%s)",
+        reducer_->buckets().size(), double(n_params) * 4.0 / (1024.0 * 1024.0), cfg_.comm.overlap.c_str());
+    log::info(line);
+  }
   // Dropout streams differ per rank and restart per micro-batch from (key, position),
   // so a checkpoint's one number (the position) restores them exactly.
   dropout_key_ = mix(std::uint64_t(cfg_.train.seed) * 1000003u + std::uint64_t(comm_.rank()));
@@ -97,19 +111,27 @@ void Trainer::load_batch(const Batch& batch) {
   }
 }
 
-void Trainer::reduce_and_step(std::int64_t samples_per_rank) {
+void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) {
   View1 grads = model_.gradients();
   const std::int64_t n = model_.num_parameters();
   // Gradients hold per-sample sums; after the all-reduce they are divided by the
   // global sample count of this step, so W ranks with batch B match one rank with
   // batch W*B (every rank has the same batch sizes: the sampler pads).
-  comm_.allreduce_sum(grads.data(), std::size_t(n));
+  const double t0 = now();
+  if (reducer_) {
+    reducer_->finish();  // the buckets started during backward; waits for the rest
+  } else {
+    comm_.allreduce_sum(grads.data(), std::size_t(n));
+  }
+  const double t1 = now();
+  stats.comm_seconds += t1 - t0;
   const float inv = 1.0f / float(samples_per_rank * comm_.size());
   Kokkos::parallel_for(
       "Trainer::scale_gradients", Kokkos::RangePolicy<ExecSpace>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { grads(i) *= inv; });
   const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
   optimizer_->step(model_.parameters(), grads, lr);
+  stats.optimizer_seconds += now() - t1;
   ++step_;
   pos_.step = step_;
   pos_.lr_step = step_;
@@ -137,12 +159,13 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     log::warn("train.seed is " + std::to_string(cfg_.train.seed) + " but the checkpoint's run used " +
               std::to_string(pos_.seed) + ": the sample order keeps the checkpoint's seed");
   char line[512];
-  std::snprintf(line, sizeof line,
-                "resumed from %s at epoch %lld step %lld (%lld of the epoch's %lld samples done; written by %lld "
-                "rank%s, continuing on %d)",
-                ck.path.c_str(), (long long)pos_.epoch + 1, (long long)step_, (long long)pos_.consumed,
-                (long long)train_.size(), (long long)ck.state.world_size, ck.state.world_size == 1 ? "" : "s",
-                comm_.size());
+  std::snprintf(
+      line, sizeof line,
+      "resumed from %s at epoch %lld step %lld (%lld of the epoch's %lld samples done; written by %lld "
+      "rank%s, continuing on %d)",
+      ck.path.c_str(), (long long)pos_.epoch + 1, (long long)step_, (long long)pos_.consumed,
+      (long long)train_.size(), (long long)ck.state.world_size, ck.state.world_size == 1 ? "" : "s",
+      comm_.size());
   log::info(line);
 }
 
@@ -150,8 +173,9 @@ Trainer::Agreed Trainer::poll() {
   // One all-reduce of two numbers per step: a signal seen by any rank, and rank 0's
   // clock for the time cadence (so that every rank takes the same decision).
   const double minutes = cfg_.io.checkpoint_every_minutes;
-  double flags[2] = {preemption_signal() != 0 ? 1.0 : 0.0,
-                     comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
+  double flags[2] = {
+      preemption_signal() != 0 ? 1.0 : 0.0,
+      comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
   comm_.allreduce_sum(flags, 2);
   Agreed a;
   a.preempt = flags[0] > 0;
@@ -183,8 +207,8 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const std::int64_t start = pos_.consumed;
   const int W = comm_.size();
   BatchLoader loader(train_,
-                     epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle, std::uint64_t(pos_.seed),
-                                   cfg_.data.drop_last, epoch, start),
+                     epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle,
+                                   std::uint64_t(pos_.seed), cfg_.data.drop_last, epoch, start),
                      cfg_.train.batch_size, prefetch_);
   const std::int64_t batches = loader.num_batches();
   const int accumulation = cfg_.train.accumulation_steps;
@@ -209,25 +233,37 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   bool stopped = false;
   Batch batch;
   model_.zero_grad();
+  EpochStats stats;
   for (std::int64_t b = 0; loader.next(batch); ++b) {
     load_batch(batch);
+    const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     const Tensor& out = model_.forward(x_, /*training=*/true);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
     const double batch_loss = sum(loss_, batch.size);
+    const double t_backward = now();
     dout_.shape = out.shape;
     loss_backward(loss_kind_, out, labels_, targets_, 1.0f, dout_);  // per-sample sum, scaled at the step
-    model_.backward(dout_);
+    // Gradient accumulation: only the last micro-step of a group talks to the
+    // other ranks; its buckets start as backward completes them.
+    const bool last_micro = micro + 1 >= accumulation || b + 1 == batches;
+    if (reducer_ && last_micro) {
+      model_.backward(dout_, [this](std::int64_t offset) { reducer_->mark_ready(offset); });
+    } else {
+      model_.backward(dout_);
+    }
+    stats.forward_seconds += t_backward - t_forward;
+    stats.backward_seconds += now() - t_backward;
     loss_sum += batch_loss;
     window_loss += batch_loss;
     samples += batch.size;
     window_samples += batch.size;
     group_samples += batch.size;
     if (trace)
-      for (std::int64_t i = 0; i < batch.size; ++i) std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
-    // Gradient accumulation: only the last micro-step of a group talks to the other ranks.
+      for (std::int64_t i = 0; i < batch.size; ++i)
+        std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
     if (++micro < accumulation && b + 1 < batches) continue;
-    reduce_and_step(group_samples);
+    reduce_and_step(group_samples, stats);
     model_.zero_grad();
     group_samples = 0;
     micro = 0;
@@ -269,7 +305,6 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
 
   double totals[3] = {loss_sum + prior_loss, double(samples) + prior_samples, double(samples)};
   comm_.allreduce_sum(totals, 3);
-  EpochStats stats;
   stats.epoch = epoch + 1;
   stats.step = step_;
   stats.train_loss = totals[0] / totals[1];
@@ -333,7 +368,8 @@ ValStats Trainer::validate(ShardDataset& data) {
 int Trainer::fit(MetricsWriter* metrics) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   const IoConfig& io = cfg_.io;
-  const bool scheduled = io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
+  const bool scheduled =
+      io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
   last_checkpoint_time_ = now();
   if (pos_.epoch >= cfg_.train.epochs) {
     log::info("nothing to train: the run is complete (epoch " + std::to_string(pos_.epoch) + " of " +
@@ -374,6 +410,10 @@ int Trainer::fit(MetricsWriter* metrics) {
       r.push_back({"train_seconds", e.train_seconds});
       r.push_back({"val_seconds", val_seconds});
       r.push_back({"data_wait_seconds", e.data_wait_seconds});
+      r.push_back({"forward_seconds", e.forward_seconds});
+      r.push_back({"backward_seconds", e.backward_seconds});
+      r.push_back({"comm_seconds", e.comm_seconds});
+      r.push_back({"optimizer_seconds", e.optimizer_seconds});
       r.push_back({"lr", e.lr});
       r.push_back({"world_size", (long long)comm_.size()});
       metrics->write(r);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "comm/communicator.hpp"
+#include "comm/gradient_reducer.hpp"
 #include "io/batch_loader.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
@@ -23,7 +24,12 @@ struct EpochStats {
   double train_loss = 0.0;     // mean over every sample trained this epoch, all ranks
   double samples_per_s = 0.0;  // training samples of all ranks per second of training
   double train_seconds = 0.0;
-  double data_wait_seconds = 0.0;  // rank 0's time blocked on the loader
+  // Rank 0's split of train_seconds (the rest: batch copies, logging, checkpoints).
+  double data_wait_seconds = 0.0;  // blocked on the loader
+  double forward_seconds = 0.0;    // model forward and loss
+  double backward_seconds = 0.0;   // loss gradient and model backward (with bucket starts)
+  double comm_seconds = 0.0;       // gradient all-reduce not hidden behind backward
+  double optimizer_seconds = 0.0;  // gradient scaling and the optimizer step
   double lr = 0.0;                 // learning rate of the epoch's last step
   bool complete = true;            // false: stopped mid-epoch (preemption)
 };
@@ -64,7 +70,7 @@ class Trainer {
  private:
   // Flags agreed on by all ranks at a step boundary (one small all-reduce).
   struct Agreed {
-    bool preempt = false;  // some rank got SIGUSR1/SIGTERM
+    bool preempt = false;   // some rank got SIGUSR1/SIGTERM
     bool time_due = false;  // rank 0's clock: checkpoint_every_minutes elapsed
     bool step_due = false;  // checkpoint_every_steps divides the step count (same on every rank)
   };
@@ -73,9 +79,11 @@ class Trainer {
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
-  std::string checkpoint();  // every rank calls it; rank 0 writes pos_
+  std::string checkpoint();             // every rank calls it; rank 0 writes pos_
   void load_batch(const Batch& batch);  // host batch -> input, label/target views
-  void reduce_and_step(std::int64_t samples_per_rank);
+  // The all-reduce (or the wait for the buckets still in flight), the scaling and
+  // the optimizer step; adds to `stats`' comm and optimizer times.
+  void reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
 
   const Config& cfg_;
   Communicator& comm_;
@@ -85,10 +93,11 @@ class Trainer {
   ShardDataset* val_;
   int prefetch_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<GradientReducer> reducer_;  // null: one all-reduce after backward
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
-  TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
-  std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
+  TrainingState pos_;              // epoch, consumed, dropout position, partial loss sums
+  std::uint64_t dropout_key_ = 0;  // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
 
   Tensor x_;          // (B, sample...)

@@ -101,8 +101,15 @@ void expect_same_as_one_rank(Config cfg) {
   EXPECT_GT(max_relative_error(train(MPI_COMM_SELF, untrained), reference), 1e-2);
 }
 
-TEST(Equivalence, SgdMomentumMatchesOneRankWithWTimesTheBatch) {
+// Bucketed all-reduce during backward (polling or a thread) or one all-reduce
+// after it: the same sums, so the same parameters up to float rounding.
+class EquivalenceOverlap : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EquivalenceOverlap, SgdMomentumMatchesOneRankWithWTimesTheBatch) {
   Config cfg = base_config();
+  cfg.comm.overlap = GetParam();
+  cfg.comm.bucket_mb = 0.0005;  // several buckets even for this small model
+  cfg.comm.first_bucket_mb = 0.0001;
   cfg.train.batch_size = 5;
   cfg.train.optimizer = "sgd";
   cfg.train.lr = 0.1;
@@ -110,6 +117,24 @@ TEST(Equivalence, SgdMomentumMatchesOneRankWithWTimesTheBatch) {
   cfg.train.nesterov = true;
   cfg.train.weight_decay = 1e-3;
   expect_same_as_one_rank(cfg);
+}
+
+INSTANTIATE_TEST_SUITE_P(Overlap, EquivalenceOverlap, ::testing::Values("none", "poll", "thread"));
+
+TEST(Equivalence, BucketingChangesNothingButRounding) {
+  if (world_size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
+  Config cfg = base_config();
+  cfg.train.batch_size = 5;
+  cfg.train.optimizer = "adamw";
+  cfg.train.lr = 1e-2;
+  cfg.comm.bucket_mb = 0.0005;
+  cfg.comm.first_bucket_mb = 0.0001;
+  cfg.comm.overlap = "none";
+  const std::vector<float> plain = train(MPI_COMM_WORLD, cfg);
+  for (const char* mode : {"poll", "thread"}) {
+    cfg.comm.overlap = mode;
+    EXPECT_LE(max_relative_error(train(MPI_COMM_WORLD, cfg), plain), 1e-6) << mode;
+  }
 }
 
 TEST(Equivalence, AdamWCosineWithAccumulationMatchesOneRank) {
@@ -134,6 +159,7 @@ class CountingCommunicator final : public Communicator {
   void allreduce_sum(double* d, std::size_t n) override { inner_->allreduce_sum(d, n); }
   void broadcast(float* d, std::size_t n, int root) override { inner_->broadcast(d, n, root); }
   void barrier() override { inner_->barrier(); }
+  MPI_Comm mpi_comm() const override { return inner_->mpi_comm(); }
   int float_allreduces = 0;
 
  private:
@@ -144,6 +170,7 @@ TEST(Equivalence, AccumulationReducesOnlyOnTheLastMicroStep) {
   Config cfg = base_config();
   cfg.train.batch_size = 4;
   cfg.train.accumulation_steps = 3;
+  cfg.comm.overlap = "none";  // every gradient all-reduce goes through the communicator
   CountingCommunicator comm(MPI_COMM_WORLD);
   ShardDataset data(MPI_COMM_WORLD, cfg.data.train_files, "data.train_files");
   Model model(cfg.model.layers, data.sample_shape(), 3);

@@ -1,0 +1,13 @@
+#pragma once
+// What `ddp_train --version` prints: version, git revision and the build
+// configuration (Kokkos backend, MPI library, HDF5, BLAS, CUDA glue).
+
+#include <string>
+
+namespace ddp {
+
+// Several lines, the first "ddp_train <version>". Safe to call on any rank
+// after MPI_Init; asks the libraries actually loaded, not only the headers.
+std::string version_text();
+
+}  // namespace ddp

@@ -15,6 +15,7 @@
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
+#include "train/version.hpp"
 #include "train/optimizer.hpp"
 
 namespace ddp {
@@ -41,20 +42,6 @@ const char* kUsage =
     "  --help             this text\n"
     "  --version          version and build configuration\n";
 
-std::string version_text() {
-  unsigned maj = 0, min = 0, rel = 0;
-  H5get_libversion(&maj, &min, &rel);
-  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
-  int len = 0;
-  MPI_Get_library_version(mpi, &len);
-  std::string mpi_line(mpi, len);
-  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
-  std::ostringstream os;
-  os << "ddp_train " << DDP_VERSION << "\n"
-     << "  MPI:  " << mpi_line << "\n"
-     << "  HDF5: " << maj << "." << min << "." << rel << " (parallel)\n";
-  return os.str();
-}
 
 }  // namespace
 

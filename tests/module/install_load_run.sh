@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# usage: install_load_run.sh BUILD_DIR VERSION MPIEXEC PYTHON
+#
+# Installs the build into a temporary prefix, loads it as an environment module
+# in a fresh bash, and from a directory outside the source tree runs
+# `ddp_train --version` and a 2-rank training run on data made by the installed
+# tool, with the installed input file. Exit 77 (skipped) without a module system.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+version=$2
+mpiexec=$3
+python=$4
+
+init=""
+for f in /usr/share/modules/init/bash "${MODULESHOME:-/nonexistent}/init/bash" \
+         /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh; do
+  if [ -f "$f" ]; then init=$f; break; fi
+done
+if [ -z "$init" ]; then
+  echo "no Environment Modules or Lmod (apt-get install environment-modules): skipping"
+  exit 77
+fi
+
+tmp=$(mktemp -d /tmp/ddp_module_test.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+prefix=$tmp/prefix
+echo "== cmake --install $build --prefix $prefix"
+cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
+modulefile=$prefix/share/modulefiles/ddp_train/$version
+for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data \
+         share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
+         share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version; do
+  [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
+done
+echo "== $modulefile"
+cat "$modulefile"
+
+mkdir -p "$tmp/work"
+# A login-like shell: nothing of this build on PATH, only what the module sets.
+env -i HOME="$tmp" PATH=/usr/local/bin:/usr/bin:/bin TERM=dumb \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    INIT="$init" PREFIX="$prefix" WORK="$tmp/work" VERSION="$version" MPIEXEC="$mpiexec" PYTHON="$python" \
+    bash --noprofile --norc -euo pipefail -c '
+fail() { echo "FAIL: $*"; exit 1; }
+source "$INIT"
+module use "$PREFIX/share/modulefiles"
+echo "== module avail / whatis"
+module avail ddp_train 2>&1
+module whatis ddp_train 2>&1 | tee whatis.txt
+grep -q "ddp_train $VERSION" whatis.txt || fail "module whatis does not name ddp_train $VERSION"
+rm whatis.txt
+module load ddp_train
+[ "$(command -v ddp_train)" = "$PREFIX/bin/ddp_train" ] || fail "ddp_train on PATH is $(command -v ddp_train)"
+[ "$DDP_TRAIN_ROOT" = "$PREFIX" ] || fail "DDP_TRAIN_ROOT=$DDP_TRAIN_ROOT"
+[ -f "$DDP_TRAIN_INPUTS/regression.nml" ] || fail "DDP_TRAIN_INPUTS=$DDP_TRAIN_INPUTS"
+[ -x "$DDP_TRAIN_JOBS/requeue.sbatch" ] || fail "DDP_TRAIN_JOBS=$DDP_TRAIN_JOBS"
+[ -n "$DDP_TRAIN_MPI" ] && [ -n "$DDP_TRAIN_HDF5" ] || fail "DDP_TRAIN_MPI/HDF5 not set"
+echo "DDP_TRAIN_MPI=$DDP_TRAIN_MPI DDP_TRAIN_HDF5=$DDP_TRAIN_HDF5"
+
+cd "$WORK"
+echo "== ddp_train --version (in $PWD)"
+ddp_train --version | tee version.txt
+grep -q "^ddp_train $VERSION" version.txt || fail "--version: no \"ddp_train $VERSION\" line"
+grep -q "HDF5" version.txt || fail "--version: no HDF5"
+
+echo "== make_regression_data data/regression"
+make_regression_data data/regression
+cp "$DDP_TRAIN_INPUTS/regression.nml" .
+echo "== $MPIEXEC -n 2 ddp_train regression.nml train.epochs=3 io.run_dir=runs/module"
+timeout 120 "$MPIEXEC" -n 2 --oversubscribe ddp_train regression.nml train.epochs=3 io.run_dir=runs/module \
+  train.log_every=1000 | tail -n 3
+"$PYTHON" - <<PY
+import json, math, sys
+records = [json.loads(l) for l in open("runs/module/metrics.jsonl")]
+last = records[-1]
+print(last)
+ok = (len(records) == 3 and last["epoch"] == 3 and last["world_size"] == 2
+      and math.isfinite(last["val_loss"]) and last["val_loss"] < records[0]["val_loss"])
+sys.exit(0 if ok else "FAIL: metrics " + repr(records))
+PY
+module unload ddp_train
+[ -z "${DDP_TRAIN_ROOT:-}" ] || fail "module unload left DDP_TRAIN_ROOT"
+! command -v ddp_train >/dev/null || fail "module unload left ddp_train on PATH"
+echo PASS
+'

@@ -6,6 +6,7 @@
 
 #include "comm/check.hpp"
 #include "model/dnnl_engine.hpp"
+#include "model/kernel_trace.hpp"
 
 namespace ddp {
 
@@ -30,6 +31,17 @@ tag layout_tag() {
 // it owns, allocated once; where it takes the plain layout, it works on our buffer
 // directly. Scratchpads are ours too (user mode), allocated once.
 namespace {
+// For a benchmark's floor: a replay of the primitive call just made. Forward,
+// backward-data and backward-weights each cost the forward's flops.
+void trace(const char* what, double flops, const dnnl::primitive& prim,
+           const std::unordered_map<int, memory>& args) {
+  if (!kernel_trace::recording()) return;
+  kernel_trace::record({what, flops, [prim, args] {
+                          prim.execute(dnnl_stream(), args);
+                          dnnl_stream().wait();
+                        }});
+}
+
 struct Port {
   memory plain;     // over our buffer; the handle is re-pointed on every call
   memory internal;  // the primitive's layout: == plain when no reorder is needed
@@ -68,26 +80,29 @@ struct Conv2d::Primitives {
   dnnl::convolution_forward fwd;
   dnnl::convolution_backward_data bwd_data;
   dnnl::convolution_backward_weights bwd_weights;
-  memory b, db;                      // bias, its gradient: always plain (x)
-  Port fwd_x, fwd_w, fwd_y;          // forward: src, weights, dst
-  Port bwd_dy, bwd_w, bwd_dx;        // backward data: diff_dst, weights, diff_src
-  Port bww_x, bww_dy, bww_dw;        // backward weights: src, diff_dst, diff_weights
+  memory b, db;                // bias, its gradient: always plain (x)
+  Port fwd_x, fwd_w, fwd_y;    // forward: src, weights, dst
+  Port bwd_dy, bwd_w, bwd_dx;  // backward data: diff_dst, weights, diff_src
+  Port bww_x, bww_dy, bww_dw;  // backward weights: src, diff_dst, diff_weights
   memory fwd_scratch, bwd_data_scratch, bwd_weights_scratch;
 };
 
-Conv2d::Conv2d(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t pad, bool bias)
+Conv2d::Conv2d(std::int64_t out_channels, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+               bool bias)
     : out_(out_channels), k_(kernel), stride_(stride), pad_(pad), has_bias_(bias) {}
 
 Conv2d::~Conv2d() = default;
 
 Shape Conv2d::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 3)
-    throw InputError("conv2d needs an image input (channels, height, width) but gets " + shape_str(in_sample));
+    throw InputError("conv2d needs an image input (channels, height, width) but gets " +
+                     shape_str(in_sample));
   in_ = in_sample[0];
   h_ = in_sample[1];
   w_ = in_sample[2];
   if (h_ + 2 * pad_ < k_ || w_ + 2 * pad_ < k_)
-    throw InputError("kernel " + std::to_string(k_) + " is larger than the padded input " + shape_str(in_sample));
+    throw InputError("kernel " + std::to_string(k_) + " is larger than the padded input " +
+                     shape_str(in_sample));
   ho_ = (h_ + 2 * pad_ - k_) / stride_ + 1;
   wo_ = (w_ + 2 * pad_ - k_) / stride_ + 1;
   in_sample_ = in_sample;
@@ -118,9 +133,7 @@ void Conv2d::init(Rng& rng) {
   if (has_bias_) fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
 }
 
-double Conv2d::forward_flops(std::int64_t B) const {
-  return 2.0 * B * out_ * ho_ * wo_ * in_ * k_ * k_;
-}
+double Conv2d::forward_flops(std::int64_t B) const { return 2.0 * B * out_ * ho_ * wo_ * in_ * k_ * k_; }
 
 Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   auto it = by_batch_.find(B);
@@ -133,7 +146,8 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   const auto f32 = memory::data_type::f32;
   memory::desc x_md(x_dims, f32, tag::nchw), y_md(y_dims, f32, tag::nchw), w_md(w_dims, f32, tag::oihw),
       b_md(b_dims, f32, tag::x), no_md;
-  memory::desc x_any(x_dims, f32, layout_tag()), y_any(y_dims, f32, layout_tag()), w_any(w_dims, f32, layout_tag());
+  memory::desc x_any(x_dims, f32, layout_tag()), y_any(y_dims, f32, layout_tag()),
+      w_any(w_dims, f32, layout_tag());
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   const auto algo = dnnl::algorithm::convolution_direct;
@@ -186,6 +200,7 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
     args[DNNL_ARG_BIAS] = p.b;
   }
   p.fwd.execute(s, args);
+  trace("conv2d fwd", forward_flops(B), p.fwd, args);
   p.fwd_y.finish(s);
   s.wait();
 }
@@ -207,6 +222,7 @@ void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
       args[DNNL_ARG_DIFF_BIAS] = p.db;
     }
     p.bwd_weights.execute(s, args);
+    trace("conv2d bwd_weights", forward_flops(B), p.bwd_weights, args);
     p.bww_dw.finish(s);
     s.wait();
     // Accumulate, as PyTorch does: weight then bias sit contiguously in both.
@@ -220,10 +236,12 @@ void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
   if (B == 0) return;
   Primitives& p = primitives(B);
   dnnl::stream& s = dnnl_stream();
-  p.bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, p.bwd_dy.in(dy.data.data(), s)},
-                         {DNNL_ARG_WEIGHTS, p.bwd_w.in(weight_, s)},
-                         {DNNL_ARG_DIFF_SRC, p.bwd_dx.out(dx.data.data())},
-                         {DNNL_ARG_SCRATCHPAD, p.bwd_data_scratch}});
+  const std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, p.bwd_dy.in(dy.data.data(), s)},
+                                                {DNNL_ARG_WEIGHTS, p.bwd_w.in(weight_, s)},
+                                                {DNNL_ARG_DIFF_SRC, p.bwd_dx.out(dx.data.data())},
+                                                {DNNL_ARG_SCRATCHPAD, p.bwd_data_scratch}};
+  p.bwd_data.execute(s, args);
+  trace("conv2d bwd_data", forward_flops(B), p.bwd_data, args);
   p.bwd_dx.finish(s);
   s.wait();
 }

@@ -1,0 +1,151 @@
+// ddp_bench: how fast a training step runs, and how close to the machine's floor.
+//
+//   mpirun -np W ddp_bench input.nml [group.key=value ...]
+//
+// Trains train.epochs (default here: 1) epochs of the input exactly as ddp_train
+// does (same data path, same trainer), with no checkpoints, then measures in the
+// same run the floor of one step: the GEMMs and convolutions that step made, timed
+// alone at the same shapes, plus one all-reduce of the gradient bytes. Prints
+// samples/s, the per-step split, the floor and the efficiency floor/actual, and a
+// JSON line for scripts.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "comm/context.hpp"
+#include "comm/log.hpp"
+#include "io/metrics.hpp"
+#include "model/kernel_trace.hpp"
+#include "train/setup.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+using namespace ddp;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The kernels of one forward + backward at batch B, each timed alone: seconds per step.
+double kernel_floor(Model& model, std::int64_t B, const Shape& sample, int repeats, std::size_t* count,
+                    double* flops) {
+  Tensor x;
+  x.shape = {B};
+  for (auto d : sample) x.shape.push_back(d);
+  x.data = View1("bench::x", std::size_t(B * shape_numel(sample)));
+  Kokkos::deep_copy(x.data, 0.5f);
+  kernel_trace::start();
+  const Tensor& out = model.forward(x, /*training=*/true);
+  Tensor dout;
+  dout.shape = out.shape;
+  dout.data = View1("bench::dout", out.data.extent(0));
+  Kokkos::deep_copy(dout.data, 1e-3f);
+  model.backward(dout);
+  std::vector<kernel_trace::Kernel> kernels = kernel_trace::stop();
+  *count = kernels.size();
+  *flops = 0.0;
+  for (const auto& k : kernels) *flops += k.flops;
+  for (auto& k : kernels) k.replay();  // warm caches and lazy initialisation
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const double t0 = now();
+    for (auto& k : kernels) k.replay();
+    times.push_back(now() - t0);
+  }
+  return median(times);
+}
+
+// One all-reduce of n floats on `comm`: seconds (median of `repeats`).
+double allreduce_floor(MPI_Comm comm, std::size_t n, int repeats) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  if (size == 1) return 0.0;
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 2; ++r) {
+    MPI_Barrier(comm);
+    const double t0 = now();
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm);
+    double t = now() - t0, slowest = 0.0;
+    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+    if (r >= 2) times.push_back(slowest);
+  }
+  return median(times);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Context ctx(argc, argv);
+  CommandLine cli = parse_command_line(ctx, argc, argv);
+  if (cli.exit_now) return cli.exit_code;
+  // A benchmark trains one epoch from scratch and writes nothing but metrics;
+  // the user's overrides come after these and win.
+  cli.overrides.insert(cli.overrides.begin(), {"train.epochs=1", "io.checkpoint_every=0", "io.resume=never",
+                                               "train.log_every=0", "io.run_dir=runs/bench"});
+  const Config cfg = load_config(ctx, cli);
+  prepare_run_dir(ctx, cfg);
+  Data data = open_data(ctx, cfg);
+  ModelSetup net = build_model(ctx, cfg, data);
+  auto comm = make_communicator(ctx, cfg);
+  Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, nullptr, data.prefetch_batches);
+
+  EpochStats e;
+  double seconds = 0.0, wait = 0.0, fwd = 0.0, bwd = 0.0, com = 0.0, opt = 0.0, samples = 0.0;
+  std::int64_t steps = 0;
+  for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
+    const std::int64_t before = trainer.step();
+    e = trainer.train_epoch(epoch);
+    steps += trainer.step() - before;
+    seconds += e.train_seconds;
+    samples += e.samples_per_s * e.train_seconds;
+    wait += e.data_wait_seconds, fwd += e.forward_seconds, bwd += e.backward_seconds;
+    com += e.comm_seconds, opt += e.optimizer_seconds;
+  }
+
+  const std::int64_t B = cfg.train.batch_size;
+  std::size_t n_kernels = 0;
+  double flops = 0.0;
+  const double kernels = kernel_floor(*net.model, B, data.train->sample_shape(), 20, &n_kernels, &flops);
+  const std::size_t n_params = std::size_t(net.model->num_parameters());
+  const double reduce = allreduce_floor(ctx.world(), n_params, 20);
+  // Every rank measured its own kernels; the slowest rank sets the pace.
+  double kernels_max = kernels;
+  MPI_Allreduce(MPI_IN_PLACE, &kernels_max, 1, MPI_DOUBLE, MPI_MAX, ctx.world());
+
+  const double step = seconds / double(steps);
+  const double floor_step = kernels_max * cfg.train.accumulation_steps + reduce;
+  const double per_step = 1e3 / double(steps);
+  const double other = seconds - wait - fwd - bwd - com - opt;
+  char text[1024];
+  std::snprintf(
+      text, sizeof text,
+      "ddp_bench: %s, %d rank(s), batch %lld per rank, %lld steps\n"
+      "  samples/s   %.0f\n"
+      "  step        %.3f ms = data wait %.3f + forward %.3f + backward %.3f + exposed comm %.3f"
+      " + optimizer %.3f + other %.3f\n"
+      "  floor       %.3f ms = %zu GEMM/conv kernels %.3f (%.1f GFLOP/s) + all-reduce of %.2f MB %.3f\n"
+      "  efficiency  %.2f (floor / actual)",
+      cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps, samples / seconds, step * 1e3,
+      wait * per_step, fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step,
+      floor_step * 1e3, n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9,
+      double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step);
+  log::info(text);
+  const MetricRecord json = {{"input", cfg.source_path},           {"world_size", (long long)ctx.size()},
+                             {"batch_size", (long long)B},         {"steps", (long long)steps},
+                             {"samples_per_s", samples / seconds}, {"step_ms", step * 1e3},
+                             {"data_wait_ms", wait * per_step},    {"forward_ms", fwd * per_step},
+                             {"backward_ms", bwd * per_step},      {"exposed_comm_ms", com * per_step},
+                             {"optimizer_ms", opt * per_step},     {"floor_kernels_ms", kernels_max * 1e3},
+                             {"floor_allreduce_ms", reduce * 1e3}, {"floor_ms", floor_step * 1e3},
+                             {"efficiency", floor_step / step}};
+  log::info("json: " + to_json_line(json));
+  return 0;
+}

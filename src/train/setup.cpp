@@ -1,6 +1,5 @@
 #include "train/setup.hpp"
 
-#include <hdf5.h>
 #include <sys/stat.h>
 
 #include <cerrno>

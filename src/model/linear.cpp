@@ -41,10 +41,12 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   resize(y, B, out_sample_, "Linear::y");
   // y (B, out) = x (B, in) W^T (in, out)
   gemm(false, true, B, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out);
-  View1 yv = y.data;
+  float* yp = y.data.data();
   const float* bias = bias_;
+  // (row, feature) indices: no integer division per element.
   Kokkos::parallel_for(
-      "Linear::forward_bias", Range(0, B * out), KOKKOS_LAMBDA(std::int64_t i) { yv(i) += bias[i % out]; });
+      "Linear::forward_bias", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B, out}),
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { yp[b * out + j] += bias[j]; });
 }
 
 void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {

@@ -51,6 +51,8 @@ ddp_add_error_test(label_out_of_range NP 2 REGEX "badlabels/train_001.h5.*17.*7"
                    ARGS ${TINY} "data.train_files=e2e_data/badlabels/train_*.h5")
 ddp_add_error_test(batch_too_large NP 2 REGEX "train.batch_size = 41 is larger than each rank's share"
                    ARGS ${TINY} train.batch_size=41)
+ddp_add_error_test(nccl_without_gpu NP 2 REGEX "comm.backend = 'nccl' but NCCL is not available"
+                   ARGS ${TINY} comm.backend=nccl)
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 

@@ -12,6 +12,16 @@ class ReLU : public Layer {
   Shape output_shape(const Shape& in_sample) override { return in_sample; }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  // Fusions the model sets up, each saving a pass over the activation. The layer
+  // keeps its place (and name) in the model; a fused direction shares its buffer:
+  // forward: the layer before already rectified x (conv2d's post-op), so y = x;
+  // backward: the layer after already masked its dx (max-pool), so dx = dy.
+  void fuse_forward() { fused_forward_ = true; }
+  void fuse_backward() { fused_backward_ = true; }
+
+ private:
+  bool fused_forward_ = false, fused_backward_ = false;
 };
 
 class Tanh : public Layer {

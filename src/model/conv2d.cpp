@@ -84,6 +84,7 @@ struct Conv2d::Primitives {
   Port fwd_x, fwd_w, fwd_y;    // forward: src, weights, dst
   Port bwd_dy, bwd_w, bwd_dx;  // backward data: diff_dst, weights, diff_src
   Port bww_x, bww_dy, bww_dw;  // backward weights: src, diff_dst, diff_weights
+  bool shared_dy = false;      // backward data reads bww_dy's blocked copy of dy: one reorder, not two
   memory fwd_scratch, bwd_data_scratch, bwd_weights_scratch;
 };
 
@@ -148,15 +149,21 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
       b_md(b_dims, f32, tag::x), no_md;
   memory::desc x_any(x_dims, f32, layout_tag()), y_any(y_dims, f32, layout_tag()),
       w_any(w_dims, f32, layout_tag());
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr, fwd_attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (fused_relu_) {
+    dnnl::post_ops relu;
+    relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    fwd_attr.set_post_ops(relu);
+  }
   const auto algo = dnnl::algorithm::convolution_direct;
 
   auto p = std::make_unique<Primitives>();
   dnnl::convolution_forward::primitive_desc fwd_pd(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, x_any, w_any,
                                       has_bias_ ? b_md : no_md, y_any, strides, padding, padding),
-      attr, eng);
+      fwd_attr, eng);
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
       dnnl::convolution_backward_data::desc(algo, x_any, w_any, y_any, strides, padding, padding), attr, eng,
       fwd_pd);
@@ -176,6 +183,7 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   p->bww_x = Port(x_md, bwd_weights_pd.src_desc(), true, eng);
   p->bww_dy = Port(y_md, bwd_weights_pd.diff_dst_desc(), true, eng);
   p->bww_dw = Port(w_md, bwd_weights_pd.diff_weights_desc(), false, eng);
+  p->shared_dy = p->bww_dy.reordered && bwd_data_pd.diff_dst_desc() == bwd_weights_pd.diff_dst_desc();
   p->b = memory(b_md, eng, DNNL_MEMORY_NONE);
   p->db = memory(b_md, eng, DNNL_MEMORY_NONE);
   p->fwd_scratch = memory(fwd_pd.scratchpad_desc(), eng);
@@ -184,7 +192,7 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   return *by_batch_.emplace(B, std::move(p)).first->second;
 }
 
-// x: (B, in, h, w) -> y: (B, out, ho, wo)
+// x: (B, in, h, w) -> y: (B, out, ho, wo), rectified when fused with a relu
 void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   const std::int64_t B = x.batch();
   resize(y, B, out_sample_, "Conv2d::y");
@@ -236,7 +244,9 @@ void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
   if (B == 0) return;
   Primitives& p = primitives(B);
   dnnl::stream& s = dnnl_stream();
-  const std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, p.bwd_dy.in(dy.data.data(), s)},
+  // Backward weights ran just before (B > 0) and left dy's blocked copy in bww_dy.
+  const memory& dy_mem = p.shared_dy ? p.bww_dy.internal : p.bwd_dy.in(dy.data.data(), s);
+  const std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, dy_mem},
                                                 {DNNL_ARG_WEIGHTS, p.bwd_w.in(weight_, s)},
                                                 {DNNL_ARG_DIFF_SRC, p.bwd_dx.out(dx.data.data())},
                                                 {DNNL_ARG_SCRATCHPAD, p.bwd_data_scratch}};

@@ -27,12 +27,19 @@ class Conv2d : public Layer {
   // Floating-point operations of one forward at batch B (2 per multiply-add).
   double forward_flops(std::int64_t B) const;
 
+  // The model's conv2d -> relu fusion: forward applies max(y, 0) as a oneDNN post-op,
+  // saving the relu layer a pass over the activation (the relu then passes x on).
+  // Backward is unchanged: the relu layer (or a max-pool after it) still masks dy.
+  // Call before the first forward.
+  void fuse_relu() { fused_relu_ = true; }
+
  private:
   struct Primitives;  // oneDNN descriptors, primitives and memories of one batch size
   Primitives& primitives(std::int64_t B);
 
   std::int64_t out_, k_, stride_, pad_;
   bool has_bias_;
+  bool fused_relu_ = false;
   std::int64_t in_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (in, h, w), (out, ho, wo)
   float* weight_ = nullptr;       // (out, in, k, k)

@@ -5,7 +5,10 @@
 #include <sstream>
 
 #include "comm/check.hpp"
+#include "model/activation.hpp"
+#include "model/conv2d.hpp"
 #include "model/layer_registry.hpp"
+#include "model/pool.hpp"
 
 namespace ddp {
 
@@ -16,7 +19,8 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
-Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed) {
+Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
+             bool fuse) {
   if (specs.empty()) throw InputError("model.layers is empty: give at least one layer");
   for (std::int64_t d : sample_shape)
     if (d < 1) throw InputError("input sample shape " + shape_str(sample_shape) + " has an empty dimension");
@@ -70,8 +74,29 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   // Nothing upstream of the first trained layer needs a gradient.
   if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
   reseed_dropout(hash64(seed, ~0ull));
+  if (fuse) fuse_layers();
   acts_.resize(layers_.size());
   grad_.resize(layers_.size());
+}
+
+// Each relu stays a layer in its place (checkpoint names are positional) but hands
+// its passes over the activation to a neighbour where one does them for free:
+// conv2d -> relu: the convolution's output is rectified by a oneDNN post-op;
+// relu -> maxpool: the pool's backward masks its gradient by its output (> 0).
+void Model::fuse_layers() {
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    auto* relu = dynamic_cast<ReLU*>(layers_[i].get());
+    if (!relu) continue;
+    if (auto* conv = i > 0 ? dynamic_cast<Conv2d*>(layers_[i - 1].get()) : nullptr) {
+      conv->fuse_relu();
+      relu->fuse_forward();
+    }
+    auto* pool = i + 1 < layers_.size() ? dynamic_cast<Pool2d*>(layers_[i + 1].get()) : nullptr;
+    if (pool && pool->kind() == "maxpool") {
+      pool->absorb_relu_backward();
+      relu->fuse_backward();
+    }
+  }
 }
 
 const Tensor& Model::forward(const Tensor& x, bool training) {

@@ -18,7 +18,10 @@ class Model {
   // specs: the model.layers strings; sample_shape: one input sample, e.g. {1, 28, 28};
   // seed: initialisation (and the default dropout streams). Throws InputError for a
   // bad spec or a layer that does not fit its input, naming model.layers(i), 1-based.
-  Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed);
+  // fuse: let neighbouring layers share passes over the activations (conv2d -> relu
+  // forward, relu -> maxpool backward); same results up to float rounding, off for tests.
+  Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
+        bool fuse = true);
 
   std::int64_t num_parameters() const { return static_cast<std::int64_t>(params_.extent(0)); }
   View1 parameters() const { return params_; }  // (num_parameters)
@@ -60,6 +63,8 @@ class Model {
   std::string summary() const;
 
  private:
+  void fuse_layers();
+
   std::vector<std::string> specs_;  // as given, whitespace-trimmed
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output

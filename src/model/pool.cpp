@@ -24,6 +24,28 @@ namespace {
 // (plane, row, column) iterations without integer division per element.
 using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>;
 using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>;
+
+// One step of a window's running max: first max wins; NaN wins, as in PyTorch.
+// Selects, not branches (hence | not ||): which element wins is data, and a branch
+// on it mispredicts.
+KOKKOS_INLINE_FUNCTION void take_max(float v, std::int64_t at, float& m, std::int64_t& best) {
+  const bool take = (v > m) | (v != v);
+  best = take ? at : best;
+  m = take ? v : m;
+}
+
+// c ? v : 0 without a branch (the compiler turns the plain select into one).
+KOKKOS_INLINE_FUNCTION float select_or_zero(bool c, float v) {
+  const float pick[2] = {0.0f, v};
+  return pick[c];
+}
+
+// The first of a 2x2 window (a b / c d) that holds its maximum m, found with no
+// branch: 0, 1, 2 or 3 in window order. NaN-free windows only.
+KOKKOS_INLINE_FUNCTION std::int64_t first_max_of4(float a, float b, float c, float m) {
+  const std::int64_t na = a != m, nb = b != m, nc = c != m;
+  return na * (1 + nb * (1 + nc));
+}
 }  // namespace
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
@@ -41,6 +63,33 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
       argmax_ =
           Kokkos::View<std::int32_t*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "MaxPool::argmax"), n);
     auto am = argmax_;
+    if (k == 2 && s == 2) {  // the common case, unrolled: a quarter of the loop overhead
+      Kokkos::parallel_for(
+          "MaxPool::forward", rows, KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
+            const float* xp = xv.data() + p * H * W;
+            float* yp = yv.data() + (p * Ho + i) * Wo;
+            std::int32_t* ap = am.data() + (p * Ho + i) * Wo;
+            for (std::int64_t j = 0; j < Wo; ++j) {
+              const std::int64_t at = 2 * i * W + 2 * j;
+              const float a = xp[at], b = xp[at + 1], c = xp[at + W], d = xp[at + W + 1];
+              std::int64_t best = at;
+              float m = a;
+              if ((a != a) | (b != b) | (c != c) | (d != d)) {  // rare: the general rule
+                take_max(b, at + 1, m, best);
+                take_max(c, at + W, m, best);
+                take_max(d, at + W + 1, m, best);
+              } else {
+                const float ab = a > b ? a : b, cd = c > d ? c : d;
+                m = ab > cd ? ab : cd;
+                const std::int64_t q = first_max_of4(a, b, c, m);
+                best = at + (q & 1) + (q >> 1) * W;
+              }
+              yp[j] = m;
+              ap[j] = static_cast<std::int32_t>(best);
+            }
+          });
+      return;
+    }
     Kokkos::parallel_for(
         "MaxPool::forward", rows, KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
           const float* xp = xv.data() + p * H * W;
@@ -52,12 +101,7 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
             for (std::int64_t di = 0; di < k; ++di)
               for (std::int64_t dj = 0; dj < k; ++dj) {
                 const std::int64_t at = (i * s + di) * W + j * s + dj;
-                const float v = xp[at];
-                // First max wins; NaN wins, as in PyTorch. Selects, not branches:
-                // which element wins is data, and a branch on it mispredicts.
-                const bool take = v > m || v != v;
-                best = take ? at : best;
-                m = take ? v : m;
+                take_max(xp[at], at, m, best);
               }
             yp[j] = m;
             ap[j] = static_cast<std::int32_t>(best);
@@ -80,27 +124,32 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 }
 
 // dy: (B, C, Ho, Wo) -> dx: (B, C, H, W). Windows that do not overlap (stride >= k,
-// the usual case): max scatters each output's gradient to its argmax. Otherwise one
-// thread per input element gathers from the windows that contain it, so
-// overlapping windows need no atomics.
-void Pool2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+// the usual case): max zeroes each window row's band of dx, still in cache when it
+// stores dy at the argmaxes. Otherwise one thread per input element gathers from the
+// windows that contain it, so overlapping windows need no atomics. With the relu
+// mask, dy passes only where the output y > 0.
+void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
   resize(dx, B, in_sample_, op_ == Max ? "MaxPool::dx" : "AvgPool::dx");
   const std::int64_t planes = B * c_;
   if (planes == 0) return;
-  ConstView1 dyv = dy.data;
+  ConstView1 yv = y.data, dyv = dy.data;
   View1 dxv = dx.data;
-  const bool is_max = op_ == Max;
+  const bool is_max = op_ == Max, mask = relu_mask_;
   const float inv = 1.0f / static_cast<float>(k * k);
   auto am = argmax_;
   if (is_max && s >= k) {
-    Kokkos::deep_copy(Kokkos::subview(dxv, Kokkos::make_pair(std::int64_t(0), planes * H * W)), 0.0f);
     Kokkos::parallel_for(
-        "MaxPool::backward", Range3({0, 0, 0}, {planes, Ho, Wo}),
-        KOKKOS_LAMBDA(std::int64_t p, std::int64_t i, std::int64_t j) {
-          const std::int64_t o = (p * Ho + i) * Wo + j;
-          dxv(p * H * W + am(o)) = dyv(o);
+        "MaxPool::backward", Range2({0, 0}, {planes, Ho}), KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
+          float* dxp = dxv.data() + p * H * W;
+          // Zero the rows from this window row to the next (to H after the last),
+          // then store each gradient at its argmax: no branch on the data.
+          const std::int64_t rows_end = i == Ho - 1 ? H : (i + 1) * s;
+          for (std::int64_t e = i * s * W; e < rows_end * W; ++e) dxp[e] = 0.0f;
+          const std::int64_t o0 = (p * Ho + i) * Wo;
+          for (std::int64_t j = 0; j < Wo; ++j)
+            dxp[am(o0 + j)] = mask ? select_or_zero(yv(o0 + j) > 0.0f, dyv(o0 + j)) : dyv(o0 + j);
         });
     return;
   }
@@ -116,7 +165,7 @@ void Pool2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
           for (std::int64_t j = j0; j <= j1; ++j) {
             const std::int64_t o = (p * Ho + i) * Wo + j;
             if (is_max)
-              g += am(o) == at ? dyv(o) : 0.0f;
+              g += am(o) == at && (!mask || yv(o) > 0.0f) ? dyv(o) : 0.0f;
             else
               g += dyv(o) * inv;
           }

@@ -18,8 +18,14 @@ class Pool2d : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
+  // The model's relu -> maxpool fusion: the input is a relu's output, and backward
+  // also applies that relu's mask, which for max is free: the input at the argmax is
+  // the output y, so the gradient passes where y > 0. The relu then passes dy on.
+  void absorb_relu_backward() { relu_mask_ = true; }
+
  private:
   Op op_;
+  bool relu_mask_ = false;
   std::int64_t k_, stride_;
   std::int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (C, H, W), (C, Ho, Wo)

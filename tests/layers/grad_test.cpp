@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "comm/check.hpp"
 #include "layer_fixture.hpp"
@@ -106,6 +107,13 @@ TEST(Conv2d, GradientCheckNoPadNoBias) {
   grad_check(b, 3);
 }
 
+// Enough channels for oneDNN's channel-blocked kernels (nChw16c with AVX-512):
+// reorders in and out, and backward data reading backward weights' copy of dy.
+TEST(Conv2d, GradientCheckBlockedLayout) {
+  BoundLayer b("conv2d(32, 3, pad=1)", {16, 5, 5});
+  grad_check(b, 2);
+}
+
 TEST(Conv2d, GradientsAccumulateAndBatchSizesShareNothing) {
   BoundLayer b("conv2d(2, 3, pad=1)", {1, 4, 4});
   Tensor x = make_tensor({2, 1, 4, 4}, random_values(32, 3)), y, dx;
@@ -140,6 +148,35 @@ TEST(MaxPool, GradientCheckOverlappingWindows) {
   BoundLayer b("maxpool(3, stride=2)", {2, 7, 7});
   EXPECT_EQ(b.out_sample, (Shape{2, 3, 3}));
   grad_check(b, 2, kDistinct);
+}
+
+// Backward writes every element of dx, also those outside every window (an odd
+// last row and column, the gaps of stride > k), whatever the buffer held before.
+TEST(MaxPool, BackwardOverwritesTheWholeGradient) {
+  const std::pair<const char*, std::int64_t> cases[] = {{"maxpool(2)", 2}, {"maxpool(2, stride=3)", 3}};
+  for (const auto& [spec, s] : cases) {
+    BoundLayer b(spec, {2, 7, 5});
+    const std::int64_t H = 7, W = 5, Ho = b.out_sample[1], Wo = b.out_sample[2];
+    Tensor x = make_tensor(b.batch_shape(2, b.in_sample), random_values(2 * 2 * H * W, 21)), y;
+    b.layer->forward(x, y, true);
+    Tensor dy = make_tensor(y.shape, random_values(y.numel(), 22));
+    Tensor dx = make_tensor(x.shape, std::vector<float>(x.numel(), 7.0f));
+    b.layer->backward(x, y, dy, dx);
+    const std::vector<float> xh = to_host(x.data, x.numel()), dyh = to_host(dy.data, dy.numel());
+    std::vector<float> want(x.numel(), 0.0f);
+    for (std::int64_t p = 0; p < 4; ++p)
+      for (std::int64_t i = 0; i < Ho; ++i)
+        for (std::int64_t j = 0; j < Wo; ++j) {
+          std::int64_t best = p * H * W + i * s * W + j * s;
+          for (std::int64_t di = 0; di < 2; ++di)
+            for (std::int64_t dj = 0; dj < 2; ++dj) {
+              const std::int64_t at = p * H * W + (i * s + di) * W + j * s + dj;
+              if (xh[at] > xh[best]) best = at;
+            }
+          want[best] += dyh[(p * Ho + i) * Wo + j];
+        }
+    EXPECT_EQ(to_host(dx.data, dx.numel()), want) << spec;
+  }
 }
 
 TEST(AvgPool, GradientCheck) {

@@ -1,6 +1,6 @@
 // The model: spec parsing and its messages, parameter layout, initialisation,
-// whole-model gradients against finite differences, accumulation, batch invariance
-// of forward, and buffer reuse.
+// whole-model gradients against finite differences, accumulation, fused against
+// unfused layers, batch invariance of forward, and buffer reuse.
 
 #include "model/model.hpp"
 
@@ -172,6 +172,50 @@ TEST(ModelGradients, AccumulateWithoutZeroGrad) {
   step(xb, db);
   std::vector<float> gab = to_host(m.gradients(), m.num_parameters());
   for (std::int64_t i = 0; i < m.num_parameters(); ++i) EXPECT_NEAR(gab[i], ga[i] + gb[i], 1e-6) << i;
+}
+
+// The fused model (conv2d -> relu post-op, relu -> maxpool backward mask) against
+// the same model unfused: outputs and gradients over two steps of different batch.
+void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sample) {
+  Model fused(specs, sample, 11), plain(specs, sample, 11, /*fuse=*/false);
+  const std::int64_t F = shape_numel(sample), C = shape_numel(fused.output_shape());
+  for (std::int64_t B : {6, 4}) {
+    Tensor x = make_tensor(Shape{B, sample[0], sample[1], sample[2]}, random_values(B * F, 90 + B));
+    Tensor dout = make_tensor({B, C}, random_values(B * C, 95 + B));
+    std::vector<float> y[2], g[2];
+    int k = 0;
+    for (Model* m : {&fused, &plain}) {
+      m->zero_grad();
+      const Tensor& out = m->forward(x, true);
+      y[k] = to_host(out.data, out.numel());
+      m->backward(dout);
+      g[k++] = to_host(m->gradients(), m->num_parameters());
+    }
+    for (int t = 0; t < 2; ++t) {
+      const std::vector<float>&a = t ? g[0] : y[0], &b = t ? g[1] : y[1];
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7)
+            << (t ? "gradient " : "output ") << i << " at batch " << B;
+    }
+  }
+}
+
+TEST(ModelFusion, ConvReluMaxPoolMatchesUnfused) {
+  // pool(2) leaves a row and column of the 11x11 map outside every window; pool(2,
+  // stride=3) leaves gaps; the last relu is fused forward only. 16 and 32 channels
+  // take oneDNN's channel-blocked kernels (with AVX-512), as the real models do.
+  expect_fusion_exact({"conv2d(16, 3, pad=1)", "relu", "maxpool(2)", "conv2d(32, 3, pad=1)", "relu",
+                       "maxpool(2, stride=3)", "conv2d(5, 1)", "relu", "flatten", "linear(3)"},
+                      {2, 11, 11});
+}
+
+TEST(ModelFusion, OverlappingPoolAndReluAfterBatchNorm) {
+  // pool(3, stride=2) overlaps (the gathering backward); batchnorm2d -> relu is fused
+  // in backward only.
+  expect_fusion_exact({"conv2d(4, 3)", "relu", "maxpool(3, stride=2)", "batchnorm2d", "relu", "maxpool(2)",
+                       "flatten", "linear(3)"},
+                      {3, 12, 12});
 }
 
 TEST(ModelForward, RowsIndependentOfBatchComposition) {

@@ -14,18 +14,12 @@
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
-#include "train/version.hpp"
 #include "train/optimizer.hpp"
+#include "train/version.hpp"
 
 namespace ddp {
 
 namespace {
-
-std::string to_string(const Shape& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + ")";
-}
 
 const char* kUsage =
     "usage: ddp_train [--help] [--version] [--check] input.nml [group.key=value ...]\n"
@@ -40,7 +34,6 @@ const char* kUsage =
     "                     without training (exit status 0 when all is well)\n"
     "  --help             this text\n"
     "  --version          version and build configuration\n";
-
 
 }  // namespace
 
@@ -108,8 +101,8 @@ Data open_data(const Context& ctx, const Config& cfg) {
     if (!cfg.data.val_files.empty())
       data.val = std::make_unique<ShardDataset>(ctx.world(), cfg.data.val_files, "data.val_files");
     if (data.val && data.val->sample_shape() != data.train->sample_shape())
-      throw InputError("data.val_files: samples have shape " + to_string(data.val->sample_shape()) +
-                       " but the training samples have " + to_string(data.train->sample_shape()));
+      throw InputError("data.val_files: samples have shape " + shape_str(data.val->sample_shape()) +
+                       " but the training samples have " + shape_str(data.train->sample_shape()));
     const DistributedSampler sampler(data.train->size(), ctx.size(), ctx.rank(), cfg.data.shuffle, 0,
                                      cfg.data.drop_last);
     if (cfg.train.batch_size > sampler.num_samples())
@@ -135,7 +128,7 @@ Data open_data(const Context& ctx, const Config& cfg) {
   }
   std::ostringstream os;
   os << "data: " << data.train->size() << " training samples of shape "
-     << to_string(data.train->sample_shape());
+     << shape_str(data.train->sample_shape());
   if (data.val) os << ", " << data.val->size() << " validation samples";
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
@@ -156,15 +149,14 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     std::string loss = cfg.model.loss;
     if (loss == "auto") loss = labels ? "cross_entropy" : "mse";
     const Shape out = setup.model->output_shape();
-    std::int64_t out_numel = 1;
-    for (auto d : out) out_numel *= d;
+    const std::int64_t out_numel = shape_numel(out);
     if (loss == "cross_entropy") {
       if (!labels)
         throw InputError(
             "model.loss = 'cross_entropy' needs integer class labels in /y, but /y holds float targets");
       if (out.size() != 1)
         throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " +
-                         to_string(out));
+                         shape_str(out));
       data.train->check_labels(out[0]);
       if (data.val) data.val->check_labels(out[0]);
       setup.loss = LossKind::CrossEntropy;

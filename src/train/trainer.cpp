@@ -8,6 +8,7 @@
 #include "comm/check.hpp"
 #include "comm/log.hpp"
 #include "io/sampler.hpp"
+#include "model/rng.hpp"
 #include "train/schedule.hpp"
 #include "train/signals.hpp"
 
@@ -19,12 +20,6 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::int64_t numel(const Shape& shape) {
-  std::int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
-
 // Sum of v[0..n) in double.
 double sum(const View1& v, std::int64_t n) {
   double total = 0.0;
@@ -32,14 +27,6 @@ double sum(const View1& v, std::int64_t n) {
       "Trainer::sum", Kokkos::RangePolicy<ExecSpace>(0, n),
       KOKKOS_LAMBDA(std::int64_t i, double& acc) { acc += double(v(i)); }, total);
   return total;
-}
-
-// SplitMix64 finaliser: distinct, well-mixed dropout seeds per rank.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -74,7 +61,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   }
   // Dropout streams differ per rank and restart per micro-batch from (key, position),
   // so a checkpoint's one number (the position) restores them exactly.
-  dropout_key_ = mix(std::uint64_t(cfg_.train.seed) * 1000003u + std::uint64_t(comm_.rank()));
+  dropout_key_ = hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(comm_.rank()));
   model_.reseed_dropout(dropout_key_);
   pos_.seed = cfg_.train.seed;
   pos_.world_size = comm_.size();
@@ -90,7 +77,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   targets_ = View1("Trainer::targets", std::size_t(B * train_.target_numel()));
   loss_ = View1("Trainer::loss", std::size_t(B));
   correct_ = View1("Trainer::correct", std::size_t(B));
-  dout_.data = View1("Trainer::dout", std::size_t(B * numel(model_.output_shape())));
+  dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
 }
 
 void Trainer::load_batch(const Batch& batch) {

@@ -16,21 +16,8 @@ namespace {
 
 using test::BoundLayer;
 using test::make_tensor;
-using test::numeric_gradient;
 using test::random_values;
 using test::to_host;
-
-// Count of elements with |a - n| > rtol * max(|a|, |n|) + atol, printing the first few.
-std::size_t mismatches(const std::vector<float>& analytic, const std::vector<double>& numeric, const char* what,
-                       double rtol, double atol) {
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < analytic.size(); ++i) {
-    double a = analytic[i], n = numeric[i];
-    if (std::fabs(a - n) > rtol * std::max(std::fabs(a), std::fabs(n)) + atol && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: analytic " << a << " numeric " << n;
-  }
-  return bad;
-}
 
 // Values spread at least `gap` apart in a random order: a max-pool window then has
 // one clear maximum, and a finite-difference step never changes which one.
@@ -52,26 +39,13 @@ void grad_check(BoundLayer& b, std::int64_t B, CheckOptions o = {}) {
   const Shape in_shape = b.batch_shape(B, b.in_sample);
   const std::int64_t nx = shape_numel(in_shape);
   Tensor x = make_tensor(in_shape, o.distinct ? distinct_values(nx, 11) : random_values(nx, 11));
-  Tensor y, dx;
+  Tensor y;
   b.layer->forward(x, y, o.training);
   ASSERT_EQ(y.shape, b.batch_shape(B, b.out_sample));
-  const std::vector<float> w = random_values(y.numel(), 12);
-  Tensor dy = make_tensor(y.shape, w);
-  auto loss = [&]() {
-    Tensor yy;
-    b.layer->forward(x, yy, o.training);
-    std::vector<float> yh = to_host(yy.data, yy.numel());
-    double s = 0;
-    for (std::size_t i = 0; i < yh.size(); ++i) s += double(w[i]) * yh[i];
-    return s;
-  };
-  b.layer->backward(x, y, dy, dx);
-  ASSERT_EQ(dx.shape, x.shape);
-  const std::vector<float> dx_host = to_host(dx.data, dx.numel()), dp_host = to_host(b.grads, b.n);
-  EXPECT_EQ(mismatches(dx_host, numeric_gradient(x.data, nx, o.eps, loss), "dx", o.rtol, o.atol), 0u);
-  if (b.n > 0) {
-    EXPECT_EQ(mismatches(dp_host, numeric_gradient(b.params, b.n, o.eps, loss), "dparams", o.rtol, o.atol), 0u);
-  }
+  test::GradCheck g;
+  g.training = o.training;
+  g.eps = o.eps, g.rtol = o.rtol, g.atol = o.atol;
+  test::check_layer_gradients(*b.layer, x, b.params, b.grads, b.n, g);
 }
 
 TEST(Conv2d, ShapesAndParameters) {
@@ -245,27 +219,12 @@ TEST(BatchNorm2d, GradientCheckEval) {
 void resblock_check(const std::string& spec, const Shape& in) {
   BoundLayer b(spec, in);
   const Shape in_shape = b.batch_shape(3, in);
-  const std::int64_t nx = shape_numel(in_shape);
-  Tensor x = make_tensor(in_shape, random_values(nx, 23)), y, dx;
-  b.layer->forward(x, y, true);
-  const std::vector<float> w = random_values(y.numel(), 22);
-  Tensor dy = make_tensor(y.shape, w);
-  auto loss = [&]() {
-    Tensor yy;
-    b.layer->forward(x, yy, true);
-    std::vector<float> yh = to_host(yy.data, yy.numel());
-    double s = 0;
-    for (std::size_t i = 0; i < yh.size(); ++i) s += double(w[i]) * yh[i];
-    return s;
-  };
-  b.layer->backward(x, y, dy, dx);
-  const std::vector<float> dx_host = to_host(dx.data, nx), dp_host = to_host(b.grads, b.n);
-  const double eps = 1e-3, rtol = 2e-2, atol = 3e-3;
-  const std::size_t bad_dx = mismatches(dx_host, numeric_gradient(x.data, nx, eps, loss), "dx", rtol, atol);
-  const std::size_t bad_dp = mismatches(dp_host, numeric_gradient(b.params, b.n, eps, loss), "dp", rtol, atol);
-  EXPECT_LE(bad_dx, static_cast<std::size_t>(nx / 50)) << "of " << nx;
-  EXPECT_LE(bad_dp, static_cast<std::size_t>(b.n / 50)) << "of " << b.n;
-  if (bad_dx + bad_dp > 0) std::cout << "  " << spec << ": " << bad_dx << " dx and " << bad_dp << " dparam kink misses\n";
+  Tensor x = make_tensor(in_shape, random_values(shape_numel(in_shape), 23));
+  test::GradCheck g;
+  g.eps = 1e-3, g.rtol = 2e-2, g.atol = 3e-3;
+  g.w_seed = 22;
+  g.max_off = 0.02;
+  test::check_layer_gradients(*b.layer, x, b.params, b.grads, b.n, g);
 }
 
 TEST(ResBlock, GradientCheckIdentity) { resblock_check("resblock(3)", {3, 5, 5}); }
@@ -275,8 +234,8 @@ TEST(ResBlock, NamesFollowBasicBlock) {
   BoundLayer id("resblock(4)", {4, 6, 6});
   std::vector<std::string> names;
   for (const auto& p : id.layer->parameter_specs()) names.push_back(p.suffix);
-  EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight", "bn2.weight",
-                                             "bn2.bias"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight",
+                                             "bn2.weight", "bn2.bias"}));
   BoundLayer proj("resblock(8, stride=2)", {4, 6, 6});
   EXPECT_EQ(proj.out_sample, (Shape{8, 3, 3}));
   names.clear();
@@ -313,10 +272,12 @@ TEST(Registry, CnnSpecsAndErrors) {
   EXPECT_EQ(spec_error("conv2d(8, 3)", {10}),
             "conv2d needs an image input (channels, height, width) but gets (10)");
   EXPECT_EQ(spec_error("conv2d(pad=1, 8, 3)"),
-            "conv2d: positional argument '8' after an option; usage: conv2d(out, k[, stride=s][, pad=p][, bias=false])");
+            "conv2d: positional argument '8' after an option; usage: conv2d(out, k[, stride=s][, pad=p][, "
+            "bias=false])");
   EXPECT_EQ(spec_error("maxpool(2, stride=1, stride=2)"), "maxpool: option 'stride' given twice");
   EXPECT_EQ(spec_error("maxpool(9)"), "kernel 9 is larger than the input (3, 8, 8)");
-  EXPECT_EQ(spec_error("batchnorm2d(async)"), "batchnorm2d takes 0 arguments, got 1; usage: batchnorm2d[(sync)]");
+  EXPECT_EQ(spec_error("batchnorm2d(async)"),
+            "batchnorm2d takes 0 arguments, got 1; usage: batchnorm2d[(sync)]");
   EXPECT_EQ(spec_error("batchnorm2d(sync=maybe)"), "sync must be true or false, got 'maybe'");
   EXPECT_EQ(spec_error("globalavgpool", {8}),
             "globalavgpool needs an image input (channels, height, width) but gets (8)");

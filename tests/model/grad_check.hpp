@@ -1,15 +1,18 @@
 #pragma once
-// Helpers shared by the model tests: host <-> View copies, random inputs, and the
-// comparison of an analytic gradient with central finite differences.
+// Helpers shared by the model and layer tests: host <-> View copies, random inputs,
+// and the check of a layer's gradients against central finite differences.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <iostream>
 #include <random>
 #include <vector>
 
+#include "model/layer.hpp"
 #include "model/tensor.hpp"
 
 namespace ddp::test {
@@ -46,15 +49,23 @@ inline std::vector<float> random_values(std::int64_t n, std::uint32_t seed, floa
   return v;
 }
 
-// |analytic - numeric| <= rtol * max(|analytic|, |numeric|) + atol for every element.
+// Elements with |analytic - numeric| > rtol * max(|analytic|, |numeric|) + atol;
+// the first few are printed.
+inline std::size_t count_off(const std::vector<float>& analytic, const std::vector<double>& numeric,
+                             const char* what, double rtol, double atol) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < analytic.size(); ++i) {
+    double a = analytic[i], n = numeric[i];
+    if (std::fabs(a - n) > rtol * std::max(std::fabs(a), std::fabs(n)) + atol && bad++ < 5)
+      std::cout << "  " << what << "[" << i << "]: analytic " << a << " numeric " << n << "\n";
+  }
+  return bad;
+}
+
 inline void expect_close(const std::vector<float>& analytic, const std::vector<double>& numeric,
                          const char* what, double rtol = 1e-2, double atol = 1e-3) {
   ASSERT_EQ(analytic.size(), numeric.size()) << what;
-  for (std::size_t i = 0; i < analytic.size(); ++i) {
-    double a = analytic[i], n = numeric[i];
-    EXPECT_LE(std::fabs(a - n), rtol * std::max(std::fabs(a), std::fabs(n)) + atol)
-        << what << "[" << i << "]: analytic " << a << " numeric " << n;
-  }
+  EXPECT_EQ(count_off(analytic, numeric, what, rtol, atol), 0u) << what << ": elements off (printed above)";
 }
 
 // Central differences of f (a scalar function of the n floats in v, on the device)
@@ -75,6 +86,45 @@ std::vector<double> numeric_gradient(const View1& v, std::int64_t n, double eps,
   }
   from_host(v, base);
   return g;
+}
+
+struct GradCheck {
+  bool training = true;
+  double eps = 1e-2, rtol = 1e-2, atol = 1e-3;
+  std::function<void()> before_forward = [] {};  // before every forward (dropout fixes its mask)
+  std::uint32_t w_seed = 12;                     // the weights w of L = sum(w * y)
+  double max_off = 0.0;  // fraction of elements allowed to miss (relu kinks a step can straddle)
+};
+
+// A layer's backward at input x against central differences of L = sum_i w_i y_i
+// (in double, w random): the input gradient, and the n parameters whose values and
+// gradients are `params` and `grads` (n may be 0).
+inline void check_layer_gradients(Layer& layer, Tensor& x, const View1& params, const View1& grads,
+                                  std::int64_t n, const GradCheck& o = {}) {
+  Tensor y, dx;
+  o.before_forward();
+  layer.forward(x, y, o.training);
+  const std::vector<float> w = random_values(y.numel(), o.w_seed);
+  Tensor dy = make_tensor(y.shape, w);
+  auto loss = [&]() {
+    Tensor yy;
+    o.before_forward();
+    layer.forward(x, yy, o.training);
+    std::vector<float> yh = to_host(yy.data, yy.numel());
+    double s = 0;
+    for (std::size_t i = 0; i < yh.size(); ++i) s += double(w[i]) * yh[i];
+    return s;
+  };
+  layer.backward(x, y, dy, dx);
+  ASSERT_EQ(dx.shape, x.shape);
+  const std::vector<float> dx_host = to_host(dx.data, dx.numel()), dp_host = to_host(grads, n);
+  const std::size_t bad_dx =
+      count_off(dx_host, numeric_gradient(x.data, x.numel(), o.eps, loss), "dx", o.rtol, o.atol);
+  EXPECT_LE(bad_dx, std::size_t(o.max_off * double(dx_host.size()))) << "dx elements off (printed above)";
+  if (n == 0) return;
+  const std::size_t bad_dp =
+      count_off(dp_host, numeric_gradient(params, n, o.eps, loss), "dparams", o.rtol, o.atol);
+  EXPECT_LE(bad_dp, std::size_t(o.max_off * double(n))) << "dparams elements off (printed above)";
 }
 
 }  // namespace ddp::test

@@ -18,9 +18,7 @@
 namespace ddp {
 namespace {
 
-using test::expect_close;
 using test::make_tensor;
-using test::numeric_gradient;
 using test::random_values;
 using test::to_host;
 
@@ -41,35 +39,18 @@ struct Bound {
   }
 };
 
-// Gradient check of one layer on a (B, in_sample...) input. before_forward runs
-// before every forward (dropout uses it to fix its mask).
+// Gradient check of one layer on a (B, in_sample...) input, its values at least
+// min_abs from 0. before_forward runs before every forward (dropout fixes its mask).
 void check_layer(
     Bound& b, const Shape& in_sample, std::int64_t B, bool training, float min_abs,
     const std::function<void()>& before_forward = [] {}) {
   Shape in_shape = {B};
   in_shape.insert(in_shape.end(), in_sample.begin(), in_sample.end());
   Tensor x = make_tensor(in_shape, random_values(shape_numel(in_shape), 11, -1.0f, 1.0f, min_abs));
-  Tensor y, dx;
-  before_forward();
-  b.layer->forward(x, y, training);
-  const std::vector<float> w = random_values(y.numel(), 12);
-  Tensor dy = make_tensor(y.shape, w);
-
-  // L = sum_i w_i y_i in double
-  auto loss = [&]() {
-    Tensor yy;
-    before_forward();
-    b.layer->forward(x, yy, training);
-    std::vector<float> yh = to_host(yy.data, yy.numel());
-    double s = 0;
-    for (std::size_t i = 0; i < yh.size(); ++i) s += double(w[i]) * yh[i];
-    return s;
-  };
-
-  b.layer->backward(x, y, dy, dx);
-  ASSERT_EQ(dx.shape, x.shape);
-  expect_close(to_host(dx.data, dx.numel()), numeric_gradient(x.data, x.numel(), 1e-2, loss), "dx");
-  if (b.n > 0) expect_close(to_host(b.grads, b.n), numeric_gradient(b.params, b.n, 1e-2, loss), "dparams");
+  test::GradCheck o;
+  o.training = training;
+  o.before_forward = before_forward;
+  test::check_layer_gradients(*b.layer, x, b.params, b.grads, b.n, o);
 }
 
 TEST(Linear, ForwardIsXWtPlusB) {
@@ -185,7 +166,8 @@ TEST(Registry, BuildsEachKind) {
   EXPECT_EQ(make_layer("Flatten")->kind(), "flatten");
   EXPECT_EQ(make_layer("dropout( 0.5 )")->kind(), "dropout");
   EXPECT_EQ(make_layer("dropout(0)")->kind(), "dropout");
-  EXPECT_EQ(known_layers().substr(0, 44), "linear(n), relu, tanh, flatten, dropout(p), ");  // then the CNN layers
+  EXPECT_EQ(known_layers().substr(0, 44),
+            "linear(n), relu, tanh, flatten, dropout(p), ");  // then the CNN layers
 }
 
 }  // namespace

@@ -51,23 +51,31 @@ if(EXISTS "${DDP_KOKKOS_INCLUDE_DIR}/KokkosCore_config.h")
 endif()
 message(STATUS "Kokkos ${Kokkos_VERSION}: headers in ${DDP_KOKKOS_INCLUDE_DIR}")
 
-# BLAS with the CBLAS interface (OpenBLAS on Debian and most clusters).
-if(NOT BLA_VENDOR)
-  set(BLA_VENDOR OpenBLAS)
+# DDP_ENABLE_CUDA: training with tensors in GPU memory on a CUDA-enabled Kokkos; ON
+# by default when the Kokkos found has the CUDA backend. This version does not have
+# it yet (the layers hand host pointers to oneDNN), so either way a CUDA Kokkos is
+# refused here with the reason instead of failing later in the compiler. The CUDA
+# glue (cuBLAS, cuDNN, NCCL: DDP_ENABLE_CUDA_GLUE) builds without it.
+if(_kk_cuda)
+  set(_ddp_cuda_default ON)
+else()
+  set(_ddp_cuda_default OFF)
 endif()
-find_package(BLAS REQUIRED)
-find_path(DDP_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu)
-if(NOT DDP_CBLAS_INCLUDE_DIR)
-  message(FATAL_ERROR "cblas.h not found: install libopenblas-dev or set DDP_CBLAS_INCLUDE_DIR")
+option(DDP_ENABLE_CUDA "Train with tensors in GPU memory (needs a CUDA-enabled Kokkos)" ${_ddp_cuda_default})
+if(DDP_ENABLE_CUDA AND NOT _kk_cuda)
+  message(FATAL_ERROR "DDP_ENABLE_CUDA=ON needs a Kokkos built with Kokkos_ENABLE_CUDA=ON, and the Kokkos "
+                      "in ${DDP_KOKKOS_INCLUDE_DIR} has no CUDA backend: point -DKokkos_ROOT at a CUDA "
+                      "build of Kokkos, or leave DDP_ENABLE_CUDA off")
 endif()
-add_library(ddp::blas INTERFACE IMPORTED)
-set_target_properties(ddp::blas PROPERTIES
-  INTERFACE_INCLUDE_DIRECTORIES "${DDP_CBLAS_INCLUDE_DIR}"
-  INTERFACE_LINK_LIBRARIES "${BLAS_LIBRARIES}")
+if(_kk_cuda)
+  message(FATAL_ERROR "the Kokkos in ${DDP_KOKKOS_INCLUDE_DIR} has the CUDA backend, and device-resident "
+                      "training (DDP_ENABLE_CUDA) is not in this version of ddp_train: configure against "
+                      "a host Kokkos (Serial or OpenMP); the CUDA glue (cuBLAS, cuDNN, NCCL) is built "
+                      "either way")
+endif()
 
-# oneDNN (libdnnl-dev): convolutions on the host, exposed as ddp::dnnl and linked
-# into ddp_core through ddp::blas's interface (the host's heavy-math libraries travel
-# together). Found by header and library rather than by dnnl-config.cmake: Debian's
+# oneDNN (libdnnl-dev): the host's GEMMs and convolutions, exposed as ddp::dnnl.
+# Found by header and library rather than by dnnl-config.cmake: Debian's
 # config also demands the OpenCL development files for its GPU runtime, which the
 # CPU path never uses. oneDNN there runs on OpenMP, so OpenMP is linked too, to pin
 # it to one thread per rank (src/model/dnnl_engine.cpp).
@@ -82,5 +90,4 @@ add_library(ddp::dnnl INTERFACE IMPORTED)
 set_target_properties(ddp::dnnl PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${DDP_DNNL_INCLUDE_DIR}"
   INTERFACE_LINK_LIBRARIES "${DDP_DNNL_LIBRARY};OpenMP::OpenMP_CXX")
-set_property(TARGET ddp::blas APPEND PROPERTY INTERFACE_LINK_LIBRARIES ddp::dnnl)
 message(STATUS "oneDNN: ${DDP_DNNL_LIBRARY}")

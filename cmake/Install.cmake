@@ -1,5 +1,5 @@
 # cmake --install <build> [--prefix <dir>]:
-#   bin/ddp_train                          the trainer (RPATH to the MPI/HDF5/BLAS it was linked with)
+#   bin/ddp_train                          the trainer (RPATH to the MPI/HDF5/oneDNN it was linked with)
 #   bin/prepare_fashion_mnist, bin/make_regression_data    data tools
 #   share/ddp_train/inputs/                ready input files
 #   share/ddp_train/jobs/                  Slurm job templates

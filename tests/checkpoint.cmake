@@ -18,6 +18,11 @@ endfunction()
 set(FASHION_NML ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml)
 ddp_add_checkpoint_test(exactness_np2 FIXTURE fashion NP 2 TIMEOUT 900 SETS ckpt_fashion_run
   COMMAND ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML} runs/ckpt_exact)
+# fp16 with a scale that overflows at first and grows every 50 clean steps: the
+# stop lands between changes of the scale, which the checkpoint must carry.
+ddp_add_checkpoint_test(exactness_fp16_np2 FIXTURE fashion NP 2 TIMEOUT 900
+  COMMAND ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
+          runs/ckpt_exact_fp16 train.precision=fp16 train.loss_scale=1048576 train.loss_scale_growth_interval=50)
 ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
   COMMAND ${DDP_PYTHON} ${CKPT}/any_world_size.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
           runs/ckpt_any_world_size 0.85)

@@ -27,7 +27,4 @@ else()
 endif()
 
 ddp_add_mpi_test(layers_sync_batchnorm_test SOURCES layers/sync_batchnorm_test.cpp NP 1 2 3 4 LABELS layers)
-
-# Timing of the CNN's convolutions (a program that prints numbers, not a test).
-add_executable(layers_conv_timing layers/conv_timing.cpp)
-target_link_libraries(layers_conv_timing PRIVATE ddp_core)
+ddp_add_test(layers_precision_test SOURCES layers/precision_test.cpp LABELS layers)

@@ -1,7 +1,5 @@
 #include "comm/context.hpp"
 
-#include <cblas.h>
-
 #include <Kokkos_Core.hpp>
 #include <cstdlib>
 
@@ -24,10 +22,6 @@ Context::Context(int& argc, char**& argv) {
   MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_CHECK(MPI_Comm_free(&node));
-
-  // One rank per core: BLAS stays on this rank's core unless the user asks for
-  // more threads (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, read by OpenBLAS itself).
-  if (!std::getenv("OPENBLAS_NUM_THREADS") && !std::getenv("OMP_NUM_THREADS")) openblas_set_num_threads(1);
 
   // Kokkos picks the GPU from the node-local rank by itself (Kokkos 4 with
   // Slurm/OpenMPI variables); --kokkos-* options are taken out of argv here.

@@ -103,11 +103,14 @@ void write_int_attr(hid_t obj, const char* name, std::int64_t value) {
 }
 
 void write_blob(hid_t file, const std::string& path, const Blob& b) {
-  const hid_t space = b.shape.empty() ? H5_CHECK(H5Screate(H5S_SCALAR))
-                                      : H5_CHECK(H5Screate_simple(int(b.shape.size()), b.shape.data(), nullptr));
-  const hid_t file_type =
-      b.type == Blob::F32 ? H5T_IEEE_F32LE : b.type == Blob::I64 ? H5T_STD_I64LE : H5T_IEEE_F64LE;
-  const hid_t d = H5_CHECK(H5Dcreate2(file, path.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  const hid_t space = b.shape.empty()
+                          ? H5_CHECK(H5Screate(H5S_SCALAR))
+                          : H5_CHECK(H5Screate_simple(int(b.shape.size()), b.shape.data(), nullptr));
+  const hid_t file_type = b.type == Blob::F32   ? H5T_IEEE_F32LE
+                          : b.type == Blob::I64 ? H5T_STD_I64LE
+                                                : H5T_IEEE_F64LE;
+  const hid_t d =
+      H5_CHECK(H5Dcreate2(file, path.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
   if (!b.bytes.empty()) H5_CHECK(H5Dwrite(d, native(b.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, b.bytes.data()));
   H5Dclose(d);
   H5Sclose(space);
@@ -174,10 +177,14 @@ struct Reader {
     if (ok) {
       const H5T_class_t cls = H5Tget_class(type);
       const std::size_t size = H5Tget_size(type);
-      if (cls == H5T_FLOAT && size == 4) b.type = Blob::F32;
-      else if (cls == H5T_FLOAT && size == 8) b.type = Blob::F64;
-      else if (cls == H5T_INTEGER && size == 8) b.type = Blob::I64;
-      else ok = false;
+      if (cls == H5T_FLOAT && size == 4)
+        b.type = Blob::F32;
+      else if (cls == H5T_FLOAT && size == 8)
+        b.type = Blob::F64;
+      else if (cls == H5T_INTEGER && size == 8)
+        b.type = Blob::I64;
+      else
+        ok = false;
     }
     if (ok) {
       const int rank = H5Sget_simple_extent_ndims(space);
@@ -186,7 +193,8 @@ struct Reader {
       std::size_t n = 1;
       for (auto e : b.shape) n *= e;
       b.bytes.resize(n * (b.type == Blob::F32 ? 4 : 8));
-      ok = rank >= 0 && (n == 0 || H5Dread(d, native(b.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, b.bytes.data()) >= 0);
+      ok = rank >= 0 &&
+           (n == 0 || H5Dread(d, native(b.type), H5S_ALL, H5S_ALL, H5P_DEFAULT, b.bytes.data()) >= 0);
     }
     if (type >= 0) H5Tclose(type);
     if (space >= 0) H5Sclose(space);
@@ -402,6 +410,8 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
   blobs["/state/world_size"] = scalar(state.world_size);
   blobs["/state/epoch_loss_sum"] = scalar(state.epoch_loss_sum);
   blobs["/state/epoch_samples"] = scalar(state.epoch_samples);
+  blobs["/state/loss_scale"] = scalar(state.loss_scale);
+  blobs["/state/loss_scale_clean_steps"] = scalar(state.loss_scale_clean_steps);
 
   {
     std::lock_guard<std::mutex> lock(hdf5_mutex());
@@ -440,8 +450,10 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
   // Keep the newest `keep`; temp files of killed writers go too.
   std::vector<std::string> ckpts;
   for (const std::string& n : list_dir(dir)) {
-    if (is_checkpoint_name(n)) ckpts.push_back(n);
-    else if (n.find(".tmp.") != std::string::npos) std::remove((dir + "/" + n).c_str());
+    if (is_checkpoint_name(n))
+      ckpts.push_back(n);
+    else if (n.find(".tmp.") != std::string::npos)
+      std::remove((dir + "/" + n).c_str());
   }
   for (std::size_t i = 0; i + std::size_t(keep) < ckpts.size(); ++i)
     if (ckpts[i] != name) std::remove((dir + "/" + ckpts[i]).c_str());
@@ -484,7 +496,8 @@ Checkpoint load_checkpoint(const std::string& path, const Model& model, const st
     throw CheckpointError("format version " + std::to_string(version) + " (this build reads " +
                           std::to_string(kFormatVersion) + ")");
   const std::string actual = checksum_text(fnv1a64(r.blobs));
-  if (actual != checksum) throw CheckpointError("checksum mismatch: stored " + checksum + ", computed " + actual);
+  if (actual != checksum)
+    throw CheckpointError("checksum mismatch: stored " + checksum + ", computed " + actual);
 
   ck.path = path;
   TrainingState& s = ck.state;
@@ -497,6 +510,11 @@ Checkpoint load_checkpoint(const std::string& path, const Model& model, const st
   s.world_size = need_int(r.blobs, "/state/world_size");
   s.epoch_loss_sum = need_real(r.blobs, "/state/epoch_loss_sum");
   s.epoch_samples = need_real(r.blobs, "/state/epoch_samples");
+  // Written since train.precision exists; older checkpoints are fp32 runs.
+  if (r.blobs.count("/state/loss_scale")) {
+    s.loss_scale = need_real(r.blobs, "/state/loss_scale");
+    s.loss_scale_clean_steps = need_int(r.blobs, "/state/loss_scale_clean_steps");
+  }
   ck.optimizer_steps = need_int(r.blobs, "/optimizer/steps");
 
   ck.parameters.resize(std::size_t(model.num_parameters()));

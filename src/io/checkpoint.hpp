@@ -49,6 +49,8 @@ struct TrainingState {
   std::int64_t world_size = 0;        // ranks of the run that wrote it
   double epoch_loss_sum = 0.0;        // training loss summed over the epoch's trained samples, all ranks
   double epoch_samples = 0.0;         // samples (with padding) trained in the epoch, all ranks
+  double loss_scale = 0.0;            // fp16's dynamic loss scale; 0: none (fp32, bf16)
+  std::int64_t loss_scale_clean_steps = 0;  // fp16: clean steps since the scale last changed
 };
 
 // A checkpoint in host memory, checked against the model it is for.
@@ -63,8 +65,8 @@ struct Checkpoint {
   std::string config;  // resolved namelist of the run that wrote it
 };
 
-std::string checkpoint_dir(const std::string& run_dir);        // <run_dir>/checkpoints
-std::string checkpoint_name(std::int64_t step);                // ckpt_000001234.h5
+std::string checkpoint_dir(const std::string& run_dir);  // <run_dir>/checkpoints
+std::string checkpoint_name(std::int64_t step);          // ckpt_000001234.h5
 
 // Rank 0 only. Writes the checkpoint of `step`, updates `latest`, removes all but
 // the newest `keep` checkpoints and any temp file a killed writer left. Returns the

@@ -7,6 +7,7 @@
 #include "comm/check.hpp"
 #include "model/dnnl_engine.hpp"
 #include "model/kernel_trace.hpp"
+#include "model/precision.hpp"
 
 namespace ddp {
 
@@ -44,14 +45,19 @@ void trace(const char* what, double flops, const dnnl::primitive& prim,
 
 struct Port {
   memory plain;     // over our buffer; the handle is re-pointed on every call
-  memory internal;  // the primitive's layout: == plain when no reorder is needed
+  memory internal;  // the primitive's layout and type: == plain when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
+  bool round_fp16 = false;  // an input whose fp32 copy is rounded to fp16 values
 
   Port() = default;
-  // to_internal: our buffer is an input of the primitive (else an output)
-  Port(const memory::desc& plain_md, const memory::desc& want, bool to_internal, dnnl::engine& eng)
-      : plain(plain_md, eng, DNNL_MEMORY_NONE), reordered(want != plain_md) {
+  // to_internal: our buffer is an input of the primitive (else an output).
+  // emulate_fp16: (inputs only) always copy, and round the copy to fp16 values.
+  Port(const memory::desc& plain_md, const memory::desc& want, bool to_internal, dnnl::engine& eng,
+       bool emulate_fp16 = false)
+      : plain(plain_md, eng, DNNL_MEMORY_NONE),
+        reordered(want != plain_md || emulate_fp16),
+        round_fp16(emulate_fp16) {
     if (!reordered) {
       internal = plain;
       return;
@@ -59,10 +65,15 @@ struct Port {
     internal = memory(want, eng);
     reorder = to_internal ? dnnl::reorder(plain, internal) : dnnl::reorder(internal, plain);
   }
-  // An input: point at `data` and bring it into the primitive's layout.
+  // An input: point at `data` and bring it into the primitive's layout and type.
   const memory& in(const float* data, dnnl::stream& s) {
     plain.set_data_handle(const_cast<float*>(data));
     if (reordered) reorder.execute(s, plain, internal);
+    if (round_fp16) {
+      s.wait();
+      float* p = static_cast<float*>(internal.get_data_handle());
+      round_to_precision(Precision::fp16, p, p, std::int64_t(internal.get_desc().get_size() / sizeof(float)));
+    }
     return internal;
   }
   // An output: point at `data`; finish() copies the result there.
@@ -134,6 +145,11 @@ void Conv2d::init(Rng& rng) {
   if (has_bias_) fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
 }
 
+void Conv2d::set_precision(Precision p) {
+  if (p != precision()) by_batch_.clear();
+  Layer::set_precision(p);
+}
+
 double Conv2d::forward_flops(std::int64_t B) const { return 2.0 * B * out_ * ho_ * wo_ * in_ * k_ * k_; }
 
 Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
@@ -145,10 +161,14 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   const memory::dims x_dims = {B, in_, h_, w_}, y_dims = {B, out_, ho_, wo_}, w_dims = {out_, in_, k_, k_},
                      b_dims = {out_}, strides = {stride_, stride_}, padding = {pad_, pad_};
   const auto f32 = memory::data_type::f32;
+  // Operands (x, w, and dy in backward) in bf16 for bf16; results (y, dx, dw) in fp32.
+  const auto op = precision() == Precision::bf16 ? memory::data_type::bf16 : f32;
+  const bool fp16 = precision() == Precision::fp16;
   memory::desc x_md(x_dims, f32, tag::nchw), y_md(y_dims, f32, tag::nchw), w_md(w_dims, f32, tag::oihw),
       b_md(b_dims, f32, tag::x), no_md;
-  memory::desc x_any(x_dims, f32, layout_tag()), y_any(y_dims, f32, layout_tag()),
-      w_any(w_dims, f32, layout_tag());
+  memory::desc x_any(x_dims, op, layout_tag()), y_any(y_dims, f32, layout_tag()),
+      w_any(w_dims, op, layout_tag()), dy_any(y_dims, op, layout_tag()), dx_any(x_dims, f32, layout_tag()),
+      dw_any(w_dims, f32, layout_tag());
   dnnl::primitive_attr attr, fwd_attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -165,23 +185,23 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
                                       has_bias_ ? b_md : no_md, y_any, strides, padding, padding),
       fwd_attr, eng);
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
-      dnnl::convolution_backward_data::desc(algo, x_any, w_any, y_any, strides, padding, padding), attr, eng,
-      fwd_pd);
+      dnnl::convolution_backward_data::desc(algo, dx_any, w_any, dy_any, strides, padding, padding), attr,
+      eng, fwd_pd);
   dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(
-      dnnl::convolution_backward_weights::desc(algo, x_any, w_any, has_bias_ ? b_md : no_md, y_any, strides,
+      dnnl::convolution_backward_weights::desc(algo, x_any, dw_any, has_bias_ ? b_md : no_md, dy_any, strides,
                                                padding, padding),
       attr, eng, fwd_pd);
   p->fwd = dnnl::convolution_forward(fwd_pd);
   p->bwd_data = dnnl::convolution_backward_data(bwd_data_pd);
   p->bwd_weights = dnnl::convolution_backward_weights(bwd_weights_pd);
-  p->fwd_x = Port(x_md, fwd_pd.src_desc(), true, eng);
-  p->fwd_w = Port(w_md, fwd_pd.weights_desc(), true, eng);
+  p->fwd_x = Port(x_md, fwd_pd.src_desc(), true, eng, fp16);
+  p->fwd_w = Port(w_md, fwd_pd.weights_desc(), true, eng, fp16);
   p->fwd_y = Port(y_md, fwd_pd.dst_desc(), false, eng);
-  p->bwd_dy = Port(y_md, bwd_data_pd.diff_dst_desc(), true, eng);
-  p->bwd_w = Port(w_md, bwd_data_pd.weights_desc(), true, eng);
+  p->bwd_dy = Port(y_md, bwd_data_pd.diff_dst_desc(), true, eng, fp16);
+  p->bwd_w = Port(w_md, bwd_data_pd.weights_desc(), true, eng, fp16);
   p->bwd_dx = Port(x_md, bwd_data_pd.diff_src_desc(), false, eng);
-  p->bww_x = Port(x_md, bwd_weights_pd.src_desc(), true, eng);
-  p->bww_dy = Port(y_md, bwd_weights_pd.diff_dst_desc(), true, eng);
+  p->bww_x = Port(x_md, bwd_weights_pd.src_desc(), true, eng, fp16);
+  p->bww_dy = Port(y_md, bwd_weights_pd.diff_dst_desc(), true, eng, fp16);
   p->bww_dw = Port(w_md, bwd_weights_pd.diff_weights_desc(), false, eng);
   p->shared_dy = p->bww_dy.reordered && bwd_data_pd.diff_dst_desc() == bwd_weights_pd.diff_dst_desc();
   p->b = memory(b_md, eng, DNNL_MEMORY_NONE);

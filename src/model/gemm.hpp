@@ -1,13 +1,17 @@
 #pragma once
 // The one GEMM of the code base. Row-major, raw pointers: the host build calls
-// CBLAS, and a cuBLAS version (device pointers, a stream) can sit behind the same
+// oneDNN, and a cuBLAS version (device pointers, a stream) can sit behind the same
 // signature without touching the layers.
+
+#include "model/precision.hpp"
 
 namespace ddp {
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major.
 // op(A) = A^T when trans_a (A is then stored (k, m)); likewise for B.
+// `precision`: the operands A and B are rounded to it, the products accumulate in
+// fp32 and C stays fp32 (src/model/precision.hpp).
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc);
+          const float* b, int ldb, float beta, float* c, int ldc, Precision precision = Precision::fp32);
 
 }  // namespace ddp

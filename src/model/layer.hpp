@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/precision.hpp"
 #include "model/rng.hpp"
 #include "model/tensor.hpp"
 
@@ -63,8 +64,14 @@ class Layer {
   void set_needs_input_grad(bool on) { needs_input_grad_ = on; }
   bool needs_input_grad() const { return needs_input_grad_; }
 
+  // The precision of this layer's GEMM and convolution operands (train.precision);
+  // layers without either ignore it. Composite layers pass it on.
+  virtual void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
+
  private:
   bool needs_input_grad_ = true;
+  Precision precision_ = Precision::fp32;
 };
 
 }  // namespace ddp

@@ -40,7 +40,7 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   const std::int64_t B = x.batch(), in = in_, out = out_;
   resize(y, B, out_sample_, "Linear::y");
   // y (B, out) = x (B, in) W^T (in, out)
-  gemm(false, true, B, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out);
+  gemm(false, true, B, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out, precision());
   float* yp = y.data.data();
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
@@ -52,7 +52,8 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   const std::int64_t B = x.batch(), in = in_, out = out_;
   // dW (out, in) += dy^T (out, B) x (B, in)
-  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, 1.0f, dweight_, in);
+  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, 1.0f, dweight_, in,
+       precision());
   // db (out) += sum over the batch of dy (B, out)
   ConstView1 dyv = dy.data;
   float* dbias = dbias_;
@@ -65,7 +66,8 @@ void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
   if (!needs_input_grad()) return;
   resize(dx, B, in_sample_, "Linear::dx");
   // dx (B, in) = dy (B, out) W (out, in)
-  gemm(false, false, B, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in);
+  gemm(false, false, B, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
+       precision());
 }
 
 }  // namespace ddp

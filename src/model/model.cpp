@@ -125,6 +125,10 @@ void Model::set_communicator(Communicator* comm) {
   for (auto& layer : layers_) layer->set_communicator(comm);
 }
 
+void Model::set_precision(Precision p) {
+  for (auto& layer : layers_) layer->set_precision(p);
+}
+
 void Model::reseed_dropout(std::uint64_t seed) {
   for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->reseed(hash64(seed, i));
 }

@@ -56,6 +56,8 @@ class Model {
   // The communicator SyncBatchNorm layers reduce their statistics through (the
   // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
   void set_communicator(Communicator* comm);
+  // The precision of every GEMM and convolution operand (train.precision).
+  void set_precision(Precision p);
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
 

@@ -15,7 +15,8 @@ ResBlock::ResBlock(std::int64_t channels, std::int64_t stride, bool sync)
 
 Shape ResBlock::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 3)
-    throw InputError("resblock needs an image input (channels, height, width) but gets " + shape_str(in_sample));
+    throw InputError("resblock needs an image input (channels, height, width) but gets " +
+                     shape_str(in_sample));
   in_sample_ = in_sample;
   projection_ = stride_ != 1 || in_sample[0] != channels_;
   if (projection_) down_conv_ = std::make_unique<Conv2d>(channels_, 1, stride_, 0, false);
@@ -29,7 +30,8 @@ Shape ResBlock::output_shape(const Shape& in_sample) {
 }
 
 std::vector<ResBlock::Part> ResBlock::parts() const {
-  std::vector<Part> p = {{conv1_.get(), "conv1."}, {bn1_.get(), "bn1."}, {conv2_.get(), "conv2."}, {bn2_.get(), "bn2."}};
+  std::vector<Part> p = {
+      {conv1_.get(), "conv1."}, {bn1_.get(), "bn1."}, {conv2_.get(), "conv2."}, {bn2_.get(), "bn2."}};
   if (projection_) {
     p.push_back({down_conv_.get(), "downsample.0."});
     p.push_back({down_bn_.get(), "downsample.1."});
@@ -40,7 +42,8 @@ std::vector<ResBlock::Part> ResBlock::parts() const {
 std::vector<Layer::ParamSpec> ResBlock::parameter_specs() const {
   std::vector<ParamSpec> specs;
   for (const Part& part : parts())
-    for (const ParamSpec& s : part.layer->parameter_specs()) specs.push_back({part.prefix + s.suffix, s.shape});
+    for (const ParamSpec& s : part.layer->parameter_specs())
+      specs.push_back({part.prefix + s.suffix, s.shape});
   return specs;
 }
 
@@ -76,6 +79,11 @@ void ResBlock::set_communicator(Communicator* comm) {
   for (const Part& part : parts()) part.layer->set_communicator(comm);
 }
 
+void ResBlock::set_precision(Precision p) {
+  Layer::set_precision(p);
+  for (const Part& part : parts()) part.layer->set_precision(p);
+}
+
 // x: (B, C_in, H, W) -> y: (B, channels, Ho, Wo)
 void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   conv1_->forward(x, a1_, training);
@@ -84,7 +92,8 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   ConstView1 b1 = b1_.data;
   View1 r1 = r1_.data;
   Kokkos::parallel_for(
-      "ResBlock::relu1", Range(0, b1_.numel()), KOKKOS_LAMBDA(std::int64_t i) { r1(i) = b1(i) > 0.0f ? b1(i) : 0.0f; });
+      "ResBlock::relu1", Range(0, b1_.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { r1(i) = b1(i) > 0.0f ? b1(i) : 0.0f; });
   conv2_->forward(r1_, a2_, training);
   bn2_->forward(a2_, b2_, training);
   const Tensor* shortcut = &x;
@@ -136,7 +145,8 @@ void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tens
   ConstView1 short_grad = projection_ ? dx_short_.data : g_.data;
   View1 dxv = dx.data;
   Kokkos::parallel_for(
-      "ResBlock::add_shortcut_grad", Range(0, dx.numel()), KOKKOS_LAMBDA(std::int64_t i) { dxv(i) += short_grad(i); });
+      "ResBlock::add_shortcut_grad", Range(0, dx.numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) += short_grad(i); });
 }
 
 }  // namespace ddp

@@ -27,9 +27,12 @@ struct ModelConfig {
 
 struct TrainConfig {
   int epochs = 1;
-  int batch_size = 64;            // per rank, per micro-step
-  int accumulation_steps = 1;     // micro-steps per optimizer step
-  std::string optimizer = "sgd";  // 'sgd' | 'adamw'
+  int batch_size = 64;                    // per rank, per micro-step
+  int accumulation_steps = 1;             // micro-steps per optimizer step
+  std::string precision = "fp32";         // GEMM/convolution operands: 'fp32' | 'bf16' | 'fp16'
+  double loss_scale = 65536.0;            // fp16: initial dynamic loss scale
+  int loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
+  std::string optimizer = "sgd";          // 'sgd' | 'adamw'
   double lr = 0.01;
   double momentum = 0.0;                     // sgd
   bool nesterov = false;                     // sgd

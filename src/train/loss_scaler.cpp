@@ -59,6 +59,13 @@ void LossScaler::update(bool overflow) {
   if (scale_ * options_.growth_factor <= FLT_MAX) scale_ *= options_.growth_factor;
 }
 
+void LossScaler::restore(double scale, int clean_steps) {
+  DDP_REQUIRE(scale > 0 && scale <= FLT_MAX, "scale " << scale);
+  DDP_REQUIRE(clean_steps >= 0, "clean_steps " << clean_steps);
+  scale_ = scale;
+  clean_steps_ = clean_steps;
+}
+
 bool LossScaler::unscale_and_check(Communicator& comm, View1 grads) {
   const bool overflow = any_rank(comm, has_inf_or_nan(grads));
   if (!overflow) unscale(grads);

@@ -40,6 +40,8 @@ class LossScaler {
   static bool any_rank(Communicator& comm, bool local_overflow);
   void unscale(View1 grads) const;  // grads *= 1/scale (exact for a power-of-two scale)
   void update(bool overflow);       // the schedule above
+  // Continue a schedule saved in a checkpoint.
+  void restore(double scale, int clean_steps);
 
  private:
   LossScalerOptions options_;

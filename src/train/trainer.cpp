@@ -43,6 +43,15 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   const std::int64_t n_params = model_.num_parameters();
   optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params));
 
+  const Precision precision = parse_precision(cfg_.train.precision);
+  model_.set_precision(precision);
+  if (precision == Precision::fp16) {
+    LossScalerOptions o;
+    o.init_scale = cfg_.train.loss_scale;
+    o.growth_interval = cfg_.train.loss_scale_growth_interval;
+    scaler_ = std::make_unique<LossScaler>(o);
+  }
+
   // Every rank starts from rank 0's weights, as DDP does at construction.
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
   model_.set_communicator(&comm_);  // SyncBatchNorm's statistics
@@ -112,12 +121,25 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) 
   }
   const double t1 = now();
   stats.comm_seconds += t1 - t0;
-  const float inv = 1.0f / float(samples_per_rank * comm_.size());
-  Kokkos::parallel_for(
-      "Trainer::scale_gradients", Kokkos::RangePolicy<ExecSpace>(0, n),
-      KOKKOS_LAMBDA(std::int64_t i) { grads(i) *= inv; });
-  const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
-  optimizer_->step(model_.parameters(), grads, lr);
+  // fp16: the loss gradient was multiplied by the scale; a step whose gradients
+  // overflowed on any rank is skipped on all (the all-reduce spreads an inf to every
+  // rank, and the flag's own all-reduce makes the decision explicit).
+  double scale = 1.0;
+  bool take_step = true;
+  if (scaler_) {
+    scale = scaler_->scale();
+    take_step = !LossScaler::any_rank(comm_, LossScaler::has_inf_or_nan(grads));
+    scaler_->update(!take_step);
+    if (!take_step) ++stats.skipped_steps;
+  }
+  if (take_step) {
+    const float inv = float(1.0 / (double(samples_per_rank) * comm_.size() * scale));
+    Kokkos::parallel_for(
+        "Trainer::scale_gradients", Kokkos::RangePolicy<ExecSpace>(0, n),
+        KOKKOS_LAMBDA(std::int64_t i) { grads(i) *= inv; });
+    const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
+    optimizer_->step(model_.parameters(), grads, lr);
+  }
   stats.optimizer_seconds += now() - t1;
   ++step_;
   pos_.step = step_;
@@ -139,6 +161,8 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     Kokkos::deep_copy(view, HostIn(it->second.data(), it->second.size()));
   }
   optimizer_->set_steps(ck.optimizer_steps);
+  if (scaler_ && ck.state.loss_scale > 0)
+    scaler_->restore(ck.state.loss_scale, int(ck.state.loss_scale_clean_steps));
   step_ = ck.state.step;
   pos_ = ck.state;
   pos_.world_size = comm_.size();
@@ -175,6 +199,8 @@ std::string Trainer::checkpoint() {
   pos_.step = step_;
   pos_.lr_step = step_;
   pos_.world_size = comm_.size();
+  pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
+  pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
   if (comm_.rank() == 0)
     path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_);
   last_checkpoint_time_ = now();
@@ -230,7 +256,8 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     const double batch_loss = sum(loss_, batch.size);
     const double t_backward = now();
     dout_.shape = out.shape;
-    loss_backward(loss_kind_, out, labels_, targets_, 1.0f, dout_);  // per-sample sum, scaled at the step
+    // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
+    loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_);
     // Gradient accumulation: only the last micro-step of a group talks to the
     // other ranks; its buckets start as backward completes them.
     const bool last_micro = micro + 1 >= accumulation || b + 1 == batches;
@@ -299,6 +326,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   stats.samples_per_s = totals[2] / seconds;
   stats.data_wait_seconds = loader.wait_seconds();
   stats.lr = learning_rate(cfg_.train, step_ - 1, steps_per_epoch_);
+  stats.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   stats.complete = !stopped;
   if (!stopped) {
     pos_.epoch = epoch + 1;
@@ -380,8 +408,11 @@ int Trainer::fit(MetricsWriter* metrics) {
                             (long long)e.epoch, cfg_.train.epochs, (long long)e.step, e.train_loss);
     if (val_) len += std::snprintf(line + len, sizeof line - len, "  val_loss %.4f", v.loss);
     if (val_ && classify) len += std::snprintf(line + len, sizeof line - len, "  val_acc %.4f", v.accuracy);
-    std::snprintf(line + len, sizeof line - len, "  samples/s %.0f  time %.2f s", e.samples_per_s,
-                  e.train_seconds + val_seconds);
+    len += std::snprintf(line + len, sizeof line - len, "  samples/s %.0f  time %.2f s", e.samples_per_s,
+                         e.train_seconds + val_seconds);
+    if (scaler_)
+      std::snprintf(line + len, sizeof line - len, "  loss_scale %g  skipped %lld", e.loss_scale,
+                    (long long)e.skipped_steps);
     log::info(line);
 
     if (metrics) {
@@ -403,6 +434,10 @@ int Trainer::fit(MetricsWriter* metrics) {
       r.push_back({"optimizer_seconds", e.optimizer_seconds});
       r.push_back({"lr", e.lr});
       r.push_back({"world_size", (long long)comm_.size()});
+      if (scaler_) {
+        r.push_back({"loss_scale", e.loss_scale});
+        r.push_back({"skipped_steps", (long long)e.skipped_steps});
+      }
       metrics->write(r);
     }
 

@@ -14,6 +14,7 @@
 #include "model/loss.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
+#include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 
 namespace ddp {
@@ -31,6 +32,8 @@ struct EpochStats {
   double comm_seconds = 0.0;       // gradient all-reduce not hidden behind backward
   double optimizer_seconds = 0.0;  // gradient scaling and the optimizer step
   double lr = 0.0;                 // learning rate of the epoch's last step
+  double loss_scale = 0.0;         // fp16: the loss scale at the epoch's end; 0: none
+  std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients this epoch
   bool complete = true;            // false: stopped mid-epoch (preemption)
 };
 
@@ -94,6 +97,7 @@ class Trainer {
   int prefetch_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradientReducer> reducer_;  // null: one all-reduce after backward
+  std::unique_ptr<LossScaler> scaler_;        // fp16 only
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
   TrainingState pos_;              // epoch, consumed, dropout position, partial loss sums

@@ -4,14 +4,11 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <dnnl.hpp>
 #include <sstream>
 
-#include "ddp_build_config.hpp"  // generated: build type, compiler, BLAS, MPI/HDF5 found
+#include "ddp_build_config.hpp"  // generated: build type, compiler, oneDNN, MPI/HDF5 found
 #include "ddp_git_revision.hpp"  // generated: DDP_GIT_REVISION
-
-// OpenBLAS describes its own build ("OpenBLAS 0.3.21 DYNAMIC_ARCH ... Haswell");
-// weak, so that a binary linked against another CBLAS still links and runs.
-extern "C" char* openblas_get_config(void) __attribute__((weak));
 
 // Defined on ddp_core by the CUDA build (cmake/Cuda.cmake); absent means off.
 #ifndef DDP_WITH_CUDA_GLUE
@@ -81,10 +78,38 @@ std::string hdf5_text() {
   return os.str();
 }
 
-std::string blas_text() {
-  std::string text = openblas_get_config ? std::string(openblas_get_config()) : DDP_BLAS_VENDOR;
-  while (!text.empty() && (text.back() == ' ' || text.back() == '\n')) text.pop_back();
-  return text + " (" + DDP_BLAS_LIBRARIES + ")";
+const char* cpu_isa_name(dnnl::cpu_isa isa) {
+  using I = dnnl::cpu_isa;
+  switch (isa) {
+    case I::sse41:
+      return "SSE4.1";
+    case I::avx:
+      return "AVX";
+    case I::avx2:
+      return "AVX2";
+    case I::avx2_vnni:
+      return "AVX2 VNNI";
+    case I::avx512_core:
+      return "AVX-512";
+    case I::avx512_core_vnni:
+      return "AVX-512 VNNI";
+    case I::avx512_core_bf16:
+      return "AVX-512 BF16";
+    case I::avx512_core_amx:
+      return "AVX-512 AMX";
+    default:
+      return "other ISA";
+  }
+}
+
+// The version and the instruction set oneDNN dispatches to on this CPU: its GEMM
+// and convolution kernels are chosen at run time, so the ISA is what sets speed.
+std::string dnnl_text() {
+  const dnnl_version_t* v = dnnl_version();
+  std::ostringstream os;
+  os << v->major << "." << v->minor << "." << v->patch << ", " << cpu_isa_name(dnnl::get_effective_cpu_isa())
+     << " (" << DDP_DNNL_LIBRARY << ")";
+  return os.str();
 }
 
 }  // namespace
@@ -98,7 +123,7 @@ std::string version_text() {
      << "  Kokkos:       " << kokkos_text() << "\n"
      << "  MPI:          " << mpi_text() << "\n"
      << "  HDF5:         " << hdf5_text() << "\n"
-     << "  BLAS:         " << blas_text() << "\n"
+     << "  oneDNN:       " << dnnl_text() << "\n"
      << "  CUDA glue:    "
      << (DDP_WITH_CUDA_GLUE ? "on (cuBLAS, cuDNN, NCCL)" : "off (CPU only: no cuBLAS, cuDNN, NCCL)") << "\n";
   return os.str();

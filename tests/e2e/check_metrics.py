@@ -2,6 +2,11 @@
 """Checks a run's metrics.jsonl.
 
 usage: check_metrics.py RUN_DIR --epochs N --world-size W [--min-val-acc A] [--max-val-loss L]
+                       [--loss-scale-init S --min-skipped K]
+
+--loss-scale-init: an fp16 run whose scale never grows (a growth interval longer
+than the run): every record must carry loss_scale and skipped_steps, with at least
+K steps skipped in all and the final scale exactly S / 2^(steps skipped).
 """
 import argparse
 import json
@@ -16,6 +21,8 @@ def main():
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--min-val-acc", type=float)
     p.add_argument("--max-val-loss", type=float)
+    p.add_argument("--loss-scale-init", type=float)
+    p.add_argument("--min-skipped", type=int, default=1)
     a = p.parse_args()
     with open(a.run_dir + "/metrics.jsonl") as f:
         records = [json.loads(line) for line in f]
@@ -37,6 +44,15 @@ def main():
         errors.append(f"final val_acc {last.get('val_acc')} < {a.min_val_acc}")
     if a.max_val_loss is not None and not last.get("val_loss", math.inf) <= a.max_val_loss:
         errors.append(f"final val_loss {last.get('val_loss')} > {a.max_val_loss}")
+    if a.loss_scale_init is not None:
+        skipped = sum(r.get("skipped_steps", 0) for r in records)
+        if not all("loss_scale" in r and "skipped_steps" in r for r in records):
+            errors.append("records without loss_scale / skipped_steps")
+        elif skipped < a.min_skipped:
+            errors.append(f"{skipped} steps skipped, expected at least {a.min_skipped}")
+        elif last["loss_scale"] != a.loss_scale_init * 0.5 ** skipped:
+            errors.append(f"final loss_scale {last['loss_scale']} != {a.loss_scale_init} / 2^{skipped}")
+        print(f"fp16: {skipped} steps skipped, loss scale {a.loss_scale_init:g} -> {last.get('loss_scale')}")
     print(json.dumps(last))
     if errors:
         print("FAIL: " + "; ".join(errors))

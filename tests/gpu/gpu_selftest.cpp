@@ -30,6 +30,7 @@
 #include "cuda/gemm.hpp"
 #include "cuda/nccl_communicator.hpp"
 #include "model/gemm.hpp"
+#include "model/precision.hpp"
 
 #ifndef DDP_GPU_SKIP_CODE
 #define DDP_GPU_SKIP_CODE 77
@@ -62,16 +63,6 @@ std::vector<float> random_vector(std::size_t n, unsigned seed) {
   std::vector<float> v(n);
   for (auto& x : v) x = u(gen);
   return v;
-}
-
-// Round to bf16 (nearest even), kept as a float: what convert_from_f32 stores.
-float round_bf16(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  u &= 0xFFFF0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
 }
 
 // A device copy of a host vector, freed at scope exit.
@@ -122,8 +113,8 @@ void test_gemm(cudaStream_t stream) {
          ddp::cuda::DType::F32);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> ar = a, br = b, ref16 = c0;
-    for (auto& x : ar) x = round_bf16(x);
-    for (auto& x : br) x = round_bf16(x);
+    for (auto& x : ar) x = ddp::round_bf16(x);
+    for (auto& x : br) x = ddp::round_bf16(x);
     ddp::gemm(ta, tb, m, n, k, alpha, ar.data(), lda, br.data(), ldb, beta, ref16.data(), ldc);
     std::vector<float> got = dc.download();
     check(("cuBLAS GEMM bf16" + tag + " vs rounded operands").c_str(), rel_err(got, ref16), 1e-4);

@@ -32,10 +32,11 @@ std::string build_error(const std::vector<std::string>& specs, const Shape& samp
 }
 
 TEST(ModelSpecs, ErrorMessages) {
-  EXPECT_EQ(build_error({"linear(8)", "relu", "relu2"}, {4}),
-            "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
-            "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s]), avgpool(k[, stride=s]), "
-            "globalavgpool, batchnorm2d[(sync)], resblock(channels[, stride=s][, sync])");
+  EXPECT_EQ(
+      build_error({"linear(8)", "relu", "relu2"}, {4}),
+      "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
+      "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s]), avgpool(k[, stride=s]), "
+      "globalavgpool, batchnorm2d[(sync)], resblock(channels[, stride=s][, sync])");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");
@@ -240,7 +241,7 @@ TEST(ModelForward, RowsIndependentOfBatchComposition) {
       batch_bitwise = batch_bitwise && b37 == b64;
     }
   }
-  // Not asserted: bitwise equality depends on the BLAS build (M=1 may take a GEMV path).
+  // Not asserted: bitwise equality depends on the GEMM kernels (M=1 may take a GEMV path).
   std::cout << "[ model ] row alone vs inside batches of 37/64: "
             << (alone_bitwise ? "bitwise equal" : "NOT bitwise equal (within 1e-6)")
             << "; row inside 37 vs inside 64: " << (batch_bitwise ? "bitwise equal" : "NOT bitwise equal")

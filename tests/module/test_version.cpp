@@ -28,7 +28,7 @@ TEST(Version, FirstLineNamesVersion) {
 
 TEST(Version, EveryFieldIsThere) {
   const std::string text = ddp::version_text();
-  for (const char* name : {"git revision", "build", "Kokkos", "MPI", "HDF5", "BLAS", "CUDA glue"})
+  for (const char* name : {"git revision", "build", "Kokkos", "MPI", "HDF5", "oneDNN", "CUDA glue"})
     EXPECT_NE(field(text, name), "") << "no '" << name << "' line in:\n" << text;
   EXPECT_TRUE(std::regex_search(field(text, "git revision"), std::regex("^([0-9a-f]{7,}(-dirty)?|unknown)$")))
       << text;

@@ -1,7 +1,7 @@
 // Prints the time and GFLOP/s of the convolutions of inputs/fashion_cnn.nml at batch
 // 64 (forward, backward weights, backward data), one oneDNN thread unless
 // OMP_NUM_THREADS / DDP_DNNL_THREADS say otherwise. A program, not a test:
-//   build/tests/layers_conv_timing [batch] [repeats]
+//   build/conv_bench [batch] [repeats]
 #include <mpi.h>
 
 #include <chrono>
@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     double total_ms = 0;
     for (const Case& c : cases) {
       test::BoundLayer b(c.spec, c.in);
-      Tensor x = test::make_tensor(b.batch_shape(B, c.in), test::random_values(B * shape_numel(c.in), 1)), y, dx;
+      Tensor x = test::make_tensor(b.batch_shape(B, c.in), test::random_values(B * shape_numel(c.in), 1)), y,
+             dx;
       b.layer->forward(x, y, true);
       Tensor dy = test::make_tensor(y.shape, test::random_values(y.numel(), 2));
       const double flops = static_cast<Conv2d*>(b.layer.get())->forward_flops(B);
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
         f();  // warm-up: primitive creation
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < reps; ++i) f();
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+               reps;
       };
       double fwd = time_ms([&] { b.layer->forward(x, y, true); });
       b.layer->set_needs_input_grad(false);
@@ -42,14 +44,17 @@ int main(int argc, char** argv) {
       b.layer->set_needs_input_grad(true);
       double bwd_all = time_ms([&] { b.layer->backward(x, y, dy, dx); });
       double bwd_d = bwd_all - bwd_w;
-      std::printf("%-22s in %-13s B %lld: fwd %.3f ms (%.1f GFLOP/s)  bwd-weights %.3f ms (%.1f)  bwd-data %.3f ms (%.1f)\n",
-                  c.spec, shape_str(c.in).c_str(), static_cast<long long>(B), fwd, flops / fwd / 1e6, bwd_w,
-                  flops / bwd_w / 1e6, bwd_d, flops / bwd_d / 1e6);
+      std::printf(
+          "%-22s in %-13s B %lld: fwd %.3f ms (%.1f GFLOP/s)  bwd-weights %.3f ms (%.1f)  bwd-data %.3f ms "
+          "(%.1f)\n",
+          c.spec, shape_str(c.in).c_str(), static_cast<long long>(B), fwd, flops / fwd / 1e6, bwd_w,
+          flops / bwd_w / 1e6, bwd_d, flops / bwd_d / 1e6);
       // The CNN needs no input gradient for its first conv.
       total_ms += fwd + bwd_w + (c.in[0] == 1 ? 0.0 : bwd_d);
     }
-    std::printf("oneDNN threads %d; conv time per step %.3f ms -> at most %.0f samples/s per rank from convs alone\n",
-                dnnl_threads(), total_ms, B / total_ms * 1e3);
+    std::printf(
+        "oneDNN threads %d; conv time per step %.3f ms -> at most %.0f samples/s per rank from convs alone\n",
+        dnnl_threads(), total_ms, B / total_ms * 1e3);
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -1,0 +1,183 @@
+// train.precision on the host: rounding to bf16/fp16, the GEMM and the convolution
+// with bf16/fp16 operands against fp32 computations on operands rounded beforehand
+// (which is what "bf16 operands, fp32 accumulation" means), and fp16 overflow.
+
+#include "model/precision.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "comm/check.hpp"
+#include "layer_fixture.hpp"
+#include "model/gemm.hpp"
+
+namespace ddp {
+namespace {
+
+using test::BoundLayer;
+using test::from_host;
+using test::make_tensor;
+using test::random_values;
+using test::to_host;
+
+std::uint32_t bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+std::vector<float> rounded(Precision p, std::vector<float> v) {
+  round_to_precision(p, v.data(), v.data(), std::int64_t(v.size()));
+  return v;
+}
+
+// Largest |a - b| over the largest |b|.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return num / den;
+}
+
+TEST(Precision, RoundingBf16) {
+  EXPECT_EQ(round_bf16(1.0f), 1.0f);
+  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f), 1.0f);                // a tie: to even
+  EXPECT_EQ(round_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);  // a tie: to even (up)
+  EXPECT_EQ(round_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);
+  EXPECT_EQ(round_bf16(70000.0f), 70144.0f);  // bf16 has fp32's range
+  EXPECT_TRUE(std::isinf(round_bf16(std::numeric_limits<float>::infinity())));
+  EXPECT_TRUE(std::isnan(round_bf16(std::nanf(""))));
+}
+
+TEST(Precision, RoundingFp16) {
+  EXPECT_EQ(round_fp16(1.0f + 0x1p-11f), 1.0f);                // a tie: to even
+  EXPECT_EQ(round_fp16(1.0f + 3 * 0x1p-11f), 1.0f + 0x1p-9f);  // a tie: to even (up)
+  EXPECT_EQ(round_fp16(65504.0f), 65504.0f);                   // the largest fp16
+  EXPECT_EQ(round_fp16(65519.0f), 65504.0f);
+  EXPECT_TRUE(std::isinf(round_fp16(65520.0f)));  // the tie above it goes to inf
+  EXPECT_TRUE(std::isinf(round_fp16(-1e6f)) && round_fp16(-1e6f) < 0);
+  EXPECT_EQ(round_fp16(0x1p-24f), 0x1p-24f);      // the smallest subnormal
+  EXPECT_EQ(round_fp16(0x1p-25f), 0.0f);          // a tie: to even (zero)
+  EXPECT_EQ(round_fp16(3 * 0x1p-25f), 0x1p-23f);  // a tie: to even (up)
+  EXPECT_EQ(round_fp16(0x1p-14f + 0x1p-25f), 0x1p-14f);
+}
+
+// The vectorised rounding (F16C on x86) equals the scalar one bit for bit, from
+// subnormals to overflow.
+TEST(Precision, VectorRoundingEqualsScalar) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-30, 18), sign(0, 1);
+  std::vector<float> v(100003);
+  for (float& x : v) x = (sign(gen) ? -1.0f : 1.0f) * std::ldexp(mantissa(gen), exponent(gen));
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    const std::vector<float> r = rounded(p, v);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      differ += bits(r[i]) != bits(p == Precision::bf16 ? round_bf16(v[i]) : round_fp16(v[i]));
+    EXPECT_EQ(differ, 0u) << precision_name(p);
+  }
+}
+
+TEST(Precision, Names) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    EXPECT_EQ(parse_precision(precision_name(p)), p);
+  EXPECT_THROW(parse_precision("fp8"), InputError);
+}
+
+// C = alpha op(A) op(B) + beta C with rounded operands, in double.
+std::vector<float> reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha,
+                                  const std::vector<float>& a, const std::vector<float>& b, float beta,
+                                  std::vector<float> c) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int l = 0; l < k; ++l)
+        s += double(ta ? a[l * m + i] : a[i * k + l]) * double(tb ? b[j * k + l] : b[l * n + j]);
+      c[i * n + j] = float(alpha * s + beta * double(c[i * n + j]));
+    }
+  return c;
+}
+
+TEST(Precision, GemmOperandsAreRounded) {
+  const int m = 37, n = 29, k = 71;
+  for (Precision p : {Precision::bf16, Precision::fp16})
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const std::vector<float> a = random_values(m * k, 1 + t), b = random_values(k * n, 11 + t),
+                               c0 = random_values(m * n, 21 + t);
+      std::vector<float> c = c0;
+      gemm(ta, tb, m, n, k, 0.5f, a.data(), ta ? m : k, b.data(), tb ? k : n, 1.0f, c.data(), n, p);
+      const std::vector<float> want =
+          reference_gemm(ta, tb, m, n, k, 0.5f, rounded(p, a), rounded(p, b), 1.0f, c0);
+      const std::vector<float> fp32 = reference_gemm(ta, tb, m, n, k, 0.5f, a, b, 1.0f, c0);
+      const double err = rel_diff(c, want), rounding = rel_diff(want, fp32);
+      EXPECT_LT(err, 1e-6) << precision_name(p) << " trans " << ta << tb;
+      // The operands' rounding shows: the result is far closer to the rounded
+      // reference than to fp32.
+      EXPECT_GT(rounding, 100 * err) << precision_name(p) << " trans " << ta << tb;
+    }
+}
+
+TEST(Precision, Fp16OverflowsLikeFp16AndBf16DoesNot) {
+  const std::vector<float> a = {70000.0f, 1.0f}, b = {1.0f, 1.0f};
+  float c = 0;
+  gemm(false, false, 1, 1, 2, 1.0f, a.data(), 2, b.data(), 1, 0.0f, &c, 1, Precision::fp16);
+  EXPECT_TRUE(std::isinf(c)) << c;
+  gemm(false, false, 1, 1, 2, 1.0f, a.data(), 2, b.data(), 1, 0.0f, &c, 1, Precision::bf16);
+  EXPECT_EQ(c, 70145.0f);
+}
+
+// A layer at precision p against the same layer in fp32 on rounded operands:
+// forward (x, w), backward weights (x, dy) and backward data (dy, w).
+void check_layer(const std::string& spec, const Shape& in, std::int64_t B, Precision p) {
+  BoundLayer low(spec, in), ref(spec, in);
+  low.layer->set_precision(p);
+  const std::vector<float> params = to_host(low.params, low.n);
+  const Shape x_shape = low.batch_shape(B, in), y_shape = low.batch_shape(B, low.out_sample);
+  const std::vector<float> x = random_values(shape_numel(x_shape), 3),
+                           dy = random_values(shape_numel(y_shape), 4);
+
+  Tensor xl = make_tensor(x_shape, x), yl, dyl = make_tensor(y_shape, dy), dxl;
+  low.layer->forward(xl, yl, true);
+  low.layer->backward(xl, yl, dyl, dxl);
+
+  // Reference: weights rounded for forward and backward data; the bias stays fp32.
+  std::vector<float> w_rounded = params;
+  const std::int64_t nw = shape_numel(low.layer->parameter_specs()[0].shape);
+  round_to_precision(p, w_rounded.data(), w_rounded.data(), nw);
+  from_host(ref.params, w_rounded);
+  Tensor xr = make_tensor(x_shape, rounded(p, x)), yr, dyr = make_tensor(y_shape, rounded(p, dy)), dxr;
+  ref.layer->forward(xr, yr, true);
+  ref.layer->backward(xr, yr, dyr, dxr);
+  const std::int64_t ny = shape_numel(y_shape), nx = shape_numel(x_shape);
+  EXPECT_LT(rel_diff(to_host(yl.data, ny), to_host(yr.data, ny)), 2e-6) << spec << " " << precision_name(p);
+  // The weight gradient (the bias gradient is a plain sum of dy, which linear takes
+  // in fp32 and the bf16 convolution from its bf16 copy of dy).
+  EXPECT_LT(rel_diff(to_host(low.grads, nw), to_host(ref.grads, nw)), 2e-6)
+      << spec << " " << precision_name(p);
+  EXPECT_LT(rel_diff(to_host(dxl.data, nx), to_host(dxr.data, nx)), 2e-6) << spec << " " << precision_name(p);
+
+  // And the rounding is really there: fp32 operands give a visibly different y.
+  BoundLayer exact(spec, in);
+  Tensor xe = make_tensor(x_shape, x), ye;
+  exact.layer->forward(xe, ye, true);
+  EXPECT_GT(rel_diff(to_host(ye.data, ny), to_host(yr.data, ny)), 1e-5) << spec << " " << precision_name(p);
+}
+
+TEST(Precision, LinearBf16) { check_layer("linear(24)", {40}, 9, Precision::bf16); }
+TEST(Precision, LinearFp16) { check_layer("linear(24)", {40}, 9, Precision::fp16); }
+TEST(Precision, Conv2dBf16) { check_layer("conv2d(16, 3, pad=1)", {8, 9, 9}, 4, Precision::bf16); }
+TEST(Precision, Conv2dFp16) { check_layer("conv2d(16, 3, pad=1)", {8, 9, 9}, 4, Precision::fp16); }
+TEST(Precision, Conv2dOneInputChannelBf16) {
+  check_layer("conv2d(32, 3, pad=1)", {1, 12, 12}, 3, Precision::bf16);
+}
+
+}  // namespace
+}  // namespace ddp

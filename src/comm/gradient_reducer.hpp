@@ -11,6 +11,7 @@
 // Non-blocking collectives in MPI progress only inside MPI calls. Two ways to
 // give them that, chosen at construction and measured by tools/ddp_bench:
 //  - Progress::Poll: MPI_Iallreduce at start, MPI_Testall at every mark_ready/poll;
+//    the last bucket, which backward completes last, by MPI_Allreduce in finish();
 //  - Progress::Thread: a communication thread runs blocking MPI_Allreduce calls on
 //    the buckets in order (needs MPI_THREAD_MULTIPLE), on its own communicator.
 

@@ -20,12 +20,15 @@ namespace kmath = Kokkos::Experimental;
 // Arithmetic is in float like PyTorch's; scalars derived from lr are rounded once.
 
 // torch.optim.SGD, dampening 0. buf (n) is unused when momentum is 0.
-void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> buf, float lr,
-                float weight_decay, float momentum, bool nesterov, bool first_step) {
+// The gradient is g * scale, rounded to float before use, as if it had been scaled
+// in place first.
+void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, float scale, Kokkos::View<float*> buf,
+                float lr, float weight_decay, float momentum, bool nesterov, bool first_step) {
   Kokkos::parallel_for(
       "SGD::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) {
-        float d = g(i) + weight_decay * p(i);
+        const float gi = g(i) * scale;
+        float d = gi + weight_decay * p(i);
         if (momentum != 0.0f) {
           const float b = first_step ? d : momentum * buf(i) + d;
           buf(i) = b;
@@ -37,13 +40,13 @@ void sgd_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::Vi
 
 // torch.optim.AdamW (amsgrad off): decoupled decay, then the Adam step with
 // step_size = lr / bias_correction1 and denom = sqrt(v) / sqrt(bias_correction2) + eps.
-void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, Kokkos::View<float*> m,
+void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, float scale, Kokkos::View<float*> m,
                   Kokkos::View<float*> v, float decay, float beta1, float beta2, float one_minus_beta1,
                   float one_minus_beta2, float step_size, float bias_correction2_sqrt, float eps) {
   Kokkos::parallel_for(
       "AdamW::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) {
-        const float gi = g(i);
+        const float gi = g(i) * scale;
         p(i) *= decay;
         m(i) = beta1 * m(i) + one_minus_beta1 * gi;
         v(i) = beta2 * v(i) + one_minus_beta2 * gi * gi;
@@ -67,9 +70,10 @@ class SGD : public Optimizer {
     if (momentum_ != 0.0) buf_ = Kokkos::View<float*>("SGD::momentum_buffer", n);
   }
 
-  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) override {
+  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
+            float grad_scale) override {
     check_sizes(params, grads, n_);
-    sgd_update(params, grads, buf_, static_cast<float>(lr), static_cast<float>(weight_decay_),
+    sgd_update(params, grads, grad_scale, buf_, static_cast<float>(lr), static_cast<float>(weight_decay_),
                static_cast<float>(momentum_), nesterov_, steps_ == 0);
     ++steps_;
   }
@@ -97,13 +101,15 @@ class AdamW : public Optimizer {
         exp_avg_("AdamW::exp_avg", n),
         exp_avg_sq_("AdamW::exp_avg_sq", n) {}
 
-  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) override {
+  void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
+            float grad_scale) override {
     check_sizes(params, grads, n_);
     const double t = static_cast<double>(steps_ + 1);  // 1-based, as torch counts
     const double bias_correction1 = 1.0 - std::pow(beta1_, t);
     const double bias_correction2 = 1.0 - std::pow(beta2_, t);
-    adamw_update(params, grads, exp_avg_, exp_avg_sq_, static_cast<float>(1.0 - lr * weight_decay_),
-                 static_cast<float>(beta1_), static_cast<float>(beta2_), static_cast<float>(1.0 - beta1_),
+    adamw_update(params, grads, grad_scale, exp_avg_, exp_avg_sq_,
+                 static_cast<float>(1.0 - lr * weight_decay_), static_cast<float>(beta1_),
+                 static_cast<float>(beta2_), static_cast<float>(1.0 - beta1_),
                  static_cast<float>(1.0 - beta2_), static_cast<float>(lr / bias_correction1),
                  static_cast<float>(std::sqrt(bias_correction2)), static_cast<float>(eps_));
     ++steps_;

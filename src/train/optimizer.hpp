@@ -18,8 +18,11 @@ class Optimizer {
  public:
   virtual ~Optimizer();
 
-  // params (n) -= update(grads (n)) at learning rate lr; counts one step.
-  virtual void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr) = 0;
+  // params (n) -= update(grad_scale * grads (n)) at learning rate lr; counts one
+  // step. The trainer passes 1 / (global batch) as grad_scale: the gradients hold
+  // per-sample sums, and scaling them here saves a pass over the buffer.
+  virtual void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
+                    float grad_scale = 1.0f) = 0;
   virtual std::string name() const = 0;  // "SGD" | "AdamW"
 
   // State buffers (n each) by torch's names, for checkpoints: "momentum_buffer";

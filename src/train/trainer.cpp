@@ -134,11 +134,8 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) 
   }
   if (take_step) {
     const float inv = float(1.0 / (double(samples_per_rank) * comm_.size() * scale));
-    Kokkos::parallel_for(
-        "Trainer::scale_gradients", Kokkos::RangePolicy<ExecSpace>(0, n),
-        KOKKOS_LAMBDA(std::int64_t i) { grads(i) *= inv; });
     const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
-    optimizer_->step(model_.parameters(), grads, lr);
+    optimizer_->step(model_.parameters(), grads, lr, inv);
   }
   stats.optimizer_seconds += now() - t1;
   ++step_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
@@ -80,6 +81,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t batches = (sampler.num_samples() + B - 1) / B;
   steps_per_epoch_ = (batches + cfg_.train.accumulation_steps - 1) / cfg_.train.accumulation_steps;
+  epoch_positions_ = sampler.total_size();
 
   x_.data = View1("Trainer::x", std::size_t(B * train_.sample_numel()));
   labels_ = LabelView("Trainer::labels", std::size_t(B));
@@ -134,13 +136,13 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) 
   }
   if (take_step) {
     const float inv = float(1.0 / (double(samples_per_rank) * comm_.size() * scale));
-    const double lr = learning_rate(cfg_.train, step_, steps_per_epoch_);
+    const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
     optimizer_->step(model_.parameters(), grads, lr, inv);
   }
   stats.optimizer_seconds += now() - t1;
   ++step_;
   pos_.step = step_;
-  pos_.lr_step = step_;
+  ++pos_.lr_step;
 }
 
 void Trainer::restore(const Checkpoint& ck, bool weights_only) {
@@ -163,6 +165,14 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
   step_ = ck.state.step;
   pos_ = ck.state;
   pos_.world_size = comm_.size();
+  if (ck.state.world_size != comm_.size()) {
+    // The schedule is a function of the step, and steps per epoch change with the
+    // rank count: continue it at the same fraction of the epoch instead, so that the
+    // learning rate carries on from where it was rather than jumping.
+    pos_.lr_step =
+        pos_.epoch * steps_per_epoch_ +
+        std::int64_t(std::llround(double(pos_.consumed) / double(epoch_positions_) * steps_per_epoch_));
+  }
   if (pos_.seed != cfg_.train.seed)
     log::warn("train.seed is " + std::to_string(cfg_.train.seed) + " but the checkpoint's run used " +
               std::to_string(pos_.seed) + ": the sample order keeps the checkpoint's seed");
@@ -175,6 +185,15 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
       (long long)train_.size(), (long long)ck.state.world_size, ck.state.world_size == 1 ? "" : "s",
       comm_.size());
   log::info(line);
+  if (pos_.lr_step != ck.state.lr_step) {
+    std::snprintf(line, sizeof line,
+                  "learning-rate schedule: step %lld on %lld rank%s continues as step %lld on %d (%lld steps "
+                  "per epoch)",
+                  (long long)ck.state.lr_step, (long long)ck.state.world_size,
+                  ck.state.world_size == 1 ? "" : "s", (long long)pos_.lr_step, comm_.size(),
+                  (long long)steps_per_epoch_);
+    log::info(line);
+  }
 }
 
 Trainer::Agreed Trainer::poll() {
@@ -194,7 +213,6 @@ Trainer::Agreed Trainer::poll() {
 std::string Trainer::checkpoint() {
   std::string path;
   pos_.step = step_;
-  pos_.lr_step = step_;
   pos_.world_size = comm_.size();
   pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
@@ -285,7 +303,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       std::snprintf(line, sizeof line,
                     "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
                     (long long)epoch + 1, (long long)step_, window_loss / double(window_samples),
-                    (long long)window_samples, learning_rate(cfg_.train, step_ - 1, steps_per_epoch_));
+                    (long long)window_samples, learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_));
       log::info(line);
       window_loss = 0.0;
       window_samples = 0;
@@ -322,7 +340,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   stats.train_seconds = seconds;
   stats.samples_per_s = totals[2] / seconds;
   stats.data_wait_seconds = loader.wait_seconds();
-  stats.lr = learning_rate(cfg_.train, step_ - 1, steps_per_epoch_);
+  stats.lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
   stats.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   stats.complete = !stopped;
   if (!stopped) {

@@ -100,8 +100,9 @@ class Trainer {
   std::unique_ptr<LossScaler> scaler_;        // fp16 only
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
-  TrainingState pos_;              // epoch, consumed, dropout position, partial loss sums
-  std::uint64_t dropout_key_ = 0;  // this rank's dropout streams: reseeded per micro-batch
+  std::int64_t epoch_positions_ = 0;  // the sampler's global order per epoch (padded)
+  TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
+  std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
 
   Tensor x_;          // (B, sample...)

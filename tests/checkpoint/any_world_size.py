@@ -5,6 +5,10 @@ the global sample indices it trained; across both runs every sample of epoch 2
 is trained exactly once, plus the padding the 3-rank remainder needs (counted
 twice: the first `pad` samples of the epoch's permutation, as DistributedSampler
 pads). Epochs 1 and 3 use every sample exactly once. Final val_acc >= MIN_ACC.
+The cosine learning rate carries on across the resume (the schedule continues at
+the same fraction of the epoch, not at the same step number, whose meaning changes
+with the rank count): the last rate printed before the stop and the first after
+the resume are a few steps apart on the curve.
 
 usage: any_world_size.py MPIEXEC DDP_TRAIN INPUT.nml RUN_DIR MIN_ACC
 """
@@ -12,6 +16,7 @@ import collections
 import glob
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -23,13 +28,14 @@ args = [nml, "train.epochs=3", "train.log_every=5", "io.trace_samples=.true.", f
 N = 60000
 
 steps_per_epoch = [None]
+LR = re.compile(r"^\s+epoch \d+\s+step \d+\s.*\slr (\S+)$", re.M)
 
 
 def stop_when(line):
     if steps_per_epoch[0] is None:
         steps_per_epoch[0] = epoch_end_step(line, 1)
         return False
-    return (progress_step(line, 2) or 0) >= steps_per_epoch[0] * 1.4
+    return (progress_step(line, 2) or 0) >= steps_per_epoch[0] * 1.2
 
 
 rc, out, sent = run_until(mpirun(mpiexec, 2, binary, args), stop_when)
@@ -42,9 +48,11 @@ print(f"stopped: {stop} state {st}")
 if not (st["epoch"] == 1 and 0 < C < N and st["world_size"] == 2):
     fail(f"not stopped mid-epoch 2 on 2 ranks: {st}")
 
+lr_before = LR.findall(out)[-1]
 rc, out, _ = run(mpirun(mpiexec, 3, binary, args))
 if rc != 0:
     fail(f"3-rank resumed run exit status {rc}")
+lr_after = LR.findall(out)[0]
 if f"resumed from {stop} at epoch 2 step {st['step']}" not in out or "continuing on 3" not in out:
     fail("no 'resumed from ... continuing on 3' line")
 
@@ -85,6 +93,9 @@ if [r["epoch"] for r in records] != [1, 2, 3] or [r["world_size"] for r in recor
     errors.append("metrics records are not epochs 1, 2, 3 on 2, 3, 3 ranks")
 elif not records[-1]["val_acc"] >= float(min_acc):
     errors.append(f"final val_acc {records[-1]['val_acc']} < {min_acc}")
+print(f"learning rate: {lr_before} before the stop, {lr_after} after the resume")
+if abs(float(lr_before) - float(lr_after)) > 0.003:
+    errors.append(f"the learning rate jumps across the resume: {lr_before} -> {lr_after}")
 if errors:
     fail("; ".join(errors))
 print(f"PASS: epoch 2 = {C} samples on 2 ranks + {N - C} (+{pad} padding) on 3 ranks, each sample once; "

@@ -19,6 +19,8 @@ class ReLU : public Layer {
   // backward: the layer after already masked its dx (max-pool), so dx = dy.
   void fuse_forward() { fused_forward_ = true; }
   void fuse_backward() { fused_backward_ = true; }
+  // Fused both ways, the layer hands its neighbours' tensors on, whatever their layout.
+  bool passes_through() const { return fused_forward_ && fused_backward_; }
 
  private:
   bool fused_forward_ = false, fused_backward_ = false;

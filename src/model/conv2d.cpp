@@ -24,13 +24,29 @@ tag layout_tag() {
   }();
   return plain ? tag::nchw : tag::any;
 }
+
+// Our buffer of an activation or its gradient, in its layout.
+memory::desc our_md(const memory::dims& dims, Layout layout) {
+  return memory::desc(dims, memory::data_type::f32, layout == Layout::blocked16 ? tag::nChw16c : tag::nchw);
+}
+
+// Whether a primitive's operand lies as blocked16, whatever its data type: a bf16
+// operand then costs our blocked buffer a conversion, not a reorder.
+bool is_blocked16(const memory::desc& md) {
+  return md == memory::desc(md.dims(), md.data_type(), tag::nChw16c);
+}
+
+// The batch the layout queries ask at: oneDNN's choice of layouts does not depend on
+// it for these kernels (and if it ever did, the ports would reorder, correctly).
+constexpr std::int64_t kLayoutProbeBatch = 64;
 }  // namespace
 
-// Activations live in our NCHW buffers and weights in PyTorch's OIHW layout. oneDNN
-// picks each primitive's layouts (format_tag::any): where it prefers a channel-blocked
-// one (nChw16c with AVX-512), a Port reorders between our buffer and a blocked copy
-// it owns, allocated once; where it takes the plain layout, it works on our buffer
-// directly. Scratchpads are ours too (user mode), allocated once.
+// Activations live in our buffers (NCHW, or blocked16 as the model sets) and weights
+// in PyTorch's OIHW layout. oneDNN picks each primitive's layouts (format_tag::any):
+// where it prefers another layout or type than our buffer's (nChw16c with AVX-512;
+// bf16), a Port reorders between our buffer and a copy it owns, allocated once;
+// where it takes ours, it works on our buffer directly. Scratchpads are ours too
+// (user mode), allocated once.
 namespace {
 // For a benchmark's floor: a replay of the primitive call just made. Forward,
 // backward-data and backward-weights each cost the forward's flops.
@@ -44,8 +60,8 @@ void trace(const char* what, double flops, const dnnl::primitive& prim,
 }
 
 struct Port {
-  memory plain;     // over our buffer; the handle is re-pointed on every call
-  memory internal;  // the primitive's layout and type: == plain when no reorder is needed
+  memory ours;      // over our buffer; the handle is re-pointed on every call
+  memory internal;  // the primitive's layout and type: == ours when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
   bool round_fp16 = false;  // an input whose fp32 copy is rounded to fp16 values
@@ -53,22 +69,22 @@ struct Port {
   Port() = default;
   // to_internal: our buffer is an input of the primitive (else an output).
   // emulate_fp16: (inputs only) always copy, and round the copy to fp16 values.
-  Port(const memory::desc& plain_md, const memory::desc& want, bool to_internal, dnnl::engine& eng,
+  Port(const memory::desc& our_md, const memory::desc& want, bool to_internal, dnnl::engine& eng,
        bool emulate_fp16 = false)
-      : plain(plain_md, eng, DNNL_MEMORY_NONE),
-        reordered(want != plain_md || emulate_fp16),
+      : ours(our_md, eng, DNNL_MEMORY_NONE),
+        reordered(want != our_md || emulate_fp16),
         round_fp16(emulate_fp16) {
     if (!reordered) {
-      internal = plain;
+      internal = ours;
       return;
     }
     internal = memory(want, eng);
-    reorder = to_internal ? dnnl::reorder(plain, internal) : dnnl::reorder(internal, plain);
+    reorder = to_internal ? dnnl::reorder(ours, internal) : dnnl::reorder(internal, ours);
   }
   // An input: point at `data` and bring it into the primitive's layout and type.
   const memory& in(const float* data, dnnl::stream& s) {
-    plain.set_data_handle(const_cast<float*>(data));
-    if (reordered) reorder.execute(s, plain, internal);
+    ours.set_data_handle(const_cast<float*>(data));
+    if (reordered) reorder.execute(s, ours, internal);
     if (round_fp16) {
       s.wait();
       float* p = static_cast<float*>(internal.get_data_handle());
@@ -78,14 +94,20 @@ struct Port {
   }
   // An output: point at `data`; finish() copies the result there.
   const memory& out(float* data) {
-    plain.set_data_handle(data);
+    ours.set_data_handle(data);
     return internal;
   }
   void finish(dnnl::stream& s) {
-    if (reordered) reorder.execute(s, internal, plain);
+    if (reordered) reorder.execute(s, internal, ours);
   }
 };
 }  // namespace
+
+struct Conv2d::Descs {
+  dnnl::convolution_forward::primitive_desc fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights;
+};
 
 struct Conv2d::Primitives {
   dnnl::convolution_forward fwd;
@@ -150,12 +172,27 @@ void Conv2d::set_precision(Precision p) {
   Layer::set_precision(p);
 }
 
+bool Conv2d::blocked_input_fits() const {
+  const Descs d = descs(kLayoutProbeBatch);
+  return is_blocked16(d.fwd.src_desc()) && is_blocked16(d.bwd_weights.src_desc()) &&
+         is_blocked16(d.bwd_data.diff_src_desc());
+}
+
+bool Conv2d::blocked_output_fits() const {
+  const Descs d = descs(kLayoutProbeBatch);
+  return is_blocked16(d.fwd.dst_desc()) && is_blocked16(d.bwd_weights.diff_dst_desc()) &&
+         is_blocked16(d.bwd_data.diff_dst_desc());
+}
+
+void Conv2d::set_layouts(Layout in, Layout out) {
+  if (in != in_layout_ || out != out_layout_) by_batch_.clear();
+  in_layout_ = in;
+  out_layout_ = out;
+}
+
 double Conv2d::forward_flops(std::int64_t B) const { return 2.0 * B * out_ * ho_ * wo_ * in_ * k_ * k_; }
 
-Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
-  auto it = by_batch_.find(B);
-  if (it != by_batch_.end()) return *it->second;
-
+Conv2d::Descs Conv2d::descs(std::int64_t B) const {
   dnnl_stream();  // pins this thread's OpenMP count first: kernels plan their threads at creation
   dnnl::engine& eng = dnnl_engine();
   const memory::dims x_dims = {B, in_, h_, w_}, y_dims = {B, out_, ho_, wo_}, w_dims = {out_, in_, k_, k_},
@@ -163,9 +200,7 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   const auto f32 = memory::data_type::f32;
   // Operands (x, w, and dy in backward) in bf16 for bf16; results (y, dx, dw) in fp32.
   const auto op = precision() == Precision::bf16 ? memory::data_type::bf16 : f32;
-  const bool fp16 = precision() == Precision::fp16;
-  memory::desc x_md(x_dims, f32, tag::nchw), y_md(y_dims, f32, tag::nchw), w_md(w_dims, f32, tag::oihw),
-      b_md(b_dims, f32, tag::x), no_md;
+  memory::desc b_md(b_dims, f32, tag::x), no_md;
   memory::desc x_any(x_dims, op, layout_tag()), y_any(y_dims, f32, layout_tag()),
       w_any(w_dims, op, layout_tag()), dy_any(y_dims, op, layout_tag()), dx_any(x_dims, f32, layout_tag()),
       dw_any(w_dims, f32, layout_tag());
@@ -178,8 +213,6 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
     fwd_attr.set_post_ops(relu);
   }
   const auto algo = dnnl::algorithm::convolution_direct;
-
-  auto p = std::make_unique<Primitives>();
   dnnl::convolution_forward::primitive_desc fwd_pd(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, x_any, w_any,
                                       has_bias_ ? b_md : no_md, y_any, strides, padding, padding),
@@ -191,31 +224,47 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
       dnnl::convolution_backward_weights::desc(algo, x_any, dw_any, has_bias_ ? b_md : no_md, dy_any, strides,
                                                padding, padding),
       attr, eng, fwd_pd);
-  p->fwd = dnnl::convolution_forward(fwd_pd);
-  p->bwd_data = dnnl::convolution_backward_data(bwd_data_pd);
-  p->bwd_weights = dnnl::convolution_backward_weights(bwd_weights_pd);
-  p->fwd_x = Port(x_md, fwd_pd.src_desc(), true, eng, fp16);
-  p->fwd_w = Port(w_md, fwd_pd.weights_desc(), true, eng, fp16);
-  p->fwd_y = Port(y_md, fwd_pd.dst_desc(), false, eng);
-  p->bwd_dy = Port(y_md, bwd_data_pd.diff_dst_desc(), true, eng, fp16);
-  p->bwd_w = Port(w_md, bwd_data_pd.weights_desc(), true, eng, fp16);
-  p->bwd_dx = Port(x_md, bwd_data_pd.diff_src_desc(), false, eng);
-  p->bww_x = Port(x_md, bwd_weights_pd.src_desc(), true, eng, fp16);
-  p->bww_dy = Port(y_md, bwd_weights_pd.diff_dst_desc(), true, eng, fp16);
-  p->bww_dw = Port(w_md, bwd_weights_pd.diff_weights_desc(), false, eng);
-  p->shared_dy = p->bww_dy.reordered && bwd_data_pd.diff_dst_desc() == bwd_weights_pd.diff_dst_desc();
+  return {fwd_pd, bwd_data_pd, bwd_weights_pd};
+}
+
+Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
+  auto it = by_batch_.find(B);
+  if (it != by_batch_.end()) return *it->second;
+
+  const Descs d = descs(B);
+  dnnl::engine& eng = dnnl_engine();
+  const bool fp16 = precision() == Precision::fp16;
+  const auto f32 = memory::data_type::f32;
+  const memory::desc x_md = our_md({B, in_, h_, w_}, in_layout_),
+                     y_md = our_md({B, out_, ho_, wo_}, out_layout_),
+                     w_md({out_, in_, k_, k_}, f32, tag::oihw), b_md({out_}, f32, tag::x);
+  auto p = std::make_unique<Primitives>();
+  p->fwd = dnnl::convolution_forward(d.fwd);
+  p->bwd_data = dnnl::convolution_backward_data(d.bwd_data);
+  p->bwd_weights = dnnl::convolution_backward_weights(d.bwd_weights);
+  p->fwd_x = Port(x_md, d.fwd.src_desc(), true, eng, fp16);
+  p->fwd_w = Port(w_md, d.fwd.weights_desc(), true, eng, fp16);
+  p->fwd_y = Port(y_md, d.fwd.dst_desc(), false, eng);
+  p->bwd_dy = Port(y_md, d.bwd_data.diff_dst_desc(), true, eng, fp16);
+  p->bwd_w = Port(w_md, d.bwd_data.weights_desc(), true, eng, fp16);
+  p->bwd_dx = Port(x_md, d.bwd_data.diff_src_desc(), false, eng);
+  p->bww_x = Port(x_md, d.bwd_weights.src_desc(), true, eng, fp16);
+  p->bww_dy = Port(y_md, d.bwd_weights.diff_dst_desc(), true, eng, fp16);
+  p->bww_dw = Port(w_md, d.bwd_weights.diff_weights_desc(), false, eng);
+  p->shared_dy = p->bww_dy.reordered && d.bwd_data.diff_dst_desc() == d.bwd_weights.diff_dst_desc();
   p->b = memory(b_md, eng, DNNL_MEMORY_NONE);
   p->db = memory(b_md, eng, DNNL_MEMORY_NONE);
-  p->fwd_scratch = memory(fwd_pd.scratchpad_desc(), eng);
-  p->bwd_data_scratch = memory(bwd_data_pd.scratchpad_desc(), eng);
-  p->bwd_weights_scratch = memory(bwd_weights_pd.scratchpad_desc(), eng);
+  p->fwd_scratch = memory(d.fwd.scratchpad_desc(), eng);
+  p->bwd_data_scratch = memory(d.bwd_data.scratchpad_desc(), eng);
+  p->bwd_weights_scratch = memory(d.bwd_weights.scratchpad_desc(), eng);
   return *by_batch_.emplace(B, std::move(p)).first->second;
 }
 
 // x: (B, in, h, w) -> y: (B, out, ho, wo), rectified when fused with a relu
 void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  DDP_REQUIRE(x.layout == in_layout_, "conv2d input in another layout than the model set");
   const std::int64_t B = x.batch();
-  resize(y, B, out_sample_, "Conv2d::y");
+  resize(y, B, out_sample_, "Conv2d::y", out_layout_);
   if (B == 0) return;
   Primitives& p = primitives(B);
   dnnl::stream& s = dnnl_stream();
@@ -235,6 +284,7 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 
 // dy: (B, out, ho, wo) -> dW (out, in, k, k) +=, db (out) +=, dx: (B, in, h, w)
 void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  DDP_REQUIRE(dy.layout == out_layout_, "conv2d output gradient in another layout than the model set");
   const std::int64_t B = x.batch();
   if (B > 0) {
     Primitives& p = primitives(B);
@@ -260,7 +310,7 @@ void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
         KOKKOS_LAMBDA(std::int64_t i) { dparams[i] += scratch[i]; });
   }
   if (!needs_input_grad()) return;
-  resize(dx, B, in_sample_, "Conv2d::dx");
+  resize(dx, B, in_sample_, "Conv2d::dx", in_layout_);
   if (B == 0) return;
   Primitives& p = primitives(B);
   dnnl::stream& s = dnnl_stream();

@@ -1,6 +1,7 @@
 #pragma once
 // conv2d(out, k, stride=s, pad=p, bias=true): PyTorch's nn.Conv2d (square kernel,
-// symmetric zero padding, no dilation or groups) on NCHW float32, through oneDNN.
+// symmetric zero padding, no dilation or groups) on float32 through oneDNN; NCHW
+// activations, or blocked16 where the model sets it (set_layouts).
 // Weight (out, in, k, k), bias (out). The primitives for a batch size are created
 // once and cached; every call only points them at the current buffers.
 
@@ -36,13 +37,26 @@ class Conv2d : public Layer {
   // Call before the first forward.
   void fuse_relu() { fused_relu_ = true; }
 
+  // The model keeps an activation between a convolution and a max-pool in the
+  // blocked16 layout where oneDNN's kernels read and write that layout anyway, forward
+  // and backward: no reorder to or from NCHW on that side. These ask oneDNN, at the
+  // current precision, whether that holds for x and dx, and for y and dy.
+  bool blocked_input_fits() const;
+  bool blocked_output_fits() const;
+  // The layouts of x and dx (in), of y and dy (out); nchw unless set. Drops the
+  // cached primitives.
+  void set_layouts(Layout in, Layout out);
+
  private:
+  struct Descs;       // oneDNN's primitive descriptors of one batch size
   struct Primitives;  // oneDNN descriptors, primitives and memories of one batch size
+  Descs descs(std::int64_t B) const;
   Primitives& primitives(std::int64_t B);
 
   std::int64_t out_, k_, stride_, pad_;
   bool has_bias_;
   bool fused_relu_ = false;
+  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   std::int64_t in_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (in, h, w), (out, ho, wo)
   float* weight_ = nullptr;       // (out, in, k, k)

@@ -19,8 +19,8 @@ std::string trim(const std::string& s) {
 }
 }  // namespace
 
-Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
-             bool fuse) {
+Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed, bool fuse)
+    : fuse_(fuse) {
   if (specs.empty()) throw InputError("model.layers is empty: give at least one layer");
   for (std::int64_t d : sample_shape)
     if (d < 1) throw InputError("input sample shape " + shape_str(sample_shape) + " has an empty dimension");
@@ -74,7 +74,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   // Nothing upstream of the first trained layer needs a gradient.
   if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
   reseed_dropout(hash64(seed, ~0ull));
-  if (fuse) fuse_layers();
+  if (fuse_) fuse_layers();
   acts_.resize(layers_.size());
   grad_.resize(layers_.size());
 }
@@ -96,6 +96,35 @@ void Model::fuse_layers() {
       pool->absorb_relu_backward();
       relu->fuse_backward();
     }
+  }
+  plan_layouts();
+}
+
+// A convolution's kernels read and write oneDNN's blocked16 layout (AVX-512), so an
+// activation between a convolution and a 2x2 max-pool (through a relu between them,
+// which hands the tensors on), and between such a pool and a convolution, stays
+// blocked, and so does its gradient: no reorder to NCHW and back on either side,
+// forward or backward. Only where the convolution's kernels want that layout; the
+// pool hands anything else NCHW, so flatten keeps PyTorch's order (checkpoints).
+void Model::plan_layouts() {
+  const std::size_t n = layers_.size();
+  std::vector<Layout> out(n, Layout::nchw);  // out[i]: the layout of layer i's output
+  auto conv_at = [&](std::size_t i) { return i < n ? dynamic_cast<Conv2d*>(layers_[i].get()) : nullptr; };
+  for (std::size_t i = 1; i < n; ++i) {
+    auto* pool = dynamic_cast<Pool2d*>(layers_[i].get());
+    if (!pool || !pool->takes_blocked()) continue;
+    std::size_t c = i - 1;
+    auto* relu = dynamic_cast<ReLU*>(layers_[c].get());
+    if (relu && relu->passes_through() && c > 0) --c;
+    Conv2d* conv = conv_at(c);
+    if (!conv || !conv->blocked_output_fits()) continue;
+    std::fill(out.begin() + c, out.begin() + i, Layout::blocked16);
+    Conv2d* next = conv_at(i + 1);
+    if (next && next->blocked_input_fits()) out[i] = Layout::blocked16;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (Conv2d* conv = conv_at(i)) conv->set_layouts(i > 0 ? out[i - 1] : Layout::nchw, out[i]);
+    if (auto* pool = dynamic_cast<Pool2d*>(layers_[i].get())) pool->set_output_layout(out[i]);
   }
 }
 
@@ -127,6 +156,7 @@ void Model::set_communicator(Communicator* comm) {
 
 void Model::set_precision(Precision p) {
   for (auto& layer : layers_) layer->set_precision(p);
+  if (fuse_) plan_layouts();
 }
 
 void Model::reseed_dropout(std::uint64_t seed) {

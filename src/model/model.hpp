@@ -19,7 +19,9 @@ class Model {
   // seed: initialisation (and the default dropout streams). Throws InputError for a
   // bad spec or a layer that does not fit its input, naming model.layers(i), 1-based.
   // fuse: let neighbouring layers share passes over the activations (conv2d -> relu
-  // forward, relu -> maxpool backward); same results up to float rounding, off for tests.
+  // forward, relu -> maxpool backward) and keep the activations between convolutions
+  // and max-pools in oneDNN's blocked layout; same results up to float rounding, off
+  // for tests.
   Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
         bool fuse = true);
 
@@ -56,7 +58,8 @@ class Model {
   // The communicator SyncBatchNorm layers reduce their statistics through (the
   // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
   void set_communicator(Communicator* comm);
-  // The precision of every GEMM and convolution operand (train.precision).
+  // The precision of every GEMM and convolution operand (train.precision). Plans the
+  // blocked layouts again: oneDNN's kernels for another precision may want others.
   void set_precision(Precision p);
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
@@ -66,7 +69,9 @@ class Model {
 
  private:
   void fuse_layers();
+  void plan_layouts();
 
+  bool fuse_;                       // fusions and blocked layouts on (planned again by set_precision)
   std::vector<std::string> specs_;  // as given, whitespace-trimmed
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output

@@ -1,6 +1,7 @@
 #include "model/pool.hpp"
 
 #include "comm/check.hpp"
+#include "model/select.hpp"
 
 namespace ddp {
 
@@ -28,16 +29,11 @@ using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>;
 // One step of a window's running max: first max wins; NaN wins, as in PyTorch.
 // Selects, not branches (hence | not ||): which element wins is data, and a branch
 // on it mispredicts.
-KOKKOS_INLINE_FUNCTION void take_max(float v, std::int64_t at, float& m, std::int64_t& best) {
+template <class Index>
+KOKKOS_INLINE_FUNCTION void take_max(float v, Index at, float& m, Index& best) {
   const bool take = (v > m) | (v != v);
   best = take ? at : best;
   m = take ? v : m;
-}
-
-// c ? v : 0 without a branch (the compiler turns the plain select into one).
-KOKKOS_INLINE_FUNCTION float select_or_zero(bool c, float v) {
-  const float pick[2] = {0.0f, v};
-  return pick[c];
 }
 
 // The first of a 2x2 window (a b / c d) that holds its maximum m, found with no
@@ -46,10 +42,29 @@ KOKKOS_INLINE_FUNCTION std::int64_t first_max_of4(float a, float b, float c, flo
   const std::int64_t na = a != m, nb = b != m, nc = c != m;
   return na * (1 + nb * (1 + nc));
 }
+
+void reserve_argmax(Kokkos::View<std::int32_t*>& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.extent(0)) < n)
+    v = Kokkos::View<std::int32_t*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "MaxPool::argmax"), n);
+}
+
+// Channel block p of a blocked16 (B, C, H, W) tensor in NCHW: the plane of its first
+// channel, and how many of its 16 channels exist (the rest are padding).
+struct NchwBlock {
+  std::int64_t plane, lanes;
+};
+KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
+  const std::int64_t Cb = (C + 15) / 16, c0 = p % Cb * 16;
+  return {p / Cb * C + c0, C - c0 < 16 ? C - c0 : 16};
+}
 }  // namespace
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  if (x.layout == Layout::blocked16) {
+    forward_blocked(x, y);
+    return;
+  }
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
   resize(y, B, out_sample_, op_ == Max ? "MaxPool::y" : "AvgPool::y");
   ConstView1 xv = x.data;
@@ -59,9 +74,7 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   // One thread per output row: the inner loop walks the row with no index arithmetic.
   const Range2 rows({0, 0}, {planes, Ho});
   if (op_ == Max) {
-    if (static_cast<std::int64_t>(argmax_.extent(0)) < n)
-      argmax_ =
-          Kokkos::View<std::int32_t*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "MaxPool::argmax"), n);
+    reserve_argmax(argmax_, n);
     auto am = argmax_;
     if (k == 2 && s == 2) {  // the common case, unrolled: a quarter of the loop overhead
       Kokkos::parallel_for(
@@ -130,6 +143,10 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // mask, dy passes only where the output y > 0.
 void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
+  if (x.layout == Layout::blocked16) {
+    backward_blocked(dy, dx);
+    return;
+  }
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
   resize(dx, B, in_sample_, op_ == Max ? "MaxPool::dx" : "AvgPool::dx");
   const std::int64_t planes = B * c_;
@@ -170,6 +187,98 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
               g += dyv(o) * inv;
           }
         dxv(p * H * W + at) = g;
+      });
+}
+
+// x: (B, C/16, H, W, 16) -> y: (B, C, Ho, Wo) in out_layout_; 2x2 windows, stride 2.
+// One thread per output row of a channel block. A pixel's 16 channels are adjacent,
+// so each step of the window's running max is one vector select, with the NCHW
+// kernel's rules for ties and NaN. The argmax is blocked16 whatever y's layout, and
+// -1 where the relu mask stops the gradient (y <= 0): backward reads only it and dy.
+void Pool2d::forward_blocked(const Tensor& x, Tensor& y) {
+  DDP_REQUIRE(takes_blocked(), kind() << " on a blocked16 input needs kernel 2, stride 2");
+  const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + 15) / 16;
+  resize(y, B, out_sample_, "MaxPool::y", out_layout_);
+  reserve_argmax(argmax_, B * Cb * Ho * Wo * 16);
+  if (B == 0) return;
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  auto am = argmax_;
+  const bool blocked_out = out_layout_ == Layout::blocked16, mask = relu_mask_;
+  Kokkos::parallel_for(
+      "MaxPool::forward_blocked", Range2({0, 0}, {B * Cb, Ho}),
+      KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
+        const float* xr = xv.data() + (p * H + 2 * i) * W * 16;
+        const std::int64_t row = (p * Ho + i) * Wo * 16;  // of blocked16 y and argmax
+        const NchwBlock nchw = nchw_block(p, C);
+        for (std::int64_t j = 0; j < Wo; ++j) {
+          const float* xa = xr + 2 * j * 16;  // the window's pixels: xa, xa + 16 / below them, W * 16 on
+          const auto at = static_cast<std::int32_t>(2 * i * W + 2 * j), w = static_cast<std::int32_t>(W);
+          std::int32_t* ao = am.data() + row + j * 16;
+          float m[16];
+          for (int l = 0; l < 16; ++l) {
+            std::int32_t best = at;
+            m[l] = xa[l];
+            take_max(xa[16 + l], at + 1, m[l], best);
+            take_max(xa[16 * W + l], at + w, m[l], best);
+            take_max(xa[16 * W + 16 + l], at + w + 1, m[l], best);
+            ao[l] = !mask | (m[l] > 0.0f) ? best : -1;
+          }
+          if (blocked_out) {
+            for (int l = 0; l < 16; ++l) yv(row + j * 16 + l) = m[l];
+          } else {
+            for (std::int64_t l = 0; l < nchw.lanes; ++l) yv(((nchw.plane + l) * Ho + i) * Wo + j) = m[l];
+          }
+        }
+      });
+}
+
+// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, C/16, H, W, 16). Each window's four
+// gradients are written at once, lanes as vectors: dy where the argmax is, else 0.
+// An NCHW dy (a quarter of dx's size) is first transposed to blocked16. What no
+// window covers (a last odd row or column) is zeroed, and so are the padding
+// channels, as oneDNN expects.
+void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx) {
+  const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + 15) / 16;
+  resize(dx, B, in_sample_, "MaxPool::dx", Layout::blocked16);
+  if (B == 0) return;
+  ConstView1 dyv = dy.data;
+  if (out_layout_ == Layout::nchw) {
+    resize(dy_blocked_, B, out_sample_, "MaxPool::dy_blocked", Layout::blocked16);
+    View1 dyb = dy_blocked_.data;
+    Kokkos::parallel_for(
+        "MaxPool::dy_to_blocked", Range2({0, 0}, {B * Cb, Ho}),
+        KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
+          const NchwBlock nchw = nchw_block(p, C);
+          float* row = dyb.data() + (p * Ho + i) * Wo * 16;
+          for (std::int64_t j = 0; j < Wo; ++j)
+            for (std::int64_t l = 0; l < 16; ++l)
+              row[j * 16 + l] = l < nchw.lanes ? dyv(((nchw.plane + l) * Ho + i) * Wo + j) : 0.0f;
+        });
+    dyv = dyb;
+  }
+  View1 dxv = dx.data;
+  auto am = argmax_;
+  Kokkos::parallel_for(
+      "MaxPool::backward_blocked", Range2({0, 0}, {B * Cb, Ho}),
+      KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
+        float* dxr = dxv.data() + (p * H + 2 * i) * W * 16;
+        const std::int64_t row = (p * Ho + i) * Wo * 16;
+        for (std::int64_t j = 0; j < Wo; ++j) {
+          const float* g = dyv.data() + row + j * 16;
+          const std::int32_t* a = am.data() + row + j * 16;
+          float* dxa = dxr + 2 * j * 16;
+          const auto at = static_cast<std::int32_t>(2 * i * W + 2 * j), w = static_cast<std::int32_t>(W);
+          for (int l = 0; l < 16; ++l) {
+            dxa[l] = select_or_zero(a[l] == at, g[l]);
+            dxa[16 + l] = select_or_zero(a[l] == at + 1, g[l]);
+            dxa[16 * W + l] = select_or_zero(a[l] == at + w, g[l]);
+            dxa[16 * W + 16 + l] = select_or_zero(a[l] == at + w + 1, g[l]);
+          }
+        }
+        for (std::int64_t e = 2 * Wo * 16; e < W * 16; ++e) dxr[e] = dxr[W * 16 + e] = 0.0f;
+        if (i == Ho - 1)
+          for (std::int64_t e = 2 * W * 16; e < (H - 2 * i) * W * 16; ++e) dxr[e] = 0.0f;
       });
 }
 

@@ -19,6 +19,12 @@ std::string shape_str(const Shape& shape) {
   return os.str();
 }
 
+std::int64_t Tensor::storage_numel() const {
+  if (layout == Layout::nchw) return numel();
+  const std::int64_t c = shape[1], padded = (c + 15) / 16 * 16;
+  return numel() / c * padded;
+}
+
 namespace {
 void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n)
@@ -26,16 +32,18 @@ void reserve(View1& v, std::int64_t n, const char* label) {
 }
 }  // namespace
 
-void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label) {
-  reserve(t.data, batch * shape_numel(sample), label);
+void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout) {
   t.shape.resize(sample.size() + 1);
   t.shape[0] = batch;
   std::copy(sample.begin(), sample.end(), t.shape.begin() + 1);
+  t.layout = layout;
+  reserve(t.data, t.storage_numel(), label);
 }
 
 void resize_like(Tensor& t, const Tensor& like, const char* label) {
-  reserve(t.data, like.numel(), label);
+  reserve(t.data, like.storage_numel(), label);
   t.shape = like.shape;
+  t.layout = like.layout;
 }
 
 }  // namespace ddp

@@ -18,16 +18,26 @@ using ConstView1 = Kokkos::View<const float*>;
 using LabelView = Kokkos::View<std::int32_t*>;
 using Shape = std::vector<std::int64_t>;
 
+// How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
+// between a convolution and a max-pool, where both sides work on oneDNN's layout.
+enum class Layout {
+  nchw,       // PyTorch's
+  blocked16,  // oneDNN's nChw16c: (B, ceil(C/16), H, W, 16), padding channels zero
+};
+
 // Product of the dimensions; 1 for a scalar shape {}.
 std::int64_t shape_numel(const Shape& shape);
 // "(1, 28, 28)"
 std::string shape_str(const Shape& shape);
 
 struct Tensor {
-  View1 data;   // at least numel() elements; only the prefix of numel() is meaningful
-  Shape shape;  // (B, sample...)
+  View1 data;   // at least storage_numel() elements; only that prefix is meaningful
+  Shape shape;  // (B, sample...), in PyTorch's order whatever the layout
+  Layout layout = Layout::nchw;
 
   std::int64_t numel() const { return shape.empty() ? 0 : shape_numel(shape); }
+  // Elements the layout occupies: numel() but for blocked16's padding channels.
+  std::int64_t storage_numel() const;
   std::int64_t batch() const { return shape[0]; }
   std::int64_t sample_numel() const {
     std::int64_t n = 1;
@@ -36,11 +46,12 @@ struct Tensor {
   }
 };
 
-// Make t a (batch, sample...) tensor. Its buffer grows (a new View named `label`)
-// only when too small; the shape vector keeps its capacity, so a repeated call
-// allocates nothing.
-void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label);
-// Make t the shape of `like` (same rules).
+// Make t a (batch, sample...) tensor in `layout`. Its buffer grows (a new View named
+// `label`) only when too small; the shape vector keeps its capacity, so a repeated
+// call allocates nothing.
+void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label,
+            Layout layout = Layout::nchw);
+// Make t the shape and layout of `like` (same rules).
 void resize_like(Tensor& t, const Tensor& like, const char* label);
 
 }  // namespace ddp

@@ -175,10 +175,14 @@ TEST(ModelGradients, AccumulateWithoutZeroGrad) {
   for (std::int64_t i = 0; i < m.num_parameters(); ++i) EXPECT_NEAR(gab[i], ga[i] + gb[i], 1e-6) << i;
 }
 
-// The fused model (conv2d -> relu post-op, relu -> maxpool backward mask) against
-// the same model unfused: outputs and gradients over two steps of different batch.
-void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sample) {
+// The fused model (conv2d -> relu post-op, relu -> maxpool backward mask, blocked
+// layouts between convolutions and max-pools) against the same model unfused:
+// outputs and gradients over two steps of different batch.
+void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sample,
+                         Precision precision = Precision::fp32) {
   Model fused(specs, sample, 11), plain(specs, sample, 11, /*fuse=*/false);
+  fused.set_precision(precision);
+  plain.set_precision(precision);
   const std::int64_t F = shape_numel(sample), C = shape_numel(fused.output_shape());
   for (std::int64_t B : {6, 4}) {
     Tensor x = make_tensor(Shape{B, sample[0], sample[1], sample[2]}, random_values(B * F, 90 + B));
@@ -197,7 +201,7 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
       ASSERT_EQ(a.size(), b.size());
       for (std::size_t i = 0; i < a.size(); ++i)
         EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7)
-            << (t ? "gradient " : "output ") << i << " at batch " << B;
+            << (t ? "gradient " : "output ") << i << " at batch " << B << ", " << precision_name(precision);
     }
   }
 }
@@ -209,6 +213,21 @@ TEST(ModelFusion, ConvReluMaxPoolMatchesUnfused) {
   expect_fusion_exact({"conv2d(16, 3, pad=1)", "relu", "maxpool(2)", "conv2d(32, 3, pad=1)", "relu",
                        "maxpool(2, stride=3)", "conv2d(5, 1)", "relu", "flatten", "linear(3)"},
                       {2, 11, 11});
+}
+
+TEST(ModelFusion, BlockedLayoutsMatchUnfused) {
+  // inputs/fashion_cnn.nml: conv1 -> pool1 -> conv2 -> pool2 stay blocked (with
+  // AVX-512); pool2 hands flatten NCHW. In every precision: bf16 converts the blocked
+  // activations instead of reordering them, fp16 rounds its copies.
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    expect_fusion_exact({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu",
+                         "maxpool(2)", "flatten", "linear(128)", "relu", "linear(10)"},
+                        {1, 28, 28}, p);
+  // 20 and 24 channels pad to 32 in the blocked layout; 13x13 and 4x4 maps: the last
+  // row and column of the first are in no window; the second pool has no relu.
+  expect_fusion_exact(
+      {"conv2d(20, 3, pad=1)", "relu", "maxpool(2)", "conv2d(24, 3)", "maxpool(2)", "flatten", "linear(3)"},
+      {3, 13, 13});
 }
 
 TEST(ModelFusion, OverlappingPoolAndReluAfterBatchNorm) {

@@ -88,6 +88,12 @@ ddp_add_train_test(fashion_mlp_np2 NP 2 RUN_DIR runs/fashion_mlp FIXTURE fashion
                    CHECK "--epochs 3 --min-val-acc 0.85"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
 
+# The CNN issue's acceptance run: fashion_cnn, 2 ranks, 10 epochs, >= 0.91 (0.9177
+# here, about 70 s).
+ddp_add_train_test(fashion_cnn_np2 NP 2 RUN_DIR runs/fashion_cnn FIXTURE fashion TIMEOUT 1200
+                   CHECK "--epochs 10 --min-val-acc 0.91"
+                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml)
+
 # train.precision: bf16 operands train as well as fp32 (0.8401 after 1 epoch here);
 # fp16 with a loss scale of 2^30 overflows at first: those steps are skipped on both
 # ranks and the scale halves each time until the gradients fit in fp16.

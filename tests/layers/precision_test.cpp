@@ -21,6 +21,7 @@ namespace {
 using test::BoundLayer;
 using test::from_host;
 using test::make_tensor;
+using test::max_relative_error;
 using test::random_values;
 using test::to_host;
 
@@ -33,16 +34,6 @@ std::uint32_t bits(float x) {
 std::vector<float> rounded(Precision p, std::vector<float> v) {
   round_to_precision(p, v.data(), v.data(), std::int64_t(v.size()));
   return v;
-}
-
-// Largest |a - b| over the largest |b|.
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  return num / den;
 }
 
 TEST(Precision, RoundingBf16) {
@@ -117,7 +108,7 @@ TEST(Precision, GemmOperandsAreRounded) {
       const std::vector<float> want =
           reference_gemm(ta, tb, m, n, k, 0.5f, rounded(p, a), rounded(p, b), 1.0f, c0);
       const std::vector<float> fp32 = reference_gemm(ta, tb, m, n, k, 0.5f, a, b, 1.0f, c0);
-      const double err = rel_diff(c, want), rounding = rel_diff(want, fp32);
+      const double err = max_relative_error(c, want), rounding = max_relative_error(want, fp32);
       EXPECT_LT(err, 1e-6) << precision_name(p) << " trans " << ta << tb;
       // The operands' rounding shows: the result is far closer to the rounded
       // reference than to fp32.
@@ -157,18 +148,21 @@ void check_layer(const std::string& spec, const Shape& in, std::int64_t B, Preci
   ref.layer->forward(xr, yr, true);
   ref.layer->backward(xr, yr, dyr, dxr);
   const std::int64_t ny = shape_numel(y_shape), nx = shape_numel(x_shape);
-  EXPECT_LT(rel_diff(to_host(yl.data, ny), to_host(yr.data, ny)), 2e-6) << spec << " " << precision_name(p);
+  EXPECT_LT(max_relative_error(to_host(yl.data, ny), to_host(yr.data, ny)), 2e-6)
+      << spec << " " << precision_name(p);
   // The weight gradient (the bias gradient is a plain sum of dy, which linear takes
   // in fp32 and the bf16 convolution from its bf16 copy of dy).
-  EXPECT_LT(rel_diff(to_host(low.grads, nw), to_host(ref.grads, nw)), 2e-6)
+  EXPECT_LT(max_relative_error(to_host(low.grads, nw), to_host(ref.grads, nw)), 2e-6)
       << spec << " " << precision_name(p);
-  EXPECT_LT(rel_diff(to_host(dxl.data, nx), to_host(dxr.data, nx)), 2e-6) << spec << " " << precision_name(p);
+  EXPECT_LT(max_relative_error(to_host(dxl.data, nx), to_host(dxr.data, nx)), 2e-6)
+      << spec << " " << precision_name(p);
 
   // And the rounding is really there: fp32 operands give a visibly different y.
   BoundLayer exact(spec, in);
   Tensor xe = make_tensor(x_shape, x), ye;
   exact.layer->forward(xe, ye, true);
-  EXPECT_GT(rel_diff(to_host(ye.data, ny), to_host(yr.data, ny)), 1e-5) << spec << " " << precision_name(p);
+  EXPECT_GT(max_relative_error(to_host(ye.data, ny), to_host(yr.data, ny)), 1e-5)
+      << spec << " " << precision_name(p);
 }
 
 TEST(Precision, LinearBf16) { check_layer("linear(24)", {40}, 9, Precision::bf16); }

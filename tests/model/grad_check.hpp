@@ -49,6 +49,17 @@ inline std::vector<float> random_values(std::int64_t n, std::uint32_t seed, floa
   return v;
 }
 
+// The largest |a - b| over the largest |b|: a relative error that one small element
+// cannot blow up.
+inline double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return diff / scale;
+}
+
 // Elements with |analytic - numeric| > rtol * max(|analytic|, |numeric|) + atol;
 // the first few are printed.
 inline std::size_t count_off(const std::vector<float>& analytic, const std::vector<double>& numeric,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "../model/grad_check.hpp"
 #include "comm/communicator.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/model.hpp"
@@ -17,6 +18,7 @@
 namespace {
 
 using namespace ddp;
+using ddp::test::max_relative_error;
 
 constexpr std::int64_t kTrainSamples = 240;  // divisible by 2, 3, 4 and by the global batches
 constexpr std::int64_t kValSamples = 101;    // divisible by none of 2, 3, 4
@@ -63,15 +65,6 @@ std::vector<float> train(MPI_Comm comm, const Config& cfg) {
   Trainer trainer(cfg, *c, model, LossKind::CrossEntropy, data, nullptr, 0);
   for (int e = 0; e < cfg.train.epochs; ++e) trainer.train_epoch(e);
   return to_host(model.parameters());
-}
-
-double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return diff / scale;
 }
 
 int world_size() {

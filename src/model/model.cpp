@@ -74,6 +74,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   // Nothing upstream of the first trained layer needs a gradient.
   if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
   reseed_dropout(hash64(seed, ~0ull));
+  layouts_.assign(layers_.size(), Layout::nchw);
   if (fuse_) fuse_layers();
   acts_.resize(layers_.size());
   grad_.resize(layers_.size());
@@ -122,6 +123,7 @@ void Model::plan_layouts() {
     Conv2d* next = conv_at(i + 1);
     if (next && next->blocked_input_fits()) out[i] = Layout::blocked16;
   }
+  layouts_ = out;
   for (std::size_t i = 0; i < n; ++i) {
     if (Conv2d* conv = conv_at(i)) conv->set_layouts(i > 0 ? out[i - 1] : Layout::nchw, out[i]);
     if (auto* pool = dynamic_cast<Pool2d*>(layers_[i].get())) pool->set_output_layout(out[i]);
@@ -164,13 +166,30 @@ void Model::reseed_dropout(std::uint64_t seed) {
 }
 
 std::string Model::summary() const {
+  // Columns as wide as their longest entry; "layout" only when some output is blocked.
+  std::size_t w_layer = 5, w_out = shape_str(input_shape()).size(), w_params = 10;
+  bool blocked = false;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    w_layer = std::max(w_layer, specs_[i].size());
+    w_out = std::max(w_out, shape_str(shapes_[i + 1]).size());
+    blocked = blocked || layouts_[i] == Layout::blocked16;
+  }
+  w_layer += 2;
+  w_out += 2;
+  w_params += 2;
   std::ostringstream os;
-  os << std::left << std::setw(4) << "#" << std::setw(18) << "layer" << std::setw(18) << "output"
-     << "parameters\n";
-  os << std::setw(4) << "" << std::setw(18) << "input" << shape_str(input_shape()) << "\n";
-  for (std::size_t i = 0; i < layers_.size(); ++i)
-    os << std::setw(4) << i << std::setw(18) << specs_[i] << std::setw(18) << shape_str(shapes_[i + 1])
-       << layer_params_[i] << "\n";
+  os << std::left << std::setw(4) << "#" << std::setw(w_layer) << "layer" << std::setw(w_out) << "output"
+     << (blocked ? std::setw(w_params) : std::setw(0)) << "parameters" << (blocked ? "layout" : "") << "\n";
+  os << std::setw(4) << "" << std::setw(w_layer) << "input" << shape_str(input_shape()) << "\n";
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    os << std::setw(4) << i << std::setw(w_layer) << specs_[i] << std::setw(w_out)
+       << shape_str(shapes_[i + 1]);
+    if (layouts_[i] == Layout::blocked16)
+      os << std::setw(w_params) << layer_params_[i] << "nChw16c";
+    else
+      os << layer_params_[i];
+    os << "\n";
+  }
   os << "total parameters: " << num_parameters() << "\n";
   return os.str();
 }

@@ -61,6 +61,10 @@ class Model {
   // The precision of every GEMM and convolution operand (train.precision). Plans the
   // blocked layouts again: oneDNN's kernels for another precision may want others.
   void set_precision(Precision p);
+  // How layer i's output (and the gradient flowing back into it) lies in memory, as
+  // planned: blocked16 between a convolution and its max-pool where the kernels
+  // take it, else nchw.
+  Layout output_layout(std::size_t i) const { return layouts_[i]; }
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
 
@@ -71,6 +75,7 @@ class Model {
   void fuse_layers();
   void plan_layouts();
 
+  std::vector<Layout> layouts_;     // layouts_[i]: output_layout(i)
   bool fuse_;                       // fusions and blocked layouts on (planned again by set_precision)
   std::vector<std::string> specs_;  // as given, whitespace-trimmed
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -142,6 +142,7 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     ModelSetup setup;
     setup.model =
         std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
+    setup.model->set_precision(parse_precision(cfg.train.precision));  // before the summary: it plans layouts
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)
       throw InputError("data.val_files: /y holds " + std::string(labels ? "targets" : "class labels") +

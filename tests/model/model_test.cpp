@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <dnnl.hpp>
 #include <iostream>
 
 #include "comm/check.hpp"
@@ -228,6 +229,26 @@ TEST(ModelFusion, BlockedLayoutsMatchUnfused) {
   expect_fusion_exact(
       {"conv2d(20, 3, pad=1)", "relu", "maxpool(2)", "conv2d(24, 3)", "maxpool(2)", "flatten", "linear(3)"},
       {3, 13, 13});
+}
+
+// The test above would also pass if the blocked path were never taken; this one says
+// it is, on a CPU whose oneDNN kernels use nChw16c (AVX-512), in every precision.
+TEST(ModelFusion, BlockedLayoutIsTakenWithAvx512) {
+  if (dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx512_core)
+    GTEST_SKIP() << "no AVX-512: oneDNN's kernels take other layouts here";
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    Model m({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu", "maxpool(2)",
+             "flatten", "linear(128)", "relu", "linear(10)"},
+            {1, 28, 28}, 3);
+    m.set_precision(p);
+    // conv1 -> relu -> pool1 -> conv2 -> relu blocked; pool2 hands flatten NCHW.
+    for (std::size_t i = 0; i < 10; ++i)
+      EXPECT_EQ(m.output_layout(i), i < 5 ? Layout::blocked16 : Layout::nchw)
+          << "layer " << i << " " << precision_name(p);
+    EXPECT_NE(m.summary().find("nChw16c"), std::string::npos) << m.summary();
+    Model unfused({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)"}, {1, 28, 28}, 3, /*fuse=*/false);
+    EXPECT_EQ(unfused.output_layout(0), Layout::nchw);
+  }
 }
 
 TEST(ModelFusion, OverlappingPoolAndReluAfterBatchNorm) {

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Any world size: Fashion-MNIST on 2 ranks, stopped by SIGUSR1 in epoch 2,
-resumed on 3 ranks to the end of epoch 3. With io.trace_samples every rank writes
-the global sample indices it trained; across both runs every sample of epoch 2
-is trained exactly once, plus the padding the 3-rank remainder needs (counted
-twice: the first `pad` samples of the epoch's permutation, as DistributedSampler
-pads). Epochs 1 and 3 use every sample exactly once. Final val_acc >= MIN_ACC.
+"""Any world size: Fashion-MNIST on 2 ranks, stopped by SIGUSR1 mid-epoch (signalled
+from 1.2 epochs on; an epoch takes under half a second, so the stop may land in
+epoch 2 or 3), resumed on 3 ranks to the end of epoch 4. With io.trace_samples every
+rank writes the global sample indices it trained; across both runs every sample of
+the stopped epoch is trained exactly once, plus the padding the 3-rank remainder
+needs (counted twice: the first `pad` samples of the epoch's permutation, as
+DistributedSampler pads). Every other epoch uses every sample exactly once. Final
+val_acc >= MIN_ACC.
 The cosine learning rate carries on across the resume (the schedule continues at
 the same fraction of the epoch, not at the same step number, whose meaning changes
 with the rank count): the last rate printed before the stop and the first after
@@ -24,7 +26,8 @@ from common import EX_TEMPFAIL, epoch_end_step, fail, latest, mpirun, progress_s
 
 mpiexec, binary, nml, run_dir, min_acc = sys.argv[1:6]
 shutil.rmtree(run_dir, ignore_errors=True)
-args = [nml, "train.epochs=3", "train.log_every=5", "io.trace_samples=.true.", f"io.run_dir={run_dir}"]
+EPOCHS = 4
+args = [nml, f"train.epochs={EPOCHS}", "train.log_every=5", "io.trace_samples=.true.", f"io.run_dir={run_dir}"]
 N = 60000
 
 steps_per_epoch = [None]
@@ -44,16 +47,17 @@ if not sent or rc != EX_TEMPFAIL:
 stop = os.path.join(run_dir, "checkpoints", latest(run_dir))
 st = state(stop)
 C = st["consumed"]
+S = st["epoch"] + 1  # the stopped epoch, 1-based
 print(f"stopped: {stop} state {st}")
-if not (st["epoch"] == 1 and 0 < C < N and st["world_size"] == 2):
-    fail(f"not stopped mid-epoch 2 on 2 ranks: {st}")
+if not (S in (2, 3) and 0 < C < N and st["world_size"] == 2):
+    fail(f"not stopped mid-epoch 2 or 3 on 2 ranks: {st}")
 
 lr_before = LR.findall(out)[-1]
 rc, out, _ = run(mpirun(mpiexec, 3, binary, args))
 if rc != 0:
     fail(f"3-rank resumed run exit status {rc}")
 lr_after = LR.findall(out)[0]
-if f"resumed from {stop} at epoch 2 step {st['step']}" not in out or "continuing on 3" not in out:
+if f"resumed from {stop} at epoch {S} step {st['step']}" not in out or "continuing on 3" not in out:
     fail("no 'resumed from ... continuing on 3' line")
 
 
@@ -66,31 +70,33 @@ def counts(epoch):
 
 
 errors = []
-for epoch, expect_ranks in ((1, 2), (3, 3)):
+for epoch in (e for e in range(1, EPOCHS + 1) if e != S):
+    expect_ranks = 2 if epoch < S else 3
     c, files = counts(epoch)
     if len(files) != expect_ranks or len(c) != N or set(c.values()) != {1}:
         errors.append(f"epoch {epoch}: {len(files)} files, {len(c)} distinct samples, counts {set(c.values())}")
 
-c2, files2 = counts(2)
+c2, files2 = counts(S)
 pad = (3 - (N - C) % 3) % 3
 trained = sum(c2.values())
 twice = sorted(k for k, v in c2.items() if v == 2)
-print(f"epoch 2: {len(files2)} trace files, {trained} samples trained = {C} before the stop (2 ranks) + "
+print(f"epoch {S}: {len(files2)} trace files, {trained} samples trained = {C} before the stop (2 ranks) + "
       f"{trained - C} after (3 ranks); {len(c2)} distinct; padding {pad} (samples trained twice: {len(twice)})")
 if len(c2) != N or not set(range(N)) == set(c2):
-    errors.append(f"epoch 2: {N - len(c2)} samples never trained")
+    errors.append(f"epoch {S}: {N - len(c2)} samples never trained")
 if trained != N + pad or len(twice) != pad or max(c2.values()) > 2:
-    errors.append(f"epoch 2: {trained} trained, expected {N} + padding {pad}")
+    errors.append(f"epoch {S}: {trained} trained, expected {N} + padding {pad}")
 for r in (0, 1):  # the 2-rank part: exactly C/2 samples per rank before the stop
-    n = len(open(os.path.join(run_dir, f"samples_rank{r}_epoch2.txt")).read().split())
+    n = len(open(os.path.join(run_dir, f"samples_rank{r}_epoch{S}.txt")).read().split())
     expect = C // 2 + (N - C + pad) // 3
     if n != expect:
-        errors.append(f"rank {r} epoch 2: {n} samples, expected {C // 2} + {(N - C + pad) // 3}")
+        errors.append(f"rank {r} epoch {S}: {n} samples, expected {C // 2} + {(N - C + pad) // 3}")
 
 records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
 print("metrics: " + "; ".join(f"epoch {r['epoch']} W={r['world_size']} val_acc {r['val_acc']}" for r in records))
-if [r["epoch"] for r in records] != [1, 2, 3] or [r["world_size"] for r in records] != [2, 3, 3]:
-    errors.append("metrics records are not epochs 1, 2, 3 on 2, 3, 3 ranks")
+sizes = [2] * (S - 1) + [3] * (EPOCHS - S + 1)
+if [r["epoch"] for r in records] != list(range(1, EPOCHS + 1)) or [r["world_size"] for r in records] != sizes:
+    errors.append(f"metrics records are not epochs 1..{EPOCHS} on {sizes} ranks")
 elif not records[-1]["val_acc"] >= float(min_acc):
     errors.append(f"final val_acc {records[-1]['val_acc']} < {min_acc}")
 print(f"learning rate: {lr_before} before the stop, {lr_after} after the resume")
@@ -98,5 +104,5 @@ if abs(float(lr_before) - float(lr_after)) > 0.003:
     errors.append(f"the learning rate jumps across the resume: {lr_before} -> {lr_after}")
 if errors:
     fail("; ".join(errors))
-print(f"PASS: epoch 2 = {C} samples on 2 ranks + {N - C} (+{pad} padding) on 3 ranks, each sample once; "
+print(f"PASS: epoch {S} = {C} samples on 2 ranks + {N - C} (+{pad} padding) on 3 ranks, each sample once; "
       f"final val_acc {records[-1]['val_acc']}")

@@ -24,7 +24,7 @@ void ReLU::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   View1 yv = y.data;
   Kokkos::parallel_for(
       "ReLU::forward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = select_or_zero(xv(i) > 0.0f, xv(i)); });
+      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = select_or_zero(relu_passes(xv(i)), xv(i)); });
 }
 
 // dx = dy * (y > 0)
@@ -39,7 +39,7 @@ void ReLU::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& 
   View1 dxv = dx.data;
   Kokkos::parallel_for(
       "ReLU::backward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = select_or_zero(yv(i) > 0.0f, dyv(i)); });
+      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
 }
 
 // y = tanh(x)

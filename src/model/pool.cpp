@@ -166,7 +166,7 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
           for (std::int64_t e = i * s * W; e < rows_end * W; ++e) dxp[e] = 0.0f;
           const std::int64_t o0 = (p * Ho + i) * Wo;
           for (std::int64_t j = 0; j < Wo; ++j)
-            dxp[am(o0 + j)] = mask ? select_or_zero(yv(o0 + j) > 0.0f, dyv(o0 + j)) : dyv(o0 + j);
+            dxp[am(o0 + j)] = mask ? select_or_zero(relu_passes(yv(o0 + j)), dyv(o0 + j)) : dyv(o0 + j);
         });
     return;
   }
@@ -182,7 +182,7 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
           for (std::int64_t j = j0; j <= j1; ++j) {
             const std::int64_t o = (p * Ho + i) * Wo + j;
             if (is_max)
-              g += am(o) == at && (!mask || yv(o) > 0.0f) ? dyv(o) : 0.0f;
+              g += am(o) == at && (!mask || relu_passes(yv(o))) ? dyv(o) : 0.0f;
             else
               g += dyv(o) * inv;
           }
@@ -222,7 +222,7 @@ void Pool2d::forward_blocked(const Tensor& x, Tensor& y) {
             take_max(xa[16 + l], at + 1, m[l], best);
             take_max(xa[16 * W + l], at + w, m[l], best);
             take_max(xa[16 * W + 16 + l], at + w + 1, m[l], best);
-            ao[l] = !mask | (m[l] > 0.0f) ? best : -1;
+            ao[l] = !mask | relu_passes(m[l]) ? best : -1;
           }
           if (blocked_out) {
             for (int l = 0; l < 16; ++l) yv(row + j * 16 + l) = m[l];

@@ -1,6 +1,7 @@
 #include "model/resblock.hpp"
 
 #include "comm/check.hpp"
+#include "model/select.hpp"
 
 namespace ddp {
 
@@ -93,7 +94,7 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   View1 r1 = r1_.data;
   Kokkos::parallel_for(
       "ResBlock::relu1", Range(0, b1_.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { r1(i) = b1(i) > 0.0f ? b1(i) : 0.0f; });
+      KOKKOS_LAMBDA(std::int64_t i) { r1(i) = select_or_zero(relu_passes(b1(i)), b1(i)); });
   conv2_->forward(r1_, a2_, training);
   bn2_->forward(a2_, b2_, training);
   const Tensor* shortcut = &x;
@@ -108,7 +109,7 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   Kokkos::parallel_for(
       "ResBlock::add_relu", Range(0, y.numel()), KOKKOS_LAMBDA(std::int64_t i) {
         const float v = b2(i) + sc(i);
-        yv(i) = v > 0.0f ? v : 0.0f;
+        yv(i) = select_or_zero(relu_passes(v), v);
       });
 }
 
@@ -121,7 +122,7 @@ void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tens
     View1 g = g_.data;
     Kokkos::parallel_for(
         "ResBlock::relu_out_backward", Range(0, dy.numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { g(i) = yv(i) > 0.0f ? dyv(i) : 0.0f; });
+        KOKKOS_LAMBDA(std::int64_t i) { g(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
   }
   bn2_->backward(a2_, b2_, g_, da2_);
   conv2_->backward(r1_, a2_, da2_, dr1_);
@@ -130,7 +131,7 @@ void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tens
     View1 d = dr1_.data;
     Kokkos::parallel_for(
         "ResBlock::relu1_backward", Range(0, dr1_.numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { d(i) = r1(i) > 0.0f ? d(i) : 0.0f; });
+        KOKKOS_LAMBDA(std::int64_t i) { d(i) = select_or_zero(relu_passes(r1(i)), d(i)); });
   }
   bn1_->backward(a1_, b1_, dr1_, da1_);
   conv1_->set_needs_input_grad(needs_input_grad());

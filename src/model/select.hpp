@@ -19,4 +19,10 @@ KOKKOS_INLINE_FUNCTION float select_or_zero(bool c, float v) {
   return v;
 }
 
+// Where a relu lets its input (forward) and its gradient (backward, judged on the
+// output) through: v > 0, and NaN too, as PyTorch's relu keeps NaN and its
+// threshold_backward passes the gradient there (a NaN must reach the loss, where the
+// fp16 overflow check sees it, as oneDNN's fused relu does).
+KOKKOS_INLINE_FUNCTION bool relu_passes(float v) { return !(v <= 0.0f); }
+
 }  // namespace ddp

@@ -95,6 +95,22 @@ TEST(ReLU, GradientCheck) {
   check_layer(b, {2, 3}, 4, true, 0.1f);  // |x| >= 0.1 > eps: no kink crossed
 }
 
+// As PyTorch 1.13: relu([nan, -1, 2, 0]) = [nan, 0, 2, 0], and its gradient passes
+// where the output is NaN: [1, 0, 1, 0].
+TEST(ReLU, KeepsNaNAsPyTorch) {
+  ReLU relu;
+  relu.output_shape({4});
+  Tensor x = make_tensor({1, 4}, {NAN, -1.0f, 2.0f, 0.0f}), y, dy = make_tensor({1, 4}, {1, 1, 1, 1}), dx;
+  relu.forward(x, y, true);
+  const std::vector<float> yh = to_host(y.data, 4);
+  EXPECT_TRUE(std::isnan(yh[0]));
+  EXPECT_EQ(yh[1], 0.0f);
+  EXPECT_EQ(yh[2], 2.0f);
+  EXPECT_EQ(yh[3], 0.0f);
+  relu.backward(x, y, dy, dx);
+  EXPECT_EQ(to_host(dx.data, 4), (std::vector<float>{1, 0, 1, 0}));
+}
+
 TEST(Tanh, GradientCheck) {
   Bound b(std::make_unique<Tanh>(), {7});
   check_layer(b, {7}, 3, true, 0.0f);

@@ -13,6 +13,18 @@ using Kokkos::Experimental::tanh;
 #endif
 }  // namespace
 
+void relu_forward(ConstView1 x, View1 y, std::int64_t n) {
+  Kokkos::parallel_for(
+      "ReLU::forward", Range(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { y(i) = select_or_zero(relu_passes(x(i)), x(i)); });
+}
+
+void relu_backward(ConstView1 y, ConstView1 dy, View1 dx, std::int64_t n) {
+  Kokkos::parallel_for(
+      "ReLU::backward", Range(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { dx(i) = select_or_zero(relu_passes(y(i)), dy(i)); });
+}
+
 // y = max(x, 0)
 void ReLU::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   if (fused_forward_) {
@@ -20,11 +32,7 @@ void ReLU::forward(const Tensor& x, Tensor& y, bool /*training*/) {
     return;
   }
   resize_like(y, x, "ReLU::y");
-  ConstView1 xv = x.data;
-  View1 yv = y.data;
-  Kokkos::parallel_for(
-      "ReLU::forward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { yv(i) = select_or_zero(relu_passes(xv(i)), xv(i)); });
+  relu_forward(x.data, y.data, x.numel());
 }
 
 // dx = dy * (y > 0)
@@ -35,11 +43,7 @@ void ReLU::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& 
     return;
   }
   resize_like(dx, x, "ReLU::dx");
-  ConstView1 yv = y.data, dyv = dy.data;
-  View1 dxv = dx.data;
-  Kokkos::parallel_for(
-      "ReLU::backward", Range(0, x.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
+  relu_backward(y.data, dy.data, dx.data, x.numel());
 }
 
 // y = tanh(x)

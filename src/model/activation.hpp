@@ -26,6 +26,11 @@ class ReLU : public Layer {
   bool fused_forward_ = false, fused_backward_ = false;
 };
 
+// The relu kernels, which resblock runs too: y = relu(x), and dx = dy where the relu
+// let x through (judged on its output y), over n elements; dx may be dy (in place).
+void relu_forward(ConstView1 x, View1 y, std::int64_t n);
+void relu_backward(ConstView1 y, ConstView1 dy, View1 dx, std::int64_t n);
+
 class Tanh : public Layer {
  public:
   std::string kind() const override { return "tanh"; }

@@ -1,6 +1,7 @@
 #include "model/resblock.hpp"
 
 #include "comm/check.hpp"
+#include "model/activation.hpp"
 #include "model/select.hpp"
 
 namespace ddp {
@@ -90,11 +91,7 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   conv1_->forward(x, a1_, training);
   bn1_->forward(a1_, b1_, training);
   resize_like(r1_, b1_, "ResBlock::r1");
-  ConstView1 b1 = b1_.data;
-  View1 r1 = r1_.data;
-  Kokkos::parallel_for(
-      "ResBlock::relu1", Range(0, b1_.numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { r1(i) = select_or_zero(relu_passes(b1(i)), b1(i)); });
+  relu_forward(b1_.data, r1_.data, b1_.numel());
   conv2_->forward(r1_, a2_, training);
   bn2_->forward(a2_, b2_, training);
   const Tensor* shortcut = &x;
@@ -117,22 +114,10 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
 void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   // g = dy where the output is positive: the gradient of both branches' sum
   resize_like(g_, dy, "ResBlock::g");
-  {
-    ConstView1 yv = y.data, dyv = dy.data;
-    View1 g = g_.data;
-    Kokkos::parallel_for(
-        "ResBlock::relu_out_backward", Range(0, dy.numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { g(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
-  }
+  relu_backward(y.data, dy.data, g_.data, dy.numel());
   bn2_->backward(a2_, b2_, g_, da2_);
   conv2_->backward(r1_, a2_, da2_, dr1_);
-  {
-    ConstView1 r1 = r1_.data;
-    View1 d = dr1_.data;
-    Kokkos::parallel_for(
-        "ResBlock::relu1_backward", Range(0, dr1_.numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { d(i) = select_or_zero(relu_passes(r1(i)), d(i)); });
-  }
+  relu_backward(r1_.data, dr1_.data, dr1_.data, dr1_.numel());
   bn1_->backward(a1_, b1_, dr1_, da1_);
   conv1_->set_needs_input_grad(needs_input_grad());
   conv1_->backward(x, a1_, da1_, dx);

@@ -157,6 +157,9 @@ void Model::set_communicator(Communicator* comm) {
 }
 
 void Model::set_precision(Precision p) {
+  // setup and the trainer both set it: plan (oneDNN descriptors per convolution) once.
+  if (p == precision_) return;
+  precision_ = p;
   for (auto& layer : layers_) layer->set_precision(p);
   if (fuse_) plan_layouts();
 }

@@ -61,6 +61,7 @@ class Model {
   // The precision of every GEMM and convolution operand (train.precision). Plans the
   // blocked layouts again: oneDNN's kernels for another precision may want others.
   void set_precision(Precision p);
+  Precision precision() const { return precision_; }
   // How layer i's output (and the gradient flowing back into it) lies in memory, as
   // planned: blocked16 between a convolution and its max-pool where the kernels
   // take it, else nchw.
@@ -75,7 +76,8 @@ class Model {
   void fuse_layers();
   void plan_layouts();
 
-  std::vector<Layout> layouts_;     // layouts_[i]: output_layout(i)
+  std::vector<Layout> layouts_;  // layouts_[i]: output_layout(i)
+  Precision precision_ = Precision::fp32;
   bool fuse_;                       // fusions and blocked layouts on (planned again by set_precision)
   std::vector<std::string> specs_;  // as given, whitespace-trimmed
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -159,6 +159,18 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> inner_;
 };
 
+// train.precision reaches the model through the trainer, as it does through setup.
+TEST(Trainer, AppliesTrainPrecision) {
+  Config cfg = base_config();
+  cfg.train.precision = "bf16";
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  ShardDataset data(MPI_COMM_WORLD, cfg.data.train_files, "data.train_files");
+  Model model(cfg.model.layers, data.sample_shape(), 3);
+  EXPECT_EQ(model.precision(), Precision::fp32);
+  Trainer trainer(cfg, *c, model, LossKind::CrossEntropy, data, nullptr, 0);
+  EXPECT_EQ(model.precision(), Precision::bf16);
+}
+
 TEST(Equivalence, AccumulationReducesOnlyOnTheLastMicroStep) {
   Config cfg = base_config();
   cfg.train.batch_size = 4;

@@ -64,16 +64,17 @@ struct Port {
   memory internal;  // the primitive's layout and type: == ours when no reorder is needed
   dnnl::reorder reorder;
   bool reordered = false;
-  bool round_fp16 = false;  // an input whose fp32 copy is rounded to fp16 values
+  Precision rounding = Precision::fp32;  // an input whose fp32 copy is rounded to bf16/fp16 values
 
   Port() = default;
   // to_internal: our buffer is an input of the primitive (else an output).
-  // emulate_fp16: (inputs only) always copy, and round the copy to fp16 values.
+  // emulate: (inputs only) bf16 or fp16 emulated in fp32: always copy, and round the
+  // copy to that precision's values.
   Port(const memory::desc& our_md, const memory::desc& want, bool to_internal, dnnl::engine& eng,
-       bool emulate_fp16 = false)
+       Precision emulate = Precision::fp32)
       : ours(our_md, eng, DNNL_MEMORY_NONE),
-        reordered(want != our_md || emulate_fp16),
-        round_fp16(emulate_fp16) {
+        reordered(want != our_md || emulate != Precision::fp32),
+        rounding(emulate) {
     if (!reordered) {
       internal = ours;
       return;
@@ -85,10 +86,10 @@ struct Port {
   const memory& in(const float* data, dnnl::stream& s) {
     ours.set_data_handle(const_cast<float*>(data));
     if (reordered) reorder.execute(s, ours, internal);
-    if (round_fp16) {
+    if (rounding != Precision::fp32) {
       s.wait();
       float* p = static_cast<float*>(internal.get_data_handle());
-      round_to_precision(Precision::fp16, p, p, std::int64_t(internal.get_desc().get_size() / sizeof(float)));
+      round_to_precision(rounding, p, p, std::int64_t(internal.get_desc().get_size() / sizeof(float)));
     }
     return internal;
   }
@@ -198,8 +199,9 @@ Conv2d::Descs Conv2d::descs(std::int64_t B) const {
   const memory::dims x_dims = {B, in_, h_, w_}, y_dims = {B, out_, ho_, wo_}, w_dims = {out_, in_, k_, k_},
                      b_dims = {out_}, strides = {stride_, stride_}, padding = {pad_, pad_};
   const auto f32 = memory::data_type::f32;
-  // Operands (x, w, and dy in backward) in bf16 for bf16; results (y, dx, dw) in fp32.
-  const auto op = precision() == Precision::bf16 ? memory::data_type::bf16 : f32;
+  // Operands (x, w, and dy in backward) in bf16 for bf16 where oneDNN has bf16
+  // kernels; results (y, dx, dw) in fp32. Emulated precisions run fp32 kernels.
+  const auto op = precision() == Precision::bf16 && dnnl_bf16().native ? memory::data_type::bf16 : f32;
   memory::desc b_md(b_dims, f32, tag::x), no_md;
   memory::desc x_any(x_dims, op, layout_tag()), y_any(y_dims, f32, layout_tag()),
       w_any(w_dims, op, layout_tag()), dy_any(y_dims, op, layout_tag()), dx_any(x_dims, f32, layout_tag()),
@@ -233,7 +235,12 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
 
   const Descs d = descs(B);
   dnnl::engine& eng = dnnl_engine();
-  const bool fp16 = precision() == Precision::fp16;
+  // The precision the ports emulate by rounding fp32 copies: fp16 always, bf16 where
+  // oneDNN has no bf16 kernels.
+  const Precision emulate =
+      precision() == Precision::fp16 || (precision() == Precision::bf16 && !dnnl_bf16().native)
+          ? precision()
+          : Precision::fp32;
   const auto f32 = memory::data_type::f32;
   const memory::desc x_md = our_md({B, in_, h_, w_}, in_layout_),
                      y_md = our_md({B, out_, ho_, wo_}, out_layout_),
@@ -242,14 +249,14 @@ Conv2d::Primitives& Conv2d::primitives(std::int64_t B) {
   p->fwd = dnnl::convolution_forward(d.fwd);
   p->bwd_data = dnnl::convolution_backward_data(d.bwd_data);
   p->bwd_weights = dnnl::convolution_backward_weights(d.bwd_weights);
-  p->fwd_x = Port(x_md, d.fwd.src_desc(), true, eng, fp16);
-  p->fwd_w = Port(w_md, d.fwd.weights_desc(), true, eng, fp16);
+  p->fwd_x = Port(x_md, d.fwd.src_desc(), true, eng, emulate);
+  p->fwd_w = Port(w_md, d.fwd.weights_desc(), true, eng, emulate);
   p->fwd_y = Port(y_md, d.fwd.dst_desc(), false, eng);
-  p->bwd_dy = Port(y_md, d.bwd_data.diff_dst_desc(), true, eng, fp16);
-  p->bwd_w = Port(w_md, d.bwd_data.weights_desc(), true, eng, fp16);
+  p->bwd_dy = Port(y_md, d.bwd_data.diff_dst_desc(), true, eng, emulate);
+  p->bwd_w = Port(w_md, d.bwd_data.weights_desc(), true, eng, emulate);
   p->bwd_dx = Port(x_md, d.bwd_data.diff_src_desc(), false, eng);
-  p->bww_x = Port(x_md, d.bwd_weights.src_desc(), true, eng, fp16);
-  p->bww_dy = Port(y_md, d.bwd_weights.diff_dst_desc(), true, eng, fp16);
+  p->bww_x = Port(x_md, d.bwd_weights.src_desc(), true, eng, emulate);
+  p->bww_dy = Port(y_md, d.bwd_weights.diff_dst_desc(), true, eng, emulate);
   p->bww_dw = Port(w_md, d.bwd_weights.diff_weights_desc(), false, eng);
   p->shared_dy = p->bww_dy.reordered && d.bwd_data.diff_dst_desc() == d.bwd_weights.diff_dst_desc();
   p->b = memory(b_md, eng, DNNL_MEMORY_NONE);

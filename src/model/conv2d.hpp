@@ -24,8 +24,9 @@ class Conv2d : public Layer {
   void init(Rng& rng) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  // bf16: oneDNN's bf16 kernels (fp32 destinations); fp16: emulated (operands rounded
-  // to fp16 values in the primitives' fp32 copies). Drops the cached primitives.
+  // bf16: oneDNN's bf16 kernels (fp32 destinations) where the CPU has them; fp16, and
+  // bf16 elsewhere: emulated (operands rounded to fp16/bf16 values in the primitives'
+  // fp32 copies). Drops the cached primitives.
   void set_precision(Precision p) override;
 
   // Floating-point operations of one forward at batch B (2 per multiply-add).

@@ -89,16 +89,18 @@ Bf16Gemm& bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha
   return it->second;
 }
 
-// fp16 on the host: the operands rounded to fp16 values in fp32 scratch, then sgemm.
-void fp16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-               const float* b, int ldb, float beta, float* c, int ldc) {
+// Emulated precision p: the operands rounded to p's values in fp32 scratch, then
+// sgemm. Every product of two bf16 or fp16 values is exact in fp32, so this gives
+// the sums of p operands with fp32 accumulation (fp16's overflow to inf included).
+void rounded_gemm(Precision p, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   thread_local std::vector<float> a_round, b_round;
   const std::int64_t a_size = std::int64_t(trans_a ? k : m) * lda,
                      b_size = std::int64_t(trans_b ? n : k) * ldb;
   a_round.resize(std::size_t(a_size));
   b_round.resize(std::size_t(b_size));
-  round_to_precision(Precision::fp16, a, a_round.data(), a_size);
-  round_to_precision(Precision::fp16, b, b_round.data(), b_size);
+  round_to_precision(p, a, a_round.data(), a_size);
+  round_to_precision(p, b, b_round.data(), b_size);
   sgemm(trans_a, trans_b, m, n, k, alpha, a_round.data(), lda, b_round.data(), ldb, beta, c, ldc);
 }
 
@@ -109,10 +111,13 @@ void run_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
       sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     case Precision::bf16:
-      bf16_gemm(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc).run(a, b, c);
+      if (dnnl_bf16().native)
+        bf16_gemm(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc).run(a, b, c);
+      else
+        rounded_gemm(Precision::bf16, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     case Precision::fp16:
-      fp16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      rounded_gemm(Precision::fp16, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
   }
 }

@@ -9,6 +9,7 @@
 
 #include "ddp_build_config.hpp"  // generated: build type, compiler, oneDNN, MPI/HDF5 found
 #include "ddp_git_revision.hpp"  // generated: DDP_GIT_REVISION
+#include "model/dnnl_engine.hpp"
 
 // Defined on ddp_core by the CUDA build (cmake/Cuda.cmake); absent means off.
 #ifndef DDP_WITH_CUDA_GLUE
@@ -78,37 +79,13 @@ std::string hdf5_text() {
   return os.str();
 }
 
-const char* cpu_isa_name(dnnl::cpu_isa isa) {
-  using I = dnnl::cpu_isa;
-  switch (isa) {
-    case I::sse41:
-      return "SSE4.1";
-    case I::avx:
-      return "AVX";
-    case I::avx2:
-      return "AVX2";
-    case I::avx2_vnni:
-      return "AVX2 VNNI";
-    case I::avx512_core:
-      return "AVX-512";
-    case I::avx512_core_vnni:
-      return "AVX-512 VNNI";
-    case I::avx512_core_bf16:
-      return "AVX-512 BF16";
-    case I::avx512_core_amx:
-      return "AVX-512 AMX";
-    default:
-      return "other ISA";
-  }
-}
-
 // The version and the instruction set oneDNN dispatches to on this CPU: its GEMM
 // and convolution kernels are chosen at run time, so the ISA is what sets speed.
 std::string dnnl_text() {
   const dnnl_version_t* v = dnnl_version();
   std::ostringstream os;
-  os << v->major << "." << v->minor << "." << v->patch << ", " << cpu_isa_name(dnnl::get_effective_cpu_isa())
-     << " (" << DDP_DNNL_LIBRARY << ")";
+  os << v->major << "." << v->minor << "." << v->patch << ", " << dnnl_isa_name() << " (" << DDP_DNNL_LIBRARY
+     << ")";
   return os.str();
 }
 
@@ -124,6 +101,11 @@ std::string version_text() {
      << "  MPI:          " << mpi_text() << "\n"
      << "  HDF5:         " << hdf5_text() << "\n"
      << "  oneDNN:       " << dnnl_text() << "\n"
+     << "  bf16:         "
+     << (dnnl_bf16().native ? "oneDNN's bf16 kernels (" + dnnl_bf16().impl + ")"
+                            : "emulated (oneDNN has no bf16 kernels for " + std::string(dnnl_isa_name()) +
+                                  "): bf16-rounded operands, fp32 products")
+     << "\n"
      << "  CUDA glue:    "
      << (DDP_WITH_CUDA_GLUE ? "on (cuBLAS, cuDNN, NCCL)" : "off (CPU only: no cuBLAS, cuDNN, NCCL)") << "\n";
   return os.str();

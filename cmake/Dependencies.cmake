@@ -52,10 +52,9 @@ endif()
 message(STATUS "Kokkos ${Kokkos_VERSION}: headers in ${DDP_KOKKOS_INCLUDE_DIR}")
 
 # DDP_ENABLE_CUDA: training with tensors in GPU memory on a CUDA-enabled Kokkos; ON
-# by default when the Kokkos found has the CUDA backend. This version does not have
-# it yet (the layers hand host pointers to oneDNN), so either way a CUDA Kokkos is
-# refused here with the reason instead of failing later in the compiler. The CUDA
-# glue (cuBLAS, cuDNN, NCCL: DDP_ENABLE_CUDA_GLUE) builds without it.
+# by default when the Kokkos found has the CUDA backend. Kokkos's kernels then run
+# on the GPU, and the compute backend is cuBLAS/cuDNN (src/cuda) instead of oneDNN,
+# which this build neither needs nor links.
 if(_kk_cuda)
   set(_ddp_cuda_default ON)
 else()
@@ -64,21 +63,32 @@ endif()
 option(DDP_ENABLE_CUDA "Train with tensors in GPU memory (needs a CUDA-enabled Kokkos)" ${_ddp_cuda_default})
 if(DDP_ENABLE_CUDA AND NOT _kk_cuda)
   message(FATAL_ERROR "DDP_ENABLE_CUDA=ON needs a Kokkos built with Kokkos_ENABLE_CUDA=ON, and the Kokkos "
-                      "in ${DDP_KOKKOS_INCLUDE_DIR} has no CUDA backend: point -DKokkos_ROOT at a CUDA "
-                      "build of Kokkos, or leave DDP_ENABLE_CUDA off")
+                      "in ${DDP_KOKKOS_INCLUDE_DIR} has no CUDA backend: build Kokkos 4.x with "
+                      "-DKokkos_ENABLE_CUDA=ON -DKokkos_ARCH_<GPU>=ON (README, 'GPU build') and configure with "
+                      "-DKokkos_ROOT=<its prefix> -DCMAKE_CXX_COMPILER=<its prefix>/bin/nvcc_wrapper, or leave "
+                      "DDP_ENABLE_CUDA off")
 endif()
-if(_kk_cuda)
-  message(FATAL_ERROR "the Kokkos in ${DDP_KOKKOS_INCLUDE_DIR} has the CUDA backend, and device-resident "
-                      "training (DDP_ENABLE_CUDA) is not in this version of ddp_train: configure against "
-                      "a host Kokkos (Serial or OpenMP); the CUDA glue (cuBLAS, cuDNN, NCCL) is built "
-                      "either way")
+if(NOT DDP_ENABLE_CUDA AND _kk_cuda)
+  message(FATAL_ERROR "the Kokkos in ${DDP_KOKKOS_INCLUDE_DIR} has the CUDA backend: its kernels run on "
+                      "the GPU, so ddp_train must too: configure with -DDDP_ENABLE_CUDA=ON (the default "
+                      "with such a Kokkos), or point -DKokkos_ROOT at a host Kokkos")
+endif()
+if(DDP_ENABLE_CUDA)
+  get_filename_component(_ddp_cxx_name "${CMAKE_CXX_COMPILER}" NAME)
+  if(NOT _ddp_cxx_name STREQUAL "nvcc_wrapper")
+    message(FATAL_ERROR "a CUDA Kokkos compiles its users with its nvcc_wrapper: configure with "
+                        "-DCMAKE_CXX_COMPILER=${Kokkos_DIR}/../../../bin/nvcc_wrapper (the bin/ of the Kokkos "
+                        "prefix; now ${CMAKE_CXX_COMPILER})")
+  endif()
+  message(STATUS "DDP_ENABLE_CUDA: tensors in GPU memory, cuBLAS/cuDNN/NCCL; no oneDNN")
+  return()
 endif()
 
 # oneDNN (libdnnl-dev): the host's GEMMs and convolutions, exposed as ddp::dnnl.
 # Found by header and library rather than by dnnl-config.cmake: Debian's
 # config also demands the OpenCL development files for its GPU runtime, which the
 # CPU path never uses. oneDNN there runs on OpenMP, so OpenMP is linked too, to pin
-# it to one thread per rank (src/model/dnnl_engine.cpp).
+# it to one thread per rank (src/model/onednn/dnnl_engine.cpp).
 find_path(DDP_DNNL_INCLUDE_DIR dnnl.hpp PATH_SUFFIXES oneapi/dnnl)
 find_library(DDP_DNNL_LIBRARY dnnl)
 if(NOT DDP_DNNL_INCLUDE_DIR OR NOT DDP_DNNL_LIBRARY)
@@ -89,5 +99,6 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 add_library(ddp::dnnl INTERFACE IMPORTED)
 set_target_properties(ddp::dnnl PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${DDP_DNNL_INCLUDE_DIR}"
-  INTERFACE_LINK_LIBRARIES "${DDP_DNNL_LIBRARY};OpenMP::OpenMP_CXX")
+  INTERFACE_LINK_LIBRARIES "${DDP_DNNL_LIBRARY};OpenMP::OpenMP_CXX"
+  INTERFACE_COMPILE_DEFINITIONS DDP_WITH_ONEDNN=1)
 message(STATUS "oneDNN: ${DDP_DNNL_LIBRARY}")

@@ -1,6 +1,7 @@
 // Prints the time and GFLOP/s of the convolutions of inputs/fashion_cnn.nml at batch
-// 64 (forward, backward weights, backward data), one oneDNN thread unless
-// OMP_NUM_THREADS / DDP_DNNL_THREADS say otherwise. A program, not a test:
+// 64 (forward, backward weights, backward data) on the compute backend: oneDNN on
+// one thread unless OMP_NUM_THREADS / DDP_DNNL_THREADS say otherwise, or cuDNN on
+// the GPU in the CUDA build. A program, not a test:
 //   build/conv_bench [batch] [repeats]
 #include <mpi.h>
 
@@ -9,8 +10,8 @@
 #include <cstdlib>
 
 #include "layer_fixture.hpp"
+#include "model/backend.hpp"
 #include "model/conv2d.hpp"
-#include "model/dnnl_engine.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -33,8 +34,10 @@ int main(int argc, char** argv) {
       const double flops = static_cast<Conv2d*>(b.layer.get())->forward_flops(B);
       auto time_ms = [&](auto&& f) {
         f();  // warm-up: primitive creation
+        compute_backend().synchronize();
         auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < reps; ++i) f();
+        compute_backend().synchronize();
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
                reps;
       };
@@ -52,9 +55,8 @@ int main(int argc, char** argv) {
       // The CNN needs no input gradient for its first conv.
       total_ms += fwd + bwd_w + (c.in[0] == 1 ? 0.0 : bwd_d);
     }
-    std::printf(
-        "oneDNN threads %d; conv time per step %.3f ms -> at most %.0f samples/s per rank from convs alone\n",
-        dnnl_threads(), total_ms, B / total_ms * 1e3);
+    std::printf("%s; conv time per step %.3f ms -> at most %.0f samples/s per rank from convs alone\n",
+                compute_backend().name().c_str(), total_ms, B / total_ms * 1e3);
   }
   Kokkos::finalize();
   MPI_Finalize();

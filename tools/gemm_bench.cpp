@@ -10,8 +10,8 @@
 #include <functional>
 #include <vector>
 
-#include "model/dnnl_engine.hpp"
 #include "model/gemm.hpp"
+#include "model/onednn/dnnl_engine.hpp"
 
 #if DDP_GEMM_BENCH_OPENBLAS
 #include <cblas.h>

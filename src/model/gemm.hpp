@@ -1,7 +1,7 @@
 #pragma once
-// The one GEMM of the code base. Row-major, raw pointers: the host build calls
-// oneDNN, and a cuBLAS version (device pointers, a stream) can sit behind the same
-// signature without touching the layers.
+// The one GEMM of the code base. Row-major, raw pointers in Kokkos's default memory
+// space: the process's compute backend (model/backend.hpp) runs it, oneDNN on the
+// host or cuBLAS on the rank's stream.
 
 #include "model/precision.hpp"
 

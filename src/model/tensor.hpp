@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/backend.hpp"  // Layout
+
 namespace ddp {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
@@ -17,13 +19,6 @@ using View1 = Kokkos::View<float*>;
 using ConstView1 = Kokkos::View<const float*>;
 using LabelView = Kokkos::View<std::int32_t*>;
 using Shape = std::vector<std::int64_t>;
-
-// How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
-// between a convolution and a max-pool, where both sides work on oneDNN's layout.
-enum class Layout {
-  nchw,       // PyTorch's
-  blocked16,  // oneDNN's nChw16c: (B, ceil(C/16), H, W, 16), padding channels zero
-};
 
 // Product of the dimensions; 1 for a scalar shape {}.
 std::int64_t shape_numel(const Shape& shape);

@@ -14,7 +14,7 @@
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
-#include "model/dnnl_engine.hpp"
+#include "model/backend.hpp"
 #include "train/optimizer.hpp"
 #include "train/version.hpp"
 
@@ -145,7 +145,8 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
         std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
     const Precision precision = parse_precision(cfg.train.precision);
     setup.model->set_precision(precision);  // before the summary: it plans layouts
-    log::info("precision: " + dnnl_precision_text(precision));
+    log::info("compute: " + compute_backend().name());
+    log::info("precision: " + compute_backend().precision_text(precision));
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)
       throw InputError("data.val_files: /y holds " + std::string(labels ? "targets" : "class labels") +

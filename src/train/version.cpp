@@ -4,12 +4,15 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
-#include <dnnl.hpp>
 #include <sstream>
 
 #include "ddp_build_config.hpp"  // generated: build type, compiler, oneDNN, MPI/HDF5 found
 #include "ddp_git_revision.hpp"  // generated: DDP_GIT_REVISION
-#include "model/dnnl_engine.hpp"
+#if DDP_WITH_ONEDNN
+#include <dnnl.hpp>
+
+#include "model/onednn/dnnl_engine.hpp"
+#endif
 
 // Defined on ddp_core by the CUDA build (cmake/Cuda.cmake); absent means off.
 #ifndef DDP_WITH_CUDA_GLUE
@@ -79,6 +82,7 @@ std::string hdf5_text() {
   return os.str();
 }
 
+#if DDP_WITH_ONEDNN
 // The version and the instruction set oneDNN dispatches to on this CPU: its GEMM
 // and convolution kernels are chosen at run time, so the ISA is what sets speed.
 std::string dnnl_text() {
@@ -88,6 +92,8 @@ std::string dnnl_text() {
      << ")";
   return os.str();
 }
+
+#endif
 
 }  // namespace
 
@@ -100,12 +106,17 @@ std::string version_text() {
      << "  Kokkos:       " << kokkos_text() << "\n"
      << "  MPI:          " << mpi_text() << "\n"
      << "  HDF5:         " << hdf5_text() << "\n"
-     << "  oneDNN:       " << dnnl_text() << "\n"
+#if DDP_WITH_ONEDNN
+     << "  compute:      oneDNN " << dnnl_text() << "\n"
      << "  bf16:         "
      << (dnnl_bf16().native ? "oneDNN's bf16 kernels (" + dnnl_bf16().impl + ")"
                             : "emulated (oneDNN has no bf16 kernels for " + std::string(dnnl_isa_name()) +
                                   "): bf16-rounded operands, fp32 products")
      << "\n"
+#else
+     << "  compute:      cuBLAS + cuDNN on the GPU (CUDA " << DDP_CUDA_VERSION_BUILT << ", sm "
+     << DDP_CUDA_ARCHITECTURES << "); tensors in device memory\n"
+#endif
      << "  CUDA glue:    "
      << (DDP_WITH_CUDA_GLUE ? "on (cuBLAS, cuDNN, NCCL)" : "off (CPU only: no cuBLAS, cuDNN, NCCL)") << "\n";
   return os.str();

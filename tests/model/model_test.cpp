@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
+#endif
 #include <iostream>
 
 #include "comm/check.hpp"
@@ -231,6 +233,7 @@ TEST(ModelFusion, BlockedLayoutsMatchUnfused) {
       {3, 13, 13});
 }
 
+#if DDP_WITH_ONEDNN
 // The test above would also pass if the blocked path were never taken; this one says
 // it is, on a CPU whose oneDNN kernels use nChw16c (AVX-512), in every precision.
 TEST(ModelFusion, BlockedLayoutIsTakenWithAvx512) {
@@ -250,6 +253,7 @@ TEST(ModelFusion, BlockedLayoutIsTakenWithAvx512) {
     EXPECT_EQ(unfused.output_layout(0), Layout::nchw);
   }
 }
+#endif
 
 TEST(ModelFusion, OverlappingPoolAndReluAfterBatchNorm) {
   // pool(3, stride=2) overlaps (the gathering backward); batchnorm2d -> relu is fused

@@ -28,8 +28,16 @@ TEST(Version, FirstLineNamesVersion) {
 
 TEST(Version, EveryFieldIsThere) {
   const std::string text = ddp::version_text();
-  for (const char* name : {"git revision", "build", "Kokkos", "MPI", "HDF5", "oneDNN", "CUDA glue"})
+  for (const char* name : {"git revision", "build", "Kokkos", "MPI", "HDF5", "compute", "CUDA glue"})
     EXPECT_NE(field(text, name), "") << "no '" << name << "' line in:\n" << text;
+#if DDP_WITH_ONEDNN
+  // The instruction set oneDNN picked, and how bf16 runs on it.
+  EXPECT_TRUE(std::regex_search(field(text, "compute"), std::regex("^oneDNN [0-9.]+, (AVX|SSE)"))) << text;
+  EXPECT_TRUE(std::regex_search(field(text, "bf16"), std::regex("^(oneDNN's bf16 kernels|emulated)")))
+      << text;
+#else
+  EXPECT_NE(field(text, "compute").find("cuDNN"), std::string::npos) << text;
+#endif
   EXPECT_TRUE(std::regex_search(field(text, "git revision"), std::regex("^([0-9a-f]{7,}(-dirty)?|unknown)$")))
       << text;
 }

@@ -1,4 +1,4 @@
-#include "model/dnnl_engine.hpp"
+#include "model/onednn/dnnl_engine.hpp"
 
 #include <omp.h>
 

@@ -1,0 +1,101 @@
+#pragma once
+// The backend seam: the heavy operations of the layers (GEMMs and convolutions)
+// behind one interface, chosen once at start-up. The CPU build runs oneDNN on the
+// host (src/model/onednn/: its blocked layouts, bf16 kernels or emulation and fused
+// relu stay in there); the CUDA build runs cuBLAS and cuDNN on the rank's stream,
+// which is Kokkos's own, so library calls and Kokkos kernels are ordered without a
+// host wait (src/cuda/cuda_backend.cpp: handles and workspaces owned there).
+//
+// Layers hand it raw pointers into Kokkos's default memory space and hold no
+// library types. No Kokkos here either: the CUDA glue implements this header with
+// nvcc alone.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/precision.hpp"
+
+namespace ddp {
+
+// How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
+// between a convolution and a max-pool, where both sides work on the backend's
+// blocked layout when its kernels want it (oneDNN's nChw16c on AVX-512).
+enum class Layout {
+  nchw,       // PyTorch's
+  blocked16,  // nChw16c: (B, ceil(C/16), H, W, 16), padding channels zero
+};
+
+// One convolution layer: PyTorch's Conv2d with a square kernel, symmetric zero
+// padding, no dilation or groups. Weight (out, in, k, k), bias (out).
+struct ConvGeometry {
+  std::int64_t in = 1, h = 1, w = 1;  // input sample (C_in, H, W)
+  std::int64_t out = 1, k = 1, stride = 1, pad = 0;
+  bool bias = true;
+  std::int64_t ho() const { return (h + 2 * pad - k) / stride + 1; }
+  std::int64_t wo() const { return (w + 2 * pad - k) / stride + 1; }
+  // Floating-point operations of one forward at batch B (2 per multiply-add); the
+  // backward passes cost the same each.
+  double forward_flops(std::int64_t B) const { return 2.0 * B * out * ho() * wo() * in * k * k; }
+};
+
+// The kernels of one convolution layer. Whatever they need per batch size
+// (descriptors, primitives, algorithm choices, reorder buffers) is planned on first
+// use of that size and kept.
+class ConvKernels {
+ public:
+  virtual ~ConvKernels() = default;
+
+  // How the following calls run: the operand precision, a relu fused into forward
+  // (y = max(conv + b, 0)), and the layouts of x and dx (in) and of y and dy (out).
+  // Drops what was planned when any of it changes.
+  virtual void configure(Precision precision, bool fused_relu, Layout in, Layout out) = 0;
+  // Whether the kernels, at the configured precision, read and write the blocked
+  // layout anyway for x and dx (input side), for y and dy (output side): there the
+  // model keeps activations blocked, and no reorder runs on that side.
+  virtual bool blocked_input_fits() = 0;
+  virtual bool blocked_output_fits() = 0;
+
+  // y (B, out, ho, wo) = conv(x (B, in, h, w), weight) + bias, rectified if fused.
+  // bias is null when the layer has none.
+  virtual void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) = 0;
+  // dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum of dy over (B, ho, wo)
+  // when not null. Accumulates, as PyTorch does.
+  virtual void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
+                                float* dbias) = 0;
+  // dx (B, in, h, w) = conv_transpose(dy (B, out, ho, wo), weight)
+  virtual void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) = 0;
+};
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // One line for logs and --version: "oneDNN 2.6.3 on AVX2", "cuBLAS 13.0 + cuDNN 9.19 on NVIDIA H100 ...".
+  virtual std::string name() const = 0;
+  // How train.precision runs here, for rank 0's start-up line:
+  // "bf16 (oneDNN brg:avx512_core_bf16)", "bf16 (emulated: ...)", "bf16 (cuBLAS/cuDNN ...)".
+  virtual std::string precision_text(Precision p) const = 0;
+  // Whether tensors live in device memory (the CUDA build): communication then
+  // takes device buffers.
+  virtual bool device_memory() const = 0;
+
+  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major.
+  // op(A) = A^T when trans_a (A is then stored (k, m)); likewise for B. The operands
+  // A and B are taken at `precision`, products accumulate in fp32, C stays fp32.
+  virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                    const float* b, int ldb, float beta, float* c, int ldc, Precision precision) = 0;
+
+  virtual std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) = 0;
+
+  // Wait until the work queued so far has finished (a no-op on the host): for
+  // timings and for host code that reads results.
+  virtual void synchronize() = 0;
+};
+
+// The backend of this process, made on first use (after Kokkos::initialize) and
+// released when Kokkos finalizes: oneDNN in the CPU build, cuBLAS/cuDNN on Kokkos's
+// CUDA stream in the CUDA build.
+ComputeBackend& compute_backend();
+
+}  // namespace ddp

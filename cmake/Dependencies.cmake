@@ -20,8 +20,11 @@ set_target_properties(ddp::hdf5 PROPERTIES
 # Debian's Trilinos-bundled Kokkos 3.4 defines one whose include path is wrong
 # (/usr/lib/include) and whose link line holds a stray -D flag: repair it.
 find_package(Kokkos REQUIRED)
+# A Kokkos install keeps its config in <prefix>/lib*/cmake/Kokkos and its headers
+# in <prefix>/include; Debian's in /usr/include/trilinos.
+get_filename_component(_ddp_kokkos_prefix "${Kokkos_DIR}/../../.." ABSOLUTE)
 find_path(DDP_KOKKOS_INCLUDE_DIR Kokkos_Core.hpp
-  HINTS ${Kokkos_INCLUDE_DIRS} /usr/include/trilinos
+  HINTS ${_ddp_kokkos_prefix}/include ${Kokkos_INCLUDE_DIRS} /usr/include/trilinos
   PATH_SUFFIXES trilinos)
 if(NOT DDP_KOKKOS_INCLUDE_DIR)
   message(FATAL_ERROR "Kokkos found but Kokkos_Core.hpp not: set DDP_KOKKOS_INCLUDE_DIR")
@@ -29,6 +32,8 @@ endif()
 if(NOT TARGET Kokkos::kokkos)
   add_library(Kokkos::kokkos INTERFACE IMPORTED)
   set(_ddp_kokkos_repair TRUE)
+elseif(TARGET Kokkos::kokkoscore)
+  set(_ddp_kokkos_repair FALSE)  # Kokkos 4.x: its targets carry headers, flags and libraries
 else()
   get_target_property(_inc Kokkos::kokkos INTERFACE_INCLUDE_DIRECTORIES)
   set(_ddp_kokkos_repair FALSE)

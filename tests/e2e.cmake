@@ -51,8 +51,10 @@ ddp_add_error_test(label_out_of_range NP 2 REGEX "badlabels/train_001.h5.*17.*7"
                    ARGS ${TINY} "data.train_files=e2e_data/badlabels/train_*.h5")
 ddp_add_error_test(batch_too_large NP 2 REGEX "train.batch_size = 41 is larger than each rank's share"
                    ARGS ${TINY} train.batch_size=41)
-ddp_add_error_test(nccl_without_gpu NP 2 REGEX "comm.backend = 'nccl' but NCCL is not available"
-                   ARGS ${TINY} comm.backend=nccl)
+if(NOT DDP_ENABLE_CUDA)
+  ddp_add_error_test(nccl_without_gpu NP 2 REGEX "comm.backend = 'nccl' but NCCL is not available"
+                     ARGS ${TINY} comm.backend=nccl)
+endif()
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 
@@ -89,11 +91,12 @@ ddp_add_train_test(fashion_mlp_np2 NP 2 RUN_DIR runs/fashion_mlp FIXTURE fashion
                    CHECK "--epochs 3 --min-val-acc 0.85"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
 
-# The CNN issue's acceptance run: fashion_cnn, 2 ranks, 10 epochs, >= 0.91 (0.9177
-# here, about 70 s).
-ddp_add_train_test(fashion_cnn_np2 NP 2 RUN_DIR runs/fashion_cnn FIXTURE fashion TIMEOUT 1200
-                   CHECK "--epochs 10 --min-val-acc 0.91"
-                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml)
+# The CNN on 2 epochs (the 10-epoch >= 0.91 run is tools/acceptance's): 0.8800 on
+# an AVX2 EPYC in 77 s. The MLP reaches 0.85-0.86 in as many epochs, so 0.87 tells
+# a CNN that learns from one that does not.
+ddp_add_train_test(fashion_cnn_np2 NP 2 RUN_DIR runs/fashion_cnn FIXTURE fashion TIMEOUT 900
+                   CHECK "--epochs 2 --min-val-acc 0.87"
+                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml train.epochs=2)
 
 # train.precision: bf16 operands train as well as fp32 (0.8401 after 1 epoch here);
 # fp16 with a loss scale of 2^30 overflows at first: those steps are skipped on both
@@ -110,6 +113,13 @@ ddp_add_train_test(fashion_mlp_fp16_np2 NP 2 RUN_DIR runs/fashion_mlp_fp16 FIXTU
                    CHECK "--epochs 1 --min-val-acc 0.83 --loss-scale-init 1073741824 --min-skipped 10"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=1 train.precision=fp16
                         train.loss_scale=1073741824 train.loss_scale_growth_interval=100000)
+
+# The GPU build: Fashion-MNIST MLP, 3 epochs on 1 GPU, >= 0.85.
+if(DDP_ENABLE_CUDA)
+  ddp_add_train_test(gpu_fashion_mlp_np1 NP 1 RUN_DIR runs/gpu_fashion_mlp FIXTURE fashion TIMEOUT 600
+                     CHECK "--epochs 3 --min-val-acc 0.85" ENV "DDP_EXPECT_LOG=^compute: cuBLAS"
+                     ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
+endif()
 
 add_test(NAME e2e_help COMMAND $<TARGET_FILE:ddp_train> --help)
 set_tests_properties(e2e_help PROPERTIES PASS_REGULAR_EXPRESSION "usage: ddp_train" LABELS e2e)

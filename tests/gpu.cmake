@@ -4,6 +4,21 @@
 ddp_add_mpi_test(test_backend SOURCES unit/test_backend.cpp NP 1 2 3 4 LABELS comm)
 ddp_add_mpi_test(test_loss_scaler SOURCES unit/test_loss_scaler.cpp NP 1 2 3 4 LABELS train)
 
+# One training step of an MLP, a CNN and a ResNet against the CPU build's numbers
+# (tests/gpu/step_reference.h5, written by `step_compare write` in the CPU build).
+# The CPU build checks that it still reproduces them (tolerance 1e-5 in fp32); the
+# GPU build runs the same check on the device (label gpu; skipped without one).
+add_executable(step_compare gpu/step_compare.cpp)
+target_compile_options(step_compare PRIVATE -Wall -Wextra)
+target_link_libraries(step_compare PRIVATE ddp_core)
+if(DDP_ENABLE_CUDA)
+  add_test(NAME gpu_step_compare COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
+  set_tests_properties(gpu_step_compare PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77 TIMEOUT ${DDP_TEST_TIMEOUT})
+else()
+  add_test(NAME step_reference_cpu COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
+  set_tests_properties(step_reference_cpu PROPERTIES LABELS "unit" TIMEOUT ${DDP_TEST_TIMEOUT})
+endif()
+
 if(TARGET ddp_cuda)
   # Exit code of gpu_selftest when no rank has a device (the automake convention).
   set(DDP_GPU_SKIP_CODE 77)
@@ -11,6 +26,11 @@ if(TARGET ddp_cuda)
   target_compile_options(gpu_selftest PRIVATE -Wall -Wextra)
   target_compile_definitions(gpu_selftest PRIVATE DDP_GPU_SKIP_CODE=${DDP_GPU_SKIP_CODE})
   target_link_libraries(gpu_selftest PRIVATE ddp_cuda ddp_core)
+  add_test(NAME gpu_selftest_np1
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${DDP_MPIEXEC_PREFLAGS}
+                   $<TARGET_FILE:gpu_selftest> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(gpu_selftest_np1 PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "gpu;mpi" PROCESSORS 1
+                       SKIP_RETURN_CODE ${DDP_GPU_SKIP_CODE})
   add_test(NAME gpu_selftest_np2
            COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS}
                    $<TARGET_FILE:gpu_selftest> ${MPIEXEC_POSTFLAGS})

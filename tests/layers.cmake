@@ -22,8 +22,10 @@ if(DDP_TORCH_PYTHON)
   ddp_add_test(layers_torch_compare_test SOURCES layers/torch_compare_test.cpp LABELS layers CAPPED_ISA_TOO)
   set_tests_properties(layers_torch_compare_test PROPERTIES FIXTURES_REQUIRED layers_torch
                        ENVIRONMENT DDP_TORCH_REFERENCE=${_ref})
+  if(NOT DDP_ENABLE_CUDA)
   set_tests_properties(layers_torch_compare_test_isa_avx2 PROPERTIES FIXTURES_REQUIRED layers_torch
                        ENVIRONMENT "DDP_TORCH_REFERENCE=${_ref};ONEDNN_MAX_CPU_ISA=${DDP_CAPPED_ISA}")
+  endif()
 else()
   message(STATUS "No python3 with torch: the PyTorch comparisons of the layers are left out")
 endif()

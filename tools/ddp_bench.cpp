@@ -16,13 +16,13 @@
 #include "comm/context.hpp"
 #include "comm/log.hpp"
 #include "io/metrics.hpp"
+#include "model/backend.hpp"
 #include "model/kernel_trace.hpp"
 #include "train/setup.hpp"
 #include "train/trainer.hpp"
 
+namespace ddp {
 namespace {
-
-using namespace ddp;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -53,36 +53,44 @@ double kernel_floor(Model& model, std::int64_t B, const Shape& sample, int repea
   *flops = 0.0;
   for (const auto& k : kernels) *flops += k.flops;
   for (auto& k : kernels) k.replay();  // warm caches and lazy initialisation
+  // On a GPU the replays are queued: the clock stops when the device is done.
+  compute_backend().synchronize();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     const double t0 = now();
     for (auto& k : kernels) k.replay();
+    compute_backend().synchronize();
     times.push_back(now() - t0);
   }
   return median(times);
 }
 
-// One all-reduce of n floats on `comm`: seconds (median of `repeats`).
-double allreduce_floor(MPI_Comm comm, std::size_t n, int repeats) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  if (size == 1) return 0.0;
-  std::vector<float> buf(n, 1.0f);
+// One all-reduce of n floats through the run's communicator (MPI on host memory, or
+// NCCL / MPI on device memory in the GPU build): seconds (median of `repeats`).
+double allreduce_floor(Communicator& comm, MPI_Comm world, std::size_t n, int repeats) {
+  if (comm.size() == 1) return 0.0;
+  View1 buf("bench::allreduce", n);
+  Kokkos::deep_copy(buf, 1.0f);
   std::vector<double> times;
   for (int r = 0; r < repeats + 2; ++r) {
-    MPI_Barrier(comm);
+    MPI_Barrier(world);
     const double t0 = now();
-    MPI_Allreduce(MPI_IN_PLACE, buf.data(), int(n), MPI_FLOAT, MPI_SUM, comm);
+    comm.allreduce_sum(buf.data(), n);
+    Kokkos::fence();  // the GPU build queues it on the compute stream's order
     double t = now() - t0, slowest = 0.0;
-    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, world);
     if (r >= 2) times.push_back(slowest);
   }
   return median(times);
 }
 
 }  // namespace
+}  // namespace ddp
 
 int main(int argc, char** argv) {
+  // Here, not at file scope: nvcc's generated code after this file calls ::log,
+  // which a file-scope directive would make ambiguous with ddp::log.
+  using namespace ddp;
   Context ctx(argc, argv);
   CommandLine cli = parse_command_line(ctx, argc, argv);
   if (cli.exit_now) return cli.exit_code;
@@ -115,7 +123,7 @@ int main(int argc, char** argv) {
   double flops = 0.0;
   const double kernels = kernel_floor(*net.model, B, data.train->sample_shape(), 20, &n_kernels, &flops);
   const std::size_t n_params = std::size_t(net.model->num_parameters());
-  const double reduce = allreduce_floor(ctx.world(), n_params, 20);
+  const double reduce = allreduce_floor(*comm, ctx.world(), n_params, 20);
   // Every rank measured its own kernels; the slowest rank sets the pace.
   double kernels_max = kernels;
   MPI_Allreduce(MPI_IN_PLACE, &kernels_max, 1, MPI_DOUBLE, MPI_MAX, ctx.world());
@@ -124,7 +132,7 @@ int main(int argc, char** argv) {
   const double floor_step = kernels_max * cfg.train.accumulation_steps + reduce;
   const double per_step = 1e3 / double(steps);
   const double other = seconds - wait - fwd - bwd - com - opt;
-  char text[1024];
+  char text[1536];
   std::snprintf(
       text, sizeof text,
       "ddp_bench: %s, %d rank(s), batch %lld per rank, %lld steps\n"
@@ -132,20 +140,34 @@ int main(int argc, char** argv) {
       "  step        %.3f ms = data wait %.3f + forward %.3f + backward %.3f + exposed comm %.3f"
       " + optimizer %.3f + other %.3f\n"
       "  floor       %.3f ms = %zu GEMM/conv kernels %.3f (%.1f GFLOP/s) + all-reduce of %.2f MB %.3f\n"
-      "  efficiency  %.2f (floor / actual)",
+      "  efficiency  %.2f (floor / actual)\n"
+      "  model       %.1f GFLOP/s per rank in training (%.3g GFLOP per step: the GEMM/conv flops)\n"
+      "  compute     %s; precision %s",
       cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps, samples / seconds, step * 1e3,
       wait * per_step, fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step,
       floor_step * 1e3, n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9,
-      double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step);
+      double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step,
+      flops * cfg.train.accumulation_steps / step * 1e-9, flops * cfg.train.accumulation_steps * 1e-9,
+      compute_backend().name().c_str(), cfg.train.precision.c_str());
   log::info(text);
-  const MetricRecord json = {{"input", cfg.source_path},           {"world_size", (long long)ctx.size()},
-                             {"batch_size", (long long)B},         {"steps", (long long)steps},
-                             {"samples_per_s", samples / seconds}, {"step_ms", step * 1e3},
-                             {"data_wait_ms", wait * per_step},    {"forward_ms", fwd * per_step},
-                             {"backward_ms", bwd * per_step},      {"exposed_comm_ms", com * per_step},
-                             {"optimizer_ms", opt * per_step},     {"floor_kernels_ms", kernels_max * 1e3},
-                             {"floor_allreduce_ms", reduce * 1e3}, {"floor_ms", floor_step * 1e3},
-                             {"efficiency", floor_step / step}};
+  const MetricRecord json = {{"input", cfg.source_path},
+                             {"world_size", (long long)ctx.size()},
+                             {"batch_size", (long long)B},
+                             {"steps", (long long)steps},
+                             {"samples_per_s", samples / seconds},
+                             {"step_ms", step * 1e3},
+                             {"data_wait_ms", wait * per_step},
+                             {"forward_ms", fwd * per_step},
+                             {"backward_ms", bwd * per_step},
+                             {"exposed_comm_ms", com * per_step},
+                             {"optimizer_ms", opt * per_step},
+                             {"floor_kernels_ms", kernels_max * 1e3},
+                             {"floor_allreduce_ms", reduce * 1e3},
+                             {"floor_ms", floor_step * 1e3},
+                             {"efficiency", floor_step / step},
+                             {"model_gflops_per_s", flops * cfg.train.accumulation_steps / step * 1e-9},
+                             {"compute", compute_backend().name()},
+                             {"precision", cfg.train.precision}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

@@ -28,6 +28,14 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT); }
   void allreduce_sum(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE); }
 
+  void allreduce_sum_host(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE); }
+
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
+                                                     const std::string& overlap) override {
+    return std::make_unique<GradientReducer>(comm_, grads, std::move(buckets),
+                                             GradientReducer::parse_progress(overlap));
+  }
+
   void broadcast(float* data, std::size_t n, int root) override {
     for (std::size_t off = 0; off < n; off += kMaxChunk)
       MPI_CHECK(MPI_Bcast(data + off, int(std::min(kMaxChunk, n - off)), MPI_FLOAT, root, comm_));

@@ -1,12 +1,20 @@
 #pragma once
 // Collectives over the ranks of a run. The backend is chosen once, at
-// construction; callers never branch on it. This issue brings the MPI backend
-// (host buffers); NCCL comes with the GPU path.
+// construction; callers never branch on it: MPI on host buffers (the CPU build),
+// or on a GPU NCCL or MPI on device buffers (src/cuda/device_communicator.hpp).
+//
+// Buffers are in the memory space the tensors live in (Kokkos's default: host
+// memory in the CPU build, device memory in the CUDA build), except where a name
+// says _host.
 
 #include <mpi.h>
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/gradient_reducer.hpp"
 
 namespace ddp {
 
@@ -15,11 +23,20 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In place: data[i] = sum over ranks of data[i].
+  // In place: data[i] = sum over ranks of data[i]. On a GPU queued on the compute
+  // stream's order, not waited for.
   virtual void allreduce_sum(float* data, std::size_t n) = 0;
   virtual void allreduce_sum(double* data, std::size_t n) = 0;
   virtual void broadcast(float* data, std::size_t n, int root) = 0;
+  // The same on a small host array (flags, metric sums), done when it returns.
+  virtual void allreduce_sum_host(double* data, std::size_t n) = 0;
   virtual void barrier() = 0;
+  // The bucketed gradient all-reduce of this backend over `grads` (n floats in the
+  // tensors' memory space), overlapping backward: overlap = 'poll' | 'thread' (MPI
+  // progress modes; NCCL progresses on its own stream whatever is asked). Null when
+  // the backend has none: the trainer then all-reduces after backward.
+  virtual std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
+                                                             const std::string& overlap) = 0;
   // The same ranks as an MPI communicator, for MPI-level helpers (the bucketed
   // gradient reducer makes its own duplicate of it).
   virtual MPI_Comm mpi_comm() const = 0;

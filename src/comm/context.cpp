@@ -2,9 +2,13 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdlib>
+#include <string>
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
+#if defined(KOKKOS_ENABLE_CUDA)
+#include "cuda/device.hpp"
+#endif
 
 namespace ddp {
 
@@ -23,8 +27,18 @@ Context::Context(int& argc, char**& argv) {
   MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_CHECK(MPI_Comm_free(&node));
 
-  // Kokkos picks the GPU from the node-local rank by itself (Kokkos 4 with
-  // Slurm/OpenMPI variables); --kokkos-* options are taken out of argv here.
+#if defined(KOKKOS_ENABLE_CUDA)
+  // One GPU per rank: from Slurm's binding or CUDA_VISIBLE_DEVICES when they leave
+  // one visible, else node-local rank modulo the devices (comm/backend.hpp,
+  // pick_device). Kokkos is told the same device; it would pick by its own rules.
+  const DeviceChoice device = cuda::bind_device(local_rank_);
+  if (device.device < 0)
+    DDP_FATAL("this is the GPU build of ddp_train, and this rank finds " << device.reason
+                                                                         << ": run it on a GPU node");
+  setenv("KOKKOS_DEVICE_ID", std::to_string(device.device).c_str(), 1);
+  device_ = device.reason;
+#endif
+  // --kokkos-* options are taken out of argv here.
   Kokkos::initialize(argc, argv);
 }
 

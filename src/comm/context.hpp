@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 namespace ddp {
 
 class Context {
@@ -21,11 +23,15 @@ class Context {
   // The prefetch thread may make MPI-IO calls while the main thread runs
   // collectives only if MPI granted MPI_THREAD_MULTIPLE.
   bool thread_multiple() const { return thread_level_ >= MPI_THREAD_MULTIPLE; }
+  // The GPU build: which device this rank bound and why ("device 1 of 4 (local
+  // rank 5)"); empty in the CPU build.
+  const std::string& device() const { return device_; }
 
  private:
   MPI_Comm world_ = MPI_COMM_NULL;  // a dup of MPI_COMM_WORLD, errors returned
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   int thread_level_ = MPI_THREAD_SINGLE;
+  std::string device_;
 };
 
 }  // namespace ddp

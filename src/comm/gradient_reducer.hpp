@@ -37,24 +37,38 @@ struct Bucket {
 std::vector<Bucket> plan_buckets(const std::vector<std::pair<std::int64_t, std::int64_t>>& tensors,
                                  double bucket_mb, double first_bucket_mb);
 
-class GradientReducer {
+// What the trainer sees of a bucketed all-reduce, whichever communicator runs it
+// (Communicator::make_bucket_reducer): MPI on host buffers (GradientReducer below)
+// or NCCL on device buffers (src/cuda/nccl_bucket_reducer.cpp).
+class BucketReducer {
+ public:
+  virtual ~BucketReducer() = default;
+  // Every gradient at offsets >= `offset` is final for this step: start the
+  // buckets that lie entirely at or above it (in bucket order).
+  virtual void mark_ready(std::int64_t offset) = 0;
+  // Start what is left; when it returns, the work queued after it (the optimizer)
+  // sees the sums: on the host it has waited for them, on a GPU the compute stream
+  // waits for them.
+  virtual void finish() = 0;
+  virtual const std::vector<Bucket>& buckets() const = 0;
+};
+
+class GradientReducer final : public BucketReducer {
  public:
   enum class Progress { Poll, Thread };
   static Progress parse_progress(const std::string& name);  // "poll" | "thread"
 
   // grads: the gradient buffer (host memory); buckets from plan_buckets.
   GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress);
-  ~GradientReducer();
+  ~GradientReducer() override;
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
-  // Every gradient at offsets >= `offset` is final for this step: start the
-  // buckets that lie entirely at or above it (in bucket order).
-  void mark_ready(std::int64_t offset);
-  void poll();    // let in-flight non-blocking reductions progress (Poll mode)
-  void finish();  // start what is left, wait for everything; the buffer holds the sums
+  void mark_ready(std::int64_t offset) override;
+  void poll();             // let in-flight non-blocking reductions progress (Poll mode)
+  void finish() override;  // start what is left, wait for everything; the buffer holds the sums
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
   double finish_wait_seconds() const { return finish_wait_; }  // last finish(): time blocked
 
  private:

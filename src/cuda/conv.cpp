@@ -1,16 +1,55 @@
 #include "cuda/conv.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include "cuda/cuda_check.hpp"
 
 namespace ddp::cuda {
 
 namespace {
-// The first result cuDNN ranks best that ran (Find) or is supported (Get).
+// The first result cuDNN ranks best that ran (Find) or is supported (Get), among
+// the deterministic ones where there is one: some algorithms sum with atomics, and
+// a run that cannot be repeated bit for bit cannot show that a resume equals a
+// straight run.
+//
+// In bf16/fp16 the FFT and Winograd algorithms are left out: they transform the
+// operands in the narrow type, and their results stray far beyond its rounding.
+bool transforms(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transforms(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 template <class Perf>
-const Perf& best(const Perf* perf, int count, const char* what) {
-  for (int i = 0; i < count; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS) return perf[i];
+const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
+  for (int pass = 0; pass < 3; ++pass)
+    for (int i = 0; i < count; ++i) {
+      const Perf& p = perf[i];
+      if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (pass < 2 && narrow && transforms(p.algo)) continue;
+      if (pass < 1 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      return p;
+    }
   DDP_FATAL("cuDNN offers no " << what << " algorithm for this shape");
+}
+
+// DDP_CUDNN_LOG=1: one line per shape with the algorithms chosen.
+bool log_choices() {
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_CUDNN_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
 }
 constexpr int kMaxAlgos = 16;
 }  // namespace
@@ -65,29 +104,30 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 
   Plan pl;
   int count = 0;
+  const bool narrow = dtype_ != DType::F32;
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data[kMaxAlgos];
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[kMaxAlgos];
   if (search_ == Search::Benchmark) {
     CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                      kMaxAlgos, &count, fwd));
-    pl.fwd = best(fwd, count, "forward").algo;
+    pl.fwd = best(fwd, count, "forward", narrow).algo;
     CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
                                                           kMaxAlgos, &count, bwd_data));
-    pl.bwd_data = best(bwd_data, count, "backward-data").algo;
+    pl.bwd_data = best(bwd_data, count, "backward-data", narrow).algo;
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                             kMaxAlgos, &count, bwd_filter));
-    pl.bwd_filter = best(bwd_filter, count, "backward-filter").algo;
+    pl.bwd_filter = best(bwd_filter, count, "backward-filter", narrow).algo;
   } else {
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));
-    pl.fwd = best(fwd, count, "forward").algo;
+    pl.fwd = best(fwd, count, "forward", narrow).algo;
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
                                                             kMaxAlgos, &count, bwd_data));
-    pl.bwd_data = best(bwd_data, count, "backward-data").algo;
+    pl.bwd_data = best(bwd_data, count, "backward-data", narrow).algo;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                               kMaxAlgos, &count, bwd_filter));
-    pl.bwd_filter = best(bwd_filter, count, "backward-filter").algo;
+    pl.bwd_filter = best(bwd_filter, count, "backward-filter", narrow).algo;
   }
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle_, x_desc_, w_desc_, conv_desc_, y_desc_, pl.fwd,
                                                       &pl.fwd_bytes));
@@ -95,6 +135,13 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
                                                            pl.bwd_data, &pl.bwd_data_bytes));
   CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                              pl.bwd_filter, &pl.bwd_filter_bytes));
+  if (log_choices())
+    std::fprintf(
+        stderr,
+        "cuDNN %s conv N%d C%d H%d W%d K%d R%d S%d pad %d stride %d: fwd algo %d (%zu B), bwd-data algo %d "
+        "(%zu B), bwd-filter algo %d (%zu B)\n",
+        dtype_name(dtype_), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h, int(pl.fwd), pl.fwd_bytes,
+        int(pl.bwd_data), pl.bwd_data_bytes, int(pl.bwd_filter), pl.bwd_filter_bytes);
   return plans_.emplace(s.key(), pl).first->second;
 }
 

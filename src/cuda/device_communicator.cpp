@@ -25,9 +25,16 @@ class DeviceMpiCommunicator final : public Communicator {
   void broadcast(float* data, std::size_t n, int root) override {
     run(data, n, [&](auto* p) { mpi_->broadcast(p, n, root); });
   }
+  void allreduce_sum_host(double* data, std::size_t n) override { mpi_->allreduce_sum_host(data, n); }
   void barrier() override {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     mpi_->barrier();
+  }
+  // MPI's non-blocking collectives know no streams: the gradients are all-reduced
+  // after backward, in one call.
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float*, std::vector<Bucket>,
+                                                     const std::string&) override {
+    return nullptr;
   }
   MPI_Comm mpi_comm() const override { return mpi_->mpi_comm(); }
 

@@ -29,19 +29,79 @@ NcclCommunicator::~NcclCommunicator() {
   ncclCommDestroy(comm_);
   MPI_Comm_free(&mpi_comm_);
   cudaFree(scratch_);
+  if (host_staging_) cudaFree(host_staging_);
   cudaEventDestroy(done_);
   cudaEventDestroy(ready_);
   cudaStreamDestroy(stream_);
 }
 
 template <class Call>
-void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, Call&& call) {
+void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, Call&& call, bool join) {
   last_op_ = std::string(op) + " of " + std::to_string(n) + " " + type;
   CUDA_CHECK(cudaEventRecord(ready_, compute_));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   NCCL_CHECK(call());
   CUDA_CHECK(cudaEventRecord(done_, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+  if (join) CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+}
+
+void NcclCommunicator::allreduce_sum_detached(float* data, std::size_t n) {
+  enqueue(
+      "all_reduce (bucket)", n, "floats",
+      [&] { return ncclAllReduce(data, data, n, ncclFloat32, ncclSum, comm_, stream_); }, /*join=*/false);
+}
+
+// done_ was recorded after the last collective queued, and the NCCL stream runs
+// them in order.
+void NcclCommunicator::join() { CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+
+void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) {
+  if (n == 0 || size_ == 1) return;
+  if (n > host_staging_count_) {
+    synchronize();  // the old copy's last use is done
+    if (host_staging_) CUDA_CHECK(cudaFree(host_staging_));
+    CUDA_CHECK(cudaMalloc(&host_staging_, n * sizeof(double)));
+    host_staging_count_ = n;
+  }
+  last_op_ = "all_reduce of " + std::to_string(n) + " host doubles";
+  CUDA_CHECK(cudaMemcpyAsync(host_staging_, data, n * sizeof(double), cudaMemcpyHostToDevice, stream_));
+  NCCL_CHECK(ncclAllReduce(host_staging_, host_staging_, n, ncclFloat64, ncclSum, comm_, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(data, host_staging_, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaEventRecord(done_, stream_));
+  synchronize();
+}
+
+namespace {
+class NcclBucketReducer final : public BucketReducer {
+ public:
+  NcclBucketReducer(NcclCommunicator& comm, float* grads, std::vector<Bucket> buckets)
+      : comm_(comm), grads_(grads), buckets_(std::move(buckets)) {}
+  void mark_ready(std::int64_t offset) override {
+    while (started_ < buckets_.size() && buckets_[started_].begin >= offset) start(started_++);
+  }
+  void finish() override {
+    while (started_ < buckets_.size()) start(started_++);
+    started_ = 0;
+    comm_.join();
+  }
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
+
+ private:
+  void start(std::size_t b) {
+    const Bucket& k = buckets_[b];
+    comm_.allreduce_sum_detached(grads_ + k.begin, std::size_t(k.end - k.begin));
+  }
+  NcclCommunicator& comm_;
+  float* grads_;
+  std::vector<Bucket> buckets_;
+  std::size_t started_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<BucketReducer> NcclCommunicator::make_bucket_reducer(float* grads,
+                                                                     std::vector<Bucket> buckets,
+                                                                     const std::string& /*overlap*/) {
+  return std::make_unique<NcclBucketReducer>(*this, grads, std::move(buckets));
 }
 
 void NcclCommunicator::allreduce_sum(float* data, std::size_t n) {

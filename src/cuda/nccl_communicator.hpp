@@ -36,9 +36,21 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(float* data, std::size_t n) override;
   void allreduce_sum(double* data, std::size_t n) override;
   void broadcast(float* data, std::size_t n, int root) override;
+  // Host buffers: through a device copy on the NCCL stream, waited for under the watchdog.
+  void allreduce_sum_host(double* data, std::size_t n) override;
   // Every rank's queued collectives done (a one-element all-reduce, then a wait).
   void barrier() override;
   MPI_Comm mpi_comm() const override { return mpi_comm_; }
+  // NcclBucketReducer: each bucket starts on the NCCL stream when backward has made
+  // it, and the compute stream waits for all of them only at finish().
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
+                                                     const std::string& overlap) override;
+
+  // An all-reduce that starts after the compute work queued so far but that the
+  // compute stream does not wait for, until join(): the buckets of backward.
+  void allreduce_sum_detached(float* data, std::size_t n);
+  // The compute stream waits for every collective queued so far.
+  void join();
 
   // recv (recv_count) = this rank's slice of the sum over ranks of send (size * recv_count).
   void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
@@ -50,14 +62,17 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream() const { return stream_; }
 
  private:
+  // join: the compute stream waits for this collective (else only join() makes it).
   template <class Call>
-  void enqueue(const char* op, std::size_t n, const char* type, Call&& call);
+  void enqueue(const char* op, std::size_t n, const char* type, Call&& call, bool join = true);
 
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate of the constructor's communicator
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> NCCL, NCCL -> compute
   float* scratch_ = nullptr;                      // barrier()'s one element
+  double* host_staging_ = nullptr;                // allreduce_sum_host's device copy
+  std::size_t host_staging_count_ = 0;
   int rank_ = 0, size_ = 1;
   Options options_;
   std::string last_op_ = "none";  // named by the watchdog

@@ -36,19 +36,19 @@ class BatchNorm2d : public Layer {
   float momentum_, eps_;
   Communicator* comm_ = nullptr;
   std::int64_t c_ = 0, hw_ = 0;
-  Shape sample_;                     // (C, H, W)
-  float* weight_ = nullptr;          // (C) gamma
-  float* bias_ = nullptr;            // (C) beta
-  float* dweight_ = nullptr;         // (C)
-  float* dbias_ = nullptr;           // (C)
-  float* running_mean_ = nullptr;    // (C)
-  float* running_var_ = nullptr;     // (C)
-  float* batches_tracked_ = nullptr;  // () PyTorch's int64 num_batches_tracked, kept as a float
-  bool normalised_by_batch_ = false;  // the last forward used batch statistics (training)
-  Kokkos::View<double*>::HostMirror sums_host_;  // sums_ on the host, for MPI
-  Kokkos::View<double*> sums_;       // (2C + 1) forward: sum x, sum x^2, count; backward: sum dy, sum dy xhat
+  Shape sample_;                                 // (C, H, W)
+  float* weight_ = nullptr;                      // (C) gamma
+  float* bias_ = nullptr;                        // (C) beta
+  float* dweight_ = nullptr;                     // (C)
+  float* dbias_ = nullptr;                       // (C)
+  float* running_mean_ = nullptr;                // (C)
+  float* running_var_ = nullptr;                 // (C)
+  float* batches_tracked_ = nullptr;             // () PyTorch's int64 num_batches_tracked, kept as a float
+  bool normalised_by_batch_ = false;             // the last forward used batch statistics (training)
+  Kokkos::View<double*>::HostMirror sums_host_;  // sums_ on the host: the count
+  Kokkos::View<double*> sums_;  // (2C + 1) forward: sum x, sum x^2, count; backward: sum dy, sum dy xhat
   Kokkos::View<float*> mean_, invstd_;  // (C) of the last forward
-  std::int64_t count_ = 0;           // samples per channel in the last forward, over all ranks
+  std::int64_t count_ = 0;              // samples per channel in the last forward, over all ranks
 };
 
 }  // namespace ddp

@@ -31,11 +31,12 @@ class Pool2d : public Layer {
   bool takes_blocked() const { return op_ == Max && k_ == 2 && stride_ == 2; }
   void set_output_layout(Layout out) { out_layout_ = out; }
 
- private:
-  // forward and backward for a blocked16 x
+  // forward and backward for a blocked16 x (public only because CUDA's extended
+  // lambdas may not live in private member functions)
   void forward_blocked(const Tensor& x, Tensor& y);
   void backward_blocked(const Tensor& dy, Tensor& dx);
 
+ private:
   Op op_;
   bool relu_mask_ = false;
   Layout out_layout_ = Layout::nchw;

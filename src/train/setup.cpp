@@ -9,6 +9,7 @@
 
 #include "comm/backend.hpp"
 #include "comm/check.hpp"
+#include "comm/compute_communicator.hpp"
 #include "comm/cuda_aware.hpp"
 #include "comm/log.hpp"
 #include "io/checkpoint.hpp"
@@ -180,12 +181,12 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
 }
 
 std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg) {
-  const CommChoice choice = collective_input(ctx.world(), [&] {
-    return choose_comm(cfg.comm.backend, /*nccl_available=*/false, /*device_buffers=*/false,
-                       mpi_cuda_aware(nullptr));
+  CommChoice choice;
+  auto comm = collective_input(ctx.world(), [&] {
+    return make_compute_communicator(ctx.world(), cfg.comm.backend, /*timeout_s=*/600.0, &choice);
   });
   log::info("comm: " + choice.reason);
-  return make_mpi_communicator(ctx.world());
+  return comm;
 }
 
 void prepare_run_dir(const Context& ctx, const Config& cfg) {
@@ -194,7 +195,8 @@ void prepare_run_dir(const Context& ctx, const Config& cfg) {
   fatal_if_any(ctx.world(), !problem.empty(), "io.run_dir: " + problem);
   std::ostringstream os;
   os << "ddp_train " << DDP_VERSION << ": " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
-     << ", input " << cfg.source_path << "\n--- resolved input ---\n"
+     << (ctx.device().empty() ? "" : ", rank 0 on GPU " + ctx.device()) << ", input " << cfg.source_path
+     << "\n--- resolved input ---\n"
      << cfg.to_namelist() << "----------------------";
   log::info(os.str());
 }

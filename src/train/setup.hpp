@@ -49,8 +49,9 @@ struct ModelSetup {
 };
 ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data);
 
-// The communicator of comm.backend: MPI on host buffers in this build (tensors
-// live in host memory); 'nccl' is a clear error here.
+// The communicator of comm.backend (comm/compute_communicator.hpp): MPI on host
+// buffers in the CPU build, where 'nccl' is a clear error; NCCL or MPI on device
+// buffers in the CUDA build.
 std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg);
 
 // Creates <run_dir> (rank 0) and prints the resolved configuration and the plan.

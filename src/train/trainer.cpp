@@ -21,13 +21,28 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Sum of v[0..n) in double.
-double sum(const View1& v, std::int64_t n) {
-  double total = 0.0;
-  Kokkos::parallel_reduce(
-      "Trainer::sum", Kokkos::RangePolicy<ExecSpace>(0, n),
-      KOKKOS_LAMBDA(std::int64_t i, double& acc) { acc += double(v(i)); }, total);
-  return total;
+// acc(0) and acc(1) += the sum of loss[0..n) in double, in index order, on the device:
+// the host reads the sums only when it prints or reduces them, so a step queues its
+// kernels without waiting for the GPU.
+void accumulate_loss(const View1& loss, std::int64_t n, const Kokkos::View<double[2]>& acc) {
+  Kokkos::parallel_for(
+      "Trainer::accumulate_loss", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
+        double s = 0.0;
+        for (std::int64_t i = 0; i < n; ++i) s += double(loss(i));
+        acc(0) += s;
+        acc(1) += s;
+      });
+}
+
+// (epoch, window) sums so far; resets the window's when asked.
+std::pair<double, double> read_loss(const Kokkos::View<double[2]>& acc, bool reset_window) {
+  auto host = Kokkos::create_mirror_view(acc);
+  Kokkos::deep_copy(host, acc);
+  if (reset_window) {
+    host(1) = 0.0;
+    Kokkos::deep_copy(acc, host);
+  }
+  return {host(0), host(1)};
 }
 
 }  // namespace
@@ -59,14 +74,18 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   if (cfg_.comm.overlap != "none" && comm_.size() > 1) {
     std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
     for (const Model::ParamEntry& p : model_.parameter_table()) tensors.push_back({p.offset, p.size});
-    reducer_ = std::make_unique<GradientReducer>(
-        comm_.mpi_comm(), model_.gradients().data(),
-        plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
-        GradientReducer::parse_progress(cfg_.comm.overlap));
+    reducer_ = comm_.make_bucket_reducer(
+        model_.gradients().data(), plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
+        cfg_.comm.overlap);
     char line[160];
-    std::snprintf(
-        line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, all-reduced during backward (%s)",
-        reducer_->buckets().size(), double(n_params) * 4.0 / (1024.0 * 1024.0), cfg_.comm.overlap.c_str());
+    if (reducer_)
+      std::snprintf(
+          line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, all-reduced during backward (%s)",
+          reducer_->buckets().size(), double(n_params) * 4.0 / (1024.0 * 1024.0), cfg_.comm.overlap.c_str());
+    else
+      std::snprintf(line, sizeof line,
+                    "gradients: %.2f MB all-reduced after backward (this backend has no buckets)",
+                    double(n_params) * 4.0 / (1024.0 * 1024.0));
     log::info(line);
   }
   // Dropout streams differ per rank and restart per micro-batch from (key, position),
@@ -153,11 +172,12 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     log::info("initialised from " + ck.path + " (weights only; a new run)");
     return;
   }
-  for (auto& [name, view] : optimizer_->state()) {
+  for (auto& state : optimizer_->state()) {
+    const std::string& name = state.first;
     auto it = std::find_if(ck.optimizer_state.begin(), ck.optimizer_state.end(),
                            [&](const auto& e) { return e.first == name; });
     if (it == ck.optimizer_state.end()) DDP_FATAL("checkpoint " << ck.path << " has no /optimizer/" << name);
-    Kokkos::deep_copy(view, HostIn(it->second.data(), it->second.size()));
+    Kokkos::deep_copy(state.second, HostIn(it->second.data(), it->second.size()));
   }
   optimizer_->set_steps(ck.optimizer_steps);
   if (scaler_ && ck.state.loss_scale > 0)
@@ -203,7 +223,7 @@ Trainer::Agreed Trainer::poll() {
   double flags[2] = {
       preemption_signal() != 0 ? 1.0 : 0.0,
       comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
-  comm_.allreduce_sum(flags, 2);
+  comm_.allreduce_sum_host(flags, 2);
   Agreed a;
   a.preempt = flags[0] > 0;
   a.time_due = flags[1] > 0;
@@ -255,7 +275,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const double prior_samples = comm_.rank() == 0 ? pos_.epoch_samples : 0.0;
 
   const double t0 = now();
-  double loss_sum = 0.0, window_loss = 0.0;
+  Kokkos::View<double[2]> loss_acc("Trainer::loss_acc");  // (epoch, since the last progress line)
   std::int64_t samples = 0, window_samples = 0, group_samples = 0;
   int micro = 0;
   bool stopped = false;
@@ -268,7 +288,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     const Tensor& out = model_.forward(x_, /*training=*/true);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
-    const double batch_loss = sum(loss_, batch.size);
+    accumulate_loss(loss_, batch.size, loss_acc);
     const double t_backward = now();
     dout_.shape = out.shape;
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
@@ -283,8 +303,6 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     }
     stats.forward_seconds += t_backward - t_forward;
     stats.backward_seconds += now() - t_backward;
-    loss_sum += batch_loss;
-    window_loss += batch_loss;
     samples += batch.size;
     window_samples += batch.size;
     group_samples += batch.size;
@@ -299,13 +317,13 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     // Every rank trains the same number of samples: positions of the global order done.
     pos_.consumed = start + samples * W;
     if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) {
+      const double window_loss = read_loss(loss_acc, /*reset_window=*/true).second;
       char line[160];
       std::snprintf(line, sizeof line,
                     "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
                     (long long)epoch + 1, (long long)step_, window_loss / double(window_samples),
                     (long long)window_samples, learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_));
       log::info(line);
-      window_loss = 0.0;
       window_samples = 0;
     }
     if (!checkpoints) continue;
@@ -316,8 +334,8 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       break;
     }
     if (!(a.preempt || a.time_due || a.step_due)) continue;
-    double partial[2] = {loss_sum + prior_loss, double(samples) + prior_samples};
-    comm_.allreduce_sum(partial, 2);
+    double partial[2] = {read_loss(loss_acc, false).first + prior_loss, double(samples) + prior_samples};
+    comm_.allreduce_sum_host(partial, 2);
     pos_.epoch_loss_sum = partial[0];
     pos_.epoch_samples = partial[1];
     const std::string path = checkpoint();
@@ -330,10 +348,12 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       break;
     }
   }
+  Kokkos::fence();  // a GPU may still be running the last step's kernels
   const double seconds = now() - t0;
 
-  double totals[3] = {loss_sum + prior_loss, double(samples) + prior_samples, double(samples)};
-  comm_.allreduce_sum(totals, 3);
+  double totals[3] = {read_loss(loss_acc, false).first + prior_loss, double(samples) + prior_samples,
+                      double(samples)};
+  comm_.allreduce_sum_host(totals, 3);
   stats.epoch = epoch + 1;
   stats.step = step_;
   stats.train_loss = totals[0] / totals[1];
@@ -383,7 +403,7 @@ ValStats Trainer::validate(ShardDataset& data) {
     }
   }
   // Each chunk has one owner and zeros elsewhere, so the sum is exact.
-  comm_.allreduce_sum(chunk_sums.data(), chunk_sums.size());
+  comm_.allreduce_sum_host(chunk_sums.data(), chunk_sums.size());
   ValStats stats;
   for (std::int64_t c = 0; c < chunks; ++c) {
     stats.loss_sum += chunk_sums[std::size_t(2 * c)];

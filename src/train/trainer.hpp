@@ -96,8 +96,8 @@ class Trainer {
   ShardDataset* val_;
   int prefetch_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<GradientReducer> reducer_;  // null: one all-reduce after backward
-  std::unique_ptr<LossScaler> scaler_;        // fp16 only
+  std::unique_ptr<BucketReducer> reducer_;  // null: one all-reduce after backward
+  std::unique_ptr<LossScaler> scaler_;      // fp16 only
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t epoch_positions_ = 0;  // the sampler's global order per epoch (padded)

@@ -1,12 +1,16 @@
-// GPU self-test, run as `mpiexec -n 2 gpu_selftest`: cuBLAS GEMM and cuDNN
-// convolution against the CPU path on random inputs, NCCL collectives against MPI.
+// GPU self-test of the CUDA glue, run as `mpiexec -n 1|2 gpu_selftest`: cuBLAS GEMM
+// and cuDNN convolution against double-precision loops on random inputs, MPI on
+// device buffers, and NCCL's collectives and bucketed all-reduce against MPI's (with
+// one GPU per rank; where ranks share a GPU those checks cannot run, and the test
+// reports skipped once the others have passed).
 // Without a CUDA device on every rank it prints "skipped: no CUDA device" and exits
 // with DDP_GPU_SKIP_CODE, which CTest reports as skipped (SKIP_RETURN_CODE).
 //
 // Tolerances (max |gpu - ref| / max |ref| over the output):
-//   GEMM fp32 operands            1e-5  (fp32 accumulation, no TF32: summation order only)
-//   GEMM bf16 operands            1e-4  against the CPU GEMM of the same bf16-rounded operands,
-//                                 2e-2  against the CPU GEMM of the unrounded fp32 operands
+//   GEMM fp32 operands            1e-5  against a double-precision loop (fp32 accumulation,
+//                                       no TF32: summation order only)
+//   GEMM bf16 operands            1e-4  against the loop on the same bf16-rounded operands,
+//                                 2e-2  against the loop on the unrounded fp32 operands
 //   convolution fp32 (fwd, bwd-data, bwd-filter)  1e-5 against a double-precision loop
 //   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
 //                                 commutative); 1e-6 on more ranks (summation order)
@@ -23,13 +27,13 @@
 
 #include "comm/backend.hpp"
 #include "comm/cuda_aware.hpp"
+#include "comm/gradient_reducer.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/device_communicator.hpp"
 #include "cuda/gemm.hpp"
 #include "cuda/nccl_communicator.hpp"
-#include "model/gemm.hpp"
 #include "model/precision.hpp"
 
 #ifndef DDP_GPU_SKIP_CODE
@@ -85,6 +89,18 @@ struct DeviceBuffer {
   }
 };
 
+// C = alpha op(A) op(B) + beta C, row-major, in double: the reference.
+void reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                    const float* b, int ldb, float beta, float* c, int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int l = 0; l < k; ++l)
+        sum += double(ta ? a[l * lda + i] : a[i * lda + l]) * (tb ? b[j * ldb + l] : b[l * ldb + j]);
+      c[i * ldc + j] = float(alpha * sum + double(beta) * c[i * ldc + j]);
+    }
+}
+
 void test_gemm(cudaStream_t stream) {
   ddp::cuda::CublasGemm gemm(stream);
   const int m = 67, n = 45, k = 123;
@@ -98,7 +114,7 @@ void test_gemm(cudaStream_t stream) {
     std::string tag = std::string(" ") + (ta ? "T" : "N") + (tb ? "T" : "N");
 
     std::vector<float> ref = c0;
-    ddp::gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, ref.data(), ldc);
+    reference_gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, ref.data(), ldc);
     DeviceBuffer<float> da(a), db(b), dc(c0);
     gemm(ta, tb, m, n, k, alpha, da.ptr, lda, db.ptr, ldb, beta, dc.ptr, ldc);
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -115,7 +131,7 @@ void test_gemm(cudaStream_t stream) {
     std::vector<float> ar = a, br = b, ref16 = c0;
     for (auto& x : ar) x = ddp::round_bf16(x);
     for (auto& x : br) x = ddp::round_bf16(x);
-    ddp::gemm(ta, tb, m, n, k, alpha, ar.data(), lda, br.data(), ldb, beta, ref16.data(), ldc);
+    reference_gemm(ta, tb, m, n, k, alpha, ar.data(), lda, br.data(), ldb, beta, ref16.data(), ldc);
     std::vector<float> got = dc.download();
     check(("cuBLAS GEMM bf16" + tag + " vs rounded operands").c_str(), rel_err(got, ref16), 1e-4);
     check(("cuBLAS GEMM bf16" + tag + " vs fp32").c_str(), rel_err(got, ref), 2e-2);
@@ -180,6 +196,24 @@ void test_conv(cudaStream_t stream) {
   }
 }
 
+// MPI on device buffers (staged, and direct where MPI is CUDA-aware) against MPI on
+// host buffers.
+void test_device_mpi(MPI_Comm world, cudaStream_t compute) {
+  const std::size_t n = (std::size_t(1) << 20) + 3;
+  std::vector<float> mine = random_vector(n, 1000 + g_rank), ref(n);
+  MPI_CHECK(MPI_Allreduce(mine.data(), ref.data(), int(n), MPI_FLOAT, MPI_SUM, world));
+  const bool aware = ddp::mpi_cuda_aware();
+  for (bool stage : {true, false}) {
+    if (!stage && !aware) continue;  // device pointers go to MPI only where MPI is CUDA-aware
+    auto mpi = ddp::cuda::make_device_mpi_communicator(world, compute, stage);
+    DeviceBuffer<float> d(mine);
+    mpi->allreduce_sum(d.ptr, n);
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    check(stage ? "MPI all-reduce staged through pinned memory" : "MPI all-reduce on device buffers",
+          rel_err(d.download(), ref), 0.0);
+  }
+}
+
 void test_collectives(MPI_Comm world, cudaStream_t compute, int size) {
   const std::size_t n = (std::size_t(1) << 20) + 3;
   const double tol = size == 2 ? 0.0 : 1e-6;
@@ -187,6 +221,26 @@ void test_collectives(MPI_Comm world, cudaStream_t compute, int size) {
   MPI_CHECK(MPI_Allreduce(mine.data(), ref.data(), int(n), MPI_FLOAT, MPI_SUM, world));
 
   ddp::cuda::NcclCommunicator nccl(world, compute, {60.0});
+  {
+    // The trainer's path: buckets started as backward makes them (last layers
+    // first), the compute stream joined at finish(); against MPI's bucketed reducer.
+    const std::vector<std::pair<std::int64_t, std::int64_t>> tensors = {
+        {0, 1000}, {1000, 50000}, {51000, std::int64_t(n) - 51000}};
+    const std::vector<ddp::Bucket> buckets = ddp::plan_buckets(tensors, 0.1, 0.01);
+    DeviceBuffer<float> d(mine);
+    auto reducer = nccl.make_bucket_reducer(d.ptr, buckets, "poll");
+    for (std::int64_t ready : {std::int64_t(51000), std::int64_t(1000), std::int64_t(0)})
+      reducer->mark_ready(ready);
+    reducer->finish();
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    std::vector<float> host = mine;
+    ddp::GradientReducer mpi(world, host.data(), buckets, ddp::GradientReducer::Progress::Poll);
+    for (std::int64_t ready : {std::int64_t(51000), std::int64_t(1000), std::int64_t(0)})
+      mpi.mark_ready(ready);
+    mpi.finish();
+    check(("NCCL bucketed all-reduce (" + std::to_string(buckets.size()) + " buckets) vs MPI's").c_str(),
+          rel_err(d.download(), host), tol);
+  }
   {
     // Queued on the compute stream with no host wait in between: the events order
     // the upload, the all-reduce and the download.
@@ -228,27 +282,17 @@ void test_collectives(MPI_Comm world, cudaStream_t compute, int size) {
     check("NCCL reduce-scatter vs MPI", rel_err(drecv.download(), slice), tol);
     check("NCCL all-gather(reduce-scatter) vs MPI", rel_err(dall.download(), sum), tol);
   }
-  const bool aware = ddp::mpi_cuda_aware();
-  for (bool stage : {true, false}) {
-    if (!stage && !aware) continue;  // device pointers go to MPI only where MPI is CUDA-aware
-    auto mpi = ddp::cuda::make_device_mpi_communicator(world, compute, stage);
-    DeviceBuffer<float> d(mine);
-    mpi->allreduce_sum(d.ptr, n);
-    CUDA_CHECK(cudaStreamSynchronize(compute));
-    check(stage ? "MPI all-reduce staged through pinned memory" : "MPI all-reduce on device buffers",
-          rel_err(d.download(), ref), 0.0);
-  }
 }
 
 }  // namespace
 
-static int local_rank(MPI_Comm world) {
+// This rank's rank and the rank count on its node.
+static void local_rank(MPI_Comm world, int* rank, int* size) {
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int r = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &r));
+  MPI_CHECK(MPI_Comm_rank(node, rank));
+  MPI_CHECK(MPI_Comm_size(node, size));
   MPI_Comm_free(&node);
-  return r;
 }
 
 int main(int argc, char** argv) {
@@ -258,7 +302,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(world, &g_rank);
   MPI_Comm_size(world, &size);
 
-  ddp::DeviceChoice dev = ddp::cuda::bind_device(local_rank(world));
+  int local = 0, local_size = 1;
+  local_rank(world, &local, &local_size);
+  ddp::DeviceChoice dev = ddp::cuda::bind_device(local);
   int have = dev.device >= 0 ? 1 : 0, all_have = 0;
   MPI_CHECK(MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, world));
   if (!all_have) {
@@ -272,12 +318,23 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   test_gemm(compute);
   test_conv(compute);
-  test_collectives(world, compute, size);
+  test_device_mpi(world, compute);
+  // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
+  int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;
+  MPI_CHECK(MPI_Allreduce(&shared, &any_shared, 1, MPI_INT, MPI_MAX, world));
+  if (!any_shared) test_collectives(world, compute, size);
   CUDA_CHECK(cudaStreamDestroy(compute));
 
   int failures = 0;
   MPI_CHECK(MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, world));
   if (g_rank == 0) std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "passed", failures);
+  if (!failures && any_shared) {
+    if (g_rank == 0)
+      std::printf("skipped: the NCCL checks need one GPU per rank, and %d ranks share %d GPU(s) here\n",
+                  local_size, ddp::cuda::device_count());
+    MPI_Finalize();
+    return DDP_GPU_SKIP_CODE;
+  }
   MPI_Finalize();
   return failures ? 1 : 0;
 }

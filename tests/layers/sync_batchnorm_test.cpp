@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include "comm/communicator.hpp"
+#include "comm/compute_communicator.hpp"
 #include "layer_fixture.hpp"
 #include "model/model.hpp"
 
@@ -16,13 +17,14 @@ using test::random_values;
 using test::to_host;
 
 TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
-  std::unique_ptr<Communicator> comm = make_mpi_communicator(MPI_COMM_WORLD);
+  std::unique_ptr<Communicator> comm = make_compute_communicator(MPI_COMM_WORLD);
   const int W = comm->size(), r = comm->rank();
   const std::int64_t B = 3;
   const Shape sample = {2, 5, 5};
   const std::int64_t per_sample = shape_numel(sample);
-  const std::vector<std::string> specs = {"conv2d(4, 3, pad=1)", "batchnorm2d(sync)", "relu",
-                                          "resblock(4, sync)", "globalavgpool", "flatten", "linear(3)"};
+  const std::vector<std::string> specs = {
+      "conv2d(4, 3, pad=1)", "batchnorm2d(sync)", "relu",     "resblock(4, sync)",
+      "globalavgpool",       "flatten",           "linear(3)"};
   // Every rank builds the same global batch and its one-rank answer.
   const std::vector<float> x_all = random_values(W * B * per_sample, 5), dy_all = random_values(W * B * 3, 6);
   Model full(specs, sample, 7);
@@ -53,7 +55,8 @@ TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
     EXPECT_NEAR(g[i], g_full[i], 1e-5 * (1 + std::fabs(g_full[i]))) << "grad[" << i << "]";
     worst = std::max(worst, std::fabs(double(g[i]) - g_full[i]));
   }
-  for (std::size_t i = 0; i < buf.size(); ++i) EXPECT_NEAR(buf[i], buf_full[i], 1e-5) << "buffer[" << i << "]";
+  for (std::size_t i = 0; i < buf.size(); ++i)
+    EXPECT_NEAR(buf[i], buf_full[i], 1e-5) << "buffer[" << i << "]";
   if (r == 0) std::cout << "  " << W << " ranks vs 1: max abs difference " << worst << "\n";
 
   // Without a communicator the same layers normalise per rank: the outputs differ.

@@ -38,9 +38,6 @@ class Reference {
   }
   bool ok() const { return file_ >= 0; }
 
-  bool has(const std::string& path) const {
-    return H5Lexists(file_, path.c_str(), H5P_DEFAULT) > 0;
-  }
   std::vector<float> floats(const std::string& path) const {
     hid_t d = H5_CHECK(H5Dopen2(file_, path.c_str(), H5P_DEFAULT));
     hid_t s = H5_CHECK(H5Dget_space(d));
@@ -187,7 +184,8 @@ TEST(TorchCompare, ModelNamesAndStep) {
   for (const auto& e : m.buffer_table()) buffer_names.push_back(e.name);
   std::vector<std::string> torch_names, torch_buffer_names;
   for (const std::string& s : ref.strings("/model", "param_names")) torch_names.push_back("layers." + s);
-  for (const std::string& s : ref.strings("/model", "buffer_names")) torch_buffer_names.push_back("layers." + s);
+  for (const std::string& s : ref.strings("/model", "buffer_names"))
+    torch_buffer_names.push_back("layers." + s);
   EXPECT_EQ(names, torch_names);
   EXPECT_EQ(buffer_names, torch_buffer_names);
   ASSERT_EQ(names, torch_names);
@@ -217,7 +215,8 @@ TEST(TorchCompare, ModelNamesAndStep) {
   // The bias of a conv followed by batchnorm has a zero gradient: both sides hold
   // rounding noise (~1e-6), compared on the scale of the other gradients.
   for (const auto& e : m.parameter_table())
-    compare("model grad " + e.name, std::vector<float>(grads.begin() + e.offset, grads.begin() + e.offset + e.size),
+    compare("model grad " + e.name,
+            std::vector<float>(grads.begin() + e.offset, grads.begin() + e.offset + e.size),
             ref.floats("/model/grad." + e.name.substr(7)), e.name == "layers.0.bias" ? 0.1 : 0.0);
   bufs = to_host(m.buffers(), m.buffers().extent(0));
   for (const auto& e : m.buffer_table())

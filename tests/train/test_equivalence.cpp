@@ -10,6 +10,7 @@
 
 #include "../model/grad_check.hpp"
 #include "comm/communicator.hpp"
+#include "comm/compute_communicator.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/model.hpp"
 #include "synthetic_data.hpp"
@@ -59,7 +60,7 @@ std::vector<float> to_host(View1 v) {
 
 // Trains cfg.train.epochs epochs on the ranks of `comm`; returns the parameters.
 std::vector<float> train(MPI_Comm comm, const Config& cfg) {
-  auto c = make_mpi_communicator(comm);
+  auto c = make_compute_communicator(comm);
   ShardDataset data(comm, cfg.data.train_files, "data.train_files");
   Model model(cfg.model.layers, data.sample_shape(), std::uint64_t(cfg.train.seed));
   Trainer trainer(cfg, *c, model, LossKind::CrossEntropy, data, nullptr, 0);
@@ -145,13 +146,18 @@ TEST(Equivalence, AdamWCosineWithAccumulationMatchesOneRank) {
 // Counts the gradient all-reduces a training epoch makes.
 class CountingCommunicator final : public Communicator {
  public:
-  explicit CountingCommunicator(MPI_Comm comm) : inner_(make_mpi_communicator(comm)) {}
+  explicit CountingCommunicator(MPI_Comm comm) : inner_(make_compute_communicator(comm)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void allreduce_sum(float* d, std::size_t n) override { ++float_allreduces, inner_->allreduce_sum(d, n); }
   void allreduce_sum(double* d, std::size_t n) override { inner_->allreduce_sum(d, n); }
   void broadcast(float* d, std::size_t n, int root) override { inner_->broadcast(d, n, root); }
+  void allreduce_sum_host(double* d, std::size_t n) override { inner_->allreduce_sum_host(d, n); }
   void barrier() override { inner_->barrier(); }
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
+                                                     const std::string& overlap) override {
+    return inner_->make_bucket_reducer(grads, std::move(buckets), overlap);
+  }
   MPI_Comm mpi_comm() const override { return inner_->mpi_comm(); }
   int float_allreduces = 0;
 
@@ -163,7 +169,7 @@ class CountingCommunicator final : public Communicator {
 TEST(Trainer, AppliesTrainPrecision) {
   Config cfg = base_config();
   cfg.train.precision = "bf16";
-  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  auto c = make_compute_communicator(MPI_COMM_WORLD);
   ShardDataset data(MPI_COMM_WORLD, cfg.data.train_files, "data.train_files");
   Model model(cfg.model.layers, data.sample_shape(), 3);
   EXPECT_EQ(model.precision(), Precision::fp32);
@@ -193,7 +199,7 @@ TEST(Validation, MetricsAreBitwiseIdenticalForAnyNumberOfRanks) {
   cfg.train.epochs = 1;
   cfg.train.optimizer = "sgd";
   cfg.train.lr = 0.05;
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = make_compute_communicator(MPI_COMM_WORLD);
   ShardDataset train_data(MPI_COMM_WORLD, cfg.data.train_files, "data.train_files");
   ShardDataset val_data(MPI_COMM_WORLD, {files().val}, "data.val_files");
   Model model(cfg.model.layers, train_data.sample_shape(), 3);
@@ -202,7 +208,7 @@ TEST(Validation, MetricsAreBitwiseIdenticalForAnyNumberOfRanks) {
   const ValStats parallel = trainer.validate(val_data);
 
   // The same weights evaluated by one rank alone.
-  auto self = make_mpi_communicator(MPI_COMM_SELF);
+  auto self = make_compute_communicator(MPI_COMM_SELF);
   ShardDataset train_self(MPI_COMM_SELF, cfg.data.train_files, "data.train_files");
   ShardDataset val_self(MPI_COMM_SELF, {files().val}, "data.val_files");
   Model copy(cfg.model.layers, train_self.sample_shape(), 99);

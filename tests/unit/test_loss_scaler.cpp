@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/compute_communicator.hpp"
 #include "train/loss_scaler.hpp"
 
 namespace {
@@ -57,7 +58,7 @@ TEST(LossScaler, DetectsInfAndNan) {
 // The injected overflow sits on ONE rank (each rank in turn, then the last one with
 // a NaN): every rank must skip the step, keep its gradients untouched and halve the scale.
 TEST(LossScaler, OverflowOnOneRankSkipsTheStepOnAll) {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = ddp::make_compute_communicator(MPI_COMM_WORLD);
   const int rank = world_rank(), size = world_size();
   ddp::LossScaler scaler;
   float expected_scale = 65536.0f;
@@ -92,7 +93,7 @@ TEST(LossScaler, OverflowOnOneRankSkipsTheStepOnAll) {
 // A scripted run (growth_interval 3): o = overflow, c = clean. After each step the
 // scale must be as the GradScaler rules give it, written out here by hand.
 TEST(LossScaler, FollowsTheSchedule) {
-  auto comm = ddp::make_mpi_communicator(MPI_COMM_WORLD);
+  auto comm = ddp::make_compute_communicator(MPI_COMM_WORLD);
   ddp::LossScalerOptions opt;
   opt.init_scale = 1024;
   opt.growth_interval = 3;

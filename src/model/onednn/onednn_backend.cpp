@@ -1,6 +1,7 @@
 #include "model/onednn/onednn_backend.hpp"
 
 #include <dnnl.hpp>
+#include <fstream>
 #include <map>
 #include <string>
 #include <tuple>
@@ -126,13 +127,26 @@ void run_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 
 namespace {
 
+// The CPU's model name, as lscpu shows it ("AMD EPYC", "Intel(R) Xeon(R) ..."):
+// timings are only comparable on the same one.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  return "unknown CPU";
+}
+
 class OnednnBackend final : public ComputeBackend {
  public:
   std::string name() const override {
     const dnnl_version_t* v = dnnl_version();
     return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-           std::to_string(v->patch) + " on " + dnnl_isa_name() + ", " + std::to_string(dnnl_threads()) +
-           " thread" + (dnnl_threads() == 1 ? "" : "s");
+           std::to_string(v->patch) + " on " + dnnl_isa_name() + " (" + cpu_model() + "), " +
+           std::to_string(dnnl_threads()) + " thread" + (dnnl_threads() == 1 ? "" : "s");
   }
   std::string precision_text(Precision p) const override { return dnnl_precision_text(p); }
   bool device_memory() const override { return false; }

@@ -1,0 +1,277 @@
+#include "cuda/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/conv.hpp"
+#include "cuda/conv_epilogue.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/dtype.hpp"
+#include "cuda/gemm.hpp"
+#include "model/kernel_trace.hpp"
+
+namespace ddp::cuda {
+
+namespace {
+
+DType dtype_of(Precision p) {
+  switch (p) {
+    case Precision::fp32:
+      return DType::F32;
+    case Precision::bf16:
+      return DType::BF16;
+    case Precision::fp16:
+      return DType::F16;
+  }
+  return DType::F32;
+}
+
+// Device memory for the reduced-precision copies of operands and outputs, one slot
+// per role, grown on demand. Every call runs on the one stream, so a slot is free
+// again as soon as the call that used it is queued. A grown slot keeps its old
+// block until the backend goes: a benchmark's replay of an earlier call may still
+// point there.
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  ~Scratch() {
+    cudaStreamSynchronize(stream_);
+    for (void* p : blocks_) cudaFree(p);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  enum Slot { A, B, C, kSlots };
+  void* get(Slot slot, std::size_t bytes) {
+    if (bytes > bytes_[slot]) {
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, bytes));
+      blocks_.push_back(p);
+      slots_[slot] = p;
+      bytes_[slot] = bytes;
+    }
+    return slots_[slot];
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* slots_[kSlots] = {};
+  std::size_t bytes_[kSlots] = {};
+  std::vector<void*> blocks_;
+};
+
+// The reduced-precision copy of an fp32 operand: `from` itself for fp32.
+const void* narrowed(const float* from, std::size_t n, DType t, Scratch& scratch, Scratch::Slot slot,
+                     cudaStream_t stream) {
+  if (t == DType::F32) return from;
+  void* to = scratch.get(slot, n * dtype_size(t));
+  convert_from_f32(from, to, t, n, stream);
+  return to;
+}
+
+class CudaBackend;
+
+class CudnnConvKernels final : public ConvKernels {
+ public:
+  CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
+  void configure(Precision precision, bool fused_relu, Layout in, Layout out) override;
+  // cuDNN runs NCHW here: the blocked layouts are the host backend's.
+  bool blocked_input_fits() override { return false; }
+  bool blocked_output_fits() override { return false; }
+  void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override;
+  void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
+                        float* dbias) override;
+  void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) override;
+
+ private:
+  ConvShape shape(std::int64_t B) const;
+  CudnnConv& conv();
+
+  CudaBackend& backend_;
+  ConvGeometry g_;
+  DType dtype_ = DType::F32;
+  bool fused_relu_ = false;
+  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's narrow copy in slot B
+};
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  explicit CudaBackend(cudaStream_t stream) : stream_(stream), gemm_(stream), scratch_(stream) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    int cublas_version = 0;
+    CUBLAS_CHECK(cublasGetVersion(gemm_.handle(), &cublas_version));
+    const std::size_t cudnn_version = cudnnGetVersion();
+    name_ = "cuBLAS " + std::to_string(cublas_version / 10000) + "." +
+            std::to_string(cublas_version / 100 % 100) + " + cuDNN " + std::to_string(cudnn_version / 10000) +
+            "." + std::to_string(cudnn_version / 100 % 100) + " on GPU " + std::to_string(device) + ", " +
+            prop.name + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  }
+
+  std::string name() const override { return name_; }
+  std::string precision_text(Precision p) const override {
+    switch (p) {
+      case Precision::fp32:
+        return "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
+      case Precision::bf16:
+        return "bf16 (cuBLAS/cuDNN bf16 tensor cores, fp32 accumulation)";
+      case Precision::fp16:
+        return "fp16 (cuBLAS/cuDNN fp16 tensor cores, fp32 accumulation)";
+    }
+    return "?";
+  }
+  bool device_memory() const override { return true; }
+
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc, Precision precision) override {
+    if (m == 0 || n == 0) return;
+    const DType t = dtype_of(precision);
+    const std::size_t a_size = std::size_t(trans_a ? k : m) * lda,
+                      b_size = std::size_t(trans_b ? n : k) * ldb;
+    const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
+    const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
+    gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t);
+    if (kernel_trace::recording())
+      kernel_trace::record({std::string("gemm ") + precision_name(precision) + " " + std::to_string(m) + "x" +
+                                std::to_string(n) + "x" + std::to_string(k),
+                            2.0 * m * n * k, [=] {
+                              gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t);
+                            }});
+  }
+
+  std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) override {
+    return std::make_unique<CudnnConvKernels>(*this, geometry);
+  }
+
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  cudaStream_t stream() const { return stream_; }
+  Scratch& scratch() { return scratch_; }
+  // One cuDNN handle and plan cache per operand type, made on first use.
+  CudnnConv& conv(DType t) {
+    auto& c = convs_[int(t)];
+    if (!c) c = std::make_unique<CudnnConv>(stream_, t, CudnnConv::Search::Heuristic);
+    return *c;
+  }
+
+ private:
+  cudaStream_t stream_;
+  CublasGemm gemm_;
+  Scratch scratch_;
+  std::unique_ptr<CudnnConv> convs_[3];
+  std::string name_;
+};
+
+CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) : backend_(backend), g_(g) {}
+
+void CudnnConvKernels::configure(Precision precision, bool fused_relu, Layout in, Layout out) {
+  DDP_REQUIRE(in == Layout::nchw && out == Layout::nchw, "cuDNN convolutions here take NCHW tensors only");
+  dtype_ = dtype_of(precision);
+  fused_relu_ = fused_relu;
+}
+
+ConvShape CudnnConvKernels::shape(std::int64_t B) const {
+  ConvShape s;
+  s.n = int(B);
+  s.c = int(g_.in);
+  s.h = int(g_.h);
+  s.w = int(g_.w);
+  s.k = int(g_.out);
+  s.r = s.s = int(g_.k);
+  s.pad_h = s.pad_w = int(g_.pad);
+  s.stride_h = s.stride_w = int(g_.stride);
+  return s;
+}
+
+CudnnConv& CudnnConvKernels::conv() { return backend_.conv(dtype_); }
+
+// x: (B, in, h, w) -> y: (B, out, ho, wo) = conv + bias, rectified when fused. In
+// bf16/fp16, cuDNN writes y narrow into scratch and the epilogue widens it.
+void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weight, const float* bias,
+                               float* y) {
+  if (B == 0) return;
+  const cudaStream_t stream = backend_.stream();
+  Scratch& scratch = backend_.scratch();
+  const ConvShape s = shape(B);
+  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
+                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
+  const void* x_op = narrowed(x, nx, dtype_, scratch, Scratch::A, stream);
+  const void* w_op = narrowed(weight, nw, dtype_, scratch, Scratch::B, stream);
+  void* y_op =
+      dtype_ == DType::F32 ? static_cast<void*>(y) : scratch.get(Scratch::C, ny * dtype_size(dtype_));
+  CudnnConv& c = conv();
+  c.forward(s, x_op, w_op, y_op);
+  bias_relu(y_op, dtype_, y, bias, B, g_.out, g_.ho() * g_.wo(), fused_relu_, stream);
+  if (kernel_trace::recording())
+    kernel_trace::record(
+        {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
+}
+
+// dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum dy. fp32 accumulates in
+// cuDNN (beta = 1); bf16/fp16 compute into scratch and add.
+void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
+                                        float* dbias) {
+  dy_narrowed_ = nullptr;
+  if (B == 0) return;
+  const cudaStream_t stream = backend_.stream();
+  Scratch& scratch = backend_.scratch();
+  const ConvShape s = shape(B);
+  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
+                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
+  const void* x_op = narrowed(x, nx, dtype_, scratch, Scratch::A, stream);
+  const void* dy_op = narrowed(dy, ny, dtype_, scratch, Scratch::B, stream);
+  CudnnConv& c = conv();
+  if (dtype_ == DType::F32) {
+    c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
+    if (kernel_trace::recording())
+      kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B), [&c, s, x_op, dy_op, dweight] {
+                              c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
+                            }});
+  } else {
+    void* dw_op = scratch.get(Scratch::C, nw * dtype_size(dtype_));
+    c.backward_filter(s, x_op, dy_op, dw_op);
+    accumulate(dw_op, dtype_, dweight, nw, stream);
+    if (kernel_trace::recording())
+      kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
+                            [&c, s, x_op, dy_op, dw_op] { c.backward_filter(s, x_op, dy_op, dw_op); }});
+    dy_narrowed_ = dy;
+  }
+  if (dbias) bias_grad(dy, dbias, B, g_.out, g_.ho() * g_.wo(), stream);
+}
+
+// dx (B, in, h, w) = conv_transpose(dy, weight); bf16/fp16 widened from scratch.
+void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) {
+  const bool reuse_dy = dy_narrowed_ == dy;
+  dy_narrowed_ = nullptr;
+  if (B == 0) return;
+  const cudaStream_t stream = backend_.stream();
+  Scratch& scratch = backend_.scratch();
+  const ConvShape s = shape(B);
+  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
+                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
+  // Right after backward weights on the same dy, slot B still holds its narrow copy.
+  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, ny * dtype_size(dtype_))
+                               : narrowed(dy, ny, dtype_, scratch, Scratch::B, stream);
+  const void* w_op = narrowed(weight, nw, dtype_, scratch, Scratch::A, stream);
+  void* dx_op =
+      dtype_ == DType::F32 ? static_cast<void*>(dx) : scratch.get(Scratch::C, nx * dtype_size(dtype_));
+  CudnnConv& c = conv();
+  c.backward_data(s, w_op, dy_op, dx_op);
+  if (dtype_ != DType::F32) convert_to_f32(dx_op, dtype_, dx, nx, stream);
+  if (kernel_trace::recording())
+    kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),
+                          [&c, s, w_op, dy_op, dx_op] { c.backward_data(s, w_op, dy_op, dx_op); }});
+}
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_cuda_backend(cudaStream_t stream) {
+  return std::make_unique<CudaBackend>(stream);
+}
+
+}  // namespace ddp::cuda

@@ -1,11 +1,13 @@
 // ddp_train: data-parallel training on MPI ranks.
 //   context -> command line -> config -> data -> model -> trainer
-#include "comm/context.hpp"   // MPI + Kokkos lifetime, ranks
+#include "comm/context.hpp"   // MPI + Kokkos lifetime, ranks, the fatal path for uncaught exceptions
 #include "io/metrics.hpp"     // metrics.jsonl
 #include "train/setup.hpp"    // input file, data sets, model, run directory, checkpoint to start from
 #include "train/signals.hpp"  // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
 #include "train/trainer.hpp"  // the DDP loop
 
+// No try/catch: an exception nobody catches reaches the terminate handler that
+// Context installs, un-unwound, and ends the job in one line (comm/check.cpp says why).
 int main(int argc, char** argv) {
   ddp::Context ctx(argc, argv);
   ddp::install_preemption_handlers();

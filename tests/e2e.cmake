@@ -58,6 +58,38 @@ endif()
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 
+# ddp_add_fault_test(name NP n FAULT spec REGEX re ARGS ...): ddp_train on n ranks
+# with DDP_INJECT_FAULT=spec (src/comm/fault_injection.hpp): one rank fails alone,
+# and the job must end within seconds in one line `rank N (host): ...` matching re,
+# with no `terminate called` and no stack dump.
+function(ddp_add_fault_test name)
+  cmake_parse_arguments(T "" "NP;FAULT;REGEX" "ARGS" ${ARGN})
+  add_test(NAME e2e_fault_${name}
+           COMMAND ${E2E}/expect_error.sh --one-rank "${T_REGEX}" --
+                   ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
+  set_tests_properties(e2e_fault_${name} PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
+                       ENVIRONMENT DDP_INJECT_FAULT=${T_FAULT} TIMEOUT 90 PROCESSORS ${T_NP})
+endfunction()
+
+# One per failure class, each on one rank of 2 while the other waits in the step's
+# all-reduce (or, for rank 0, the other in its own).
+ddp_add_fault_test(exception NP 2 FAULT exception@rank1:step3
+                   REGEX "^rank 1 \\([^)]*\\): uncaught std::runtime_error: injected fault \\(DDP_INJECT_FAULT=exception@rank1:step3\\)$"
+                   ARGS ${TINY} io.run_dir=runs/fault_exception)
+ddp_add_fault_test(dnnl NP 2 FAULT dnnl@rank1:step2
+                   REGEX "^rank 1 \\([^)]*\\): uncaught dnnl::error: could not create a primitive descriptor"
+                   ARGS ${TINY} io.run_dir=runs/fault_dnnl)
+ddp_add_fault_test(bad_alloc NP 2 FAULT bad_alloc@rank0:step2
+                   REGEX "^rank 0 \\([^)]*\\): uncaught std::bad_alloc: std::bad_alloc$"
+                   ARGS ${TINY} io.run_dir=runs/fault_bad_alloc)
+ddp_add_fault_test(view_alloc NP 2 FAULT view_alloc@rank1:step1
+                   REGEX "^rank 1 \\([^)]*\\): uncaught std::runtime_error: Kokkos failed to allocate memory for label \"DDP_INJECT_FAULT\".*insufficient memory.*\\)$"
+                   ARGS ${TINY} io.run_dir=runs/fault_view_alloc)
+# Thrown on rank 1's prefetch thread; the main thread takes it at that batch.
+ddp_add_fault_test(loader_exception NP 2 FAULT loader_exception@rank1:step2
+                   REGEX "^rank 1 \\([^)]*\\): uncaught std::out_of_range: injected fault .* reading batch 2$"
+                   ARGS ${TINY} io.run_dir=runs/fault_loader data.mode=stream data.prefetch_batches=2)
+
 # Successful runs, checked through their metrics.jsonl.
 # ENV: extra VAR=value settings for the run.
 function(ddp_add_train_test name)

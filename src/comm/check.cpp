@@ -1,36 +1,149 @@
 #include "comm/check.hpp"
 
+#include <cxxabi.h>
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <thread>
+#include <typeinfo>
 
 namespace ddp {
 
 namespace {
-int world_rank() {
-  int initialized = 0, finalized = 0, rank = 0;
+bool mpi_active() {
+  int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return initialized && !finalized;
+}
+
+int world_rank() {
+  int rank = 0;
+  if (mpi_active()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return rank;
 }
 
 [[noreturn]] void abort_all(int code) {
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+// The user reads one line per failure: a message with newlines in it (Kokkos's
+// allocation failure has three) is joined, and the traceback Kokkos appends to the
+// exceptions it throws ("Traceback functionality not available", or "Backtrace:"
+// and frames when Kokkos was built with them) is cut: it is a stack dump.
+std::string one_line(std::string msg) {
+  for (const char* tail : {"\nTraceback functionality", "\nBacktrace:"}) {
+    const std::size_t at = msg.find(tail);
+    if (at != std::string::npos) msg.erase(at);
+  }
+  std::string out;
+  for (char c : msg) {
+    const bool space = c == ' ' || c == '\n' || c == '\r' || c == '\t';
+    if (!space)
+      out += c;
+    else if (!out.empty() && out.back() != ' ')
+      out += ' ';
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+// Set by the first failure of this process. Two threads may fail at once (the
+// prefetch thread and the main thread); the user gets the first one's line.
+std::atomic<bool> g_failing{false};
+
+[[noreturn]] void fail(const std::string& what, const std::string& msg) {
+  if (g_failing.exchange(true)) {
+    // The first failure is in MPI_Abort, which ends this process too.
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    std::_Exit(1);
+  }
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  std::fprintf(stderr, "rank %d (%s): %s: %s\n", world_rank(), host, what.c_str(), one_line(msg).c_str());
+  std::fflush(stderr);
+  abort_all(1);
+}
+
+std::string type_name(const std::type_info* type) {
+  if (!type) return "exception of unknown type";
+  int status = 0;
+  char* name = abi::__cxa_demangle(type->name(), nullptr, nullptr, &status);
+  std::string s = status == 0 && name ? name : type->name();
+  std::free(name);
+  return s;
+}
+
+std::thread::id g_main_thread;
+
+// An exception that no handler catches ends here with the stack intact: with no
+// matching catch, the C++ runtime calls std::terminate before unwinding anything
+// (Itanium ABI: GCC, Clang). That is why main has no catch-all: unwinding to it runs
+// the destructors, and a ShardDataset's H5Fclose ends in MPI_File_close, which waits
+// in a barrier for the other ranks while they wait in the gradient all-reduce for
+// this one. Tried: a job with a catch in main hung there until killed.
+[[noreturn]] void on_terminate() {
+  std::string what = "std::terminate called", msg = "no exception in flight";
+  if (std::current_exception()) {
+    what = "uncaught " + type_name(abi::__cxa_current_exception_type());
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "not a std::exception: no message";
+    }
+  }
+  if (std::this_thread::get_id() != g_main_thread) what += " on a worker thread";
+  fail(what, msg);
+}
+
+// Every rank of `comm` is here (a collective error): leave through MPI_Finalize, so
+// the launcher sees ranks that ended with status 1, not an abort (no abort banner).
+[[noreturn]] void exit_together(MPI_Comm comm, int code) {
+  std::fflush(nullptr);  // rank 0's log lines on stdout come before the exit
+  int size = 1, world_size = 1;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  // MPI_Finalize waits for every rank of the job; if one does not come (the error
+  // was not collective after all, or comm is not the whole job), abort instead of
+  // hanging. The ranks reach this point within milliseconds of each other: they
+  // found the error through the same collective call.
+  bool all_here = size == world_size;
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (all_here && MPI_Ibarrier(comm, &request) == MPI_SUCCESS) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    all_here = done != 0;
+  }
+  if (!all_here) abort_all(code);  // rank 0's `error:` line is out already
+  // No unwinding and no Kokkos::finalize: nothing needs to outlive the process, and
+  // the Views still alive would be freed after it. HDF5 closes its files inside
+  // MPI_Finalize (H5_term_library, from its MPI_COMM_SELF attribute), on every rank
+  // alike, so a shard file open with MPI-IO is closed collectively.
+  MPI_Finalize();
+  std::fflush(nullptr);
   std::_Exit(code);
 }
 }  // namespace
 
 void fatal(const char* file, int line, const std::string& msg) {
-  char host[256] = "?";
-  gethostname(host, sizeof(host) - 1);
-  std::fprintf(stderr, "rank %d (%s): %s:%d: %s\n", world_rank(), host, file, line, msg.c_str());
-  std::fflush(stderr);
-  abort_all(1);
+  fail(std::string(file) + ":" + std::to_string(line), msg);
+}
+
+void install_terminate_handler() {
+  g_main_thread = std::this_thread::get_id();
+  std::set_terminate(on_terminate);
 }
 
 void fatal_all(MPI_Comm comm, const std::string& msg) {
@@ -39,12 +152,8 @@ void fatal_all(MPI_Comm comm, const std::string& msg) {
   if (rank == 0) {
     std::fprintf(stderr, "error: %s\n", msg.c_str());
     std::fflush(stderr);
-    abort_all(1);
   }
-  // Rank 0 aborts the job; waiting here keeps this rank from racing it to the abort
-  // and printing nothing useful. Should rank 0 be gone, abort anyway.
-  MPI_Barrier(comm);
-  abort_all(1);
+  exit_together(comm, 1);
 }
 
 void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
@@ -58,10 +167,8 @@ void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
     std::fprintf(stderr, "error: %s%s\n", size > 1 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
                  msg.c_str());
     std::fflush(stderr);
-    abort_all(1);
   }
-  MPI_Barrier(comm);
-  abort_all(1);
+  exit_together(comm, 1);
 }
 
 std::string mpi_error_string(int code) {

@@ -2,6 +2,14 @@
 // The check family: every MPI, HDF5 and library call goes through one of these.
 // A failure prints `rank N (host): file:line: message` and calls MPI_Abort, so no
 // rank is left waiting in a collective. Nothing here is compiled out.
+//
+// Two kinds of failure, two endings:
+// - what one rank sees alone (a failed call, an exception nobody catches, on any
+//   thread): that rank prints one line `rank N (host): what failed: message` and
+//   calls MPI_Abort, which takes the other ranks down wherever they wait;
+// - what every rank finds together (the input file, the data checks, --check):
+//   one line `error: message` from one rank, then every rank leaves through
+//   MPI_Finalize with exit status 1, without the launcher's abort banner.
 
 #include <mpi.h>
 
@@ -18,12 +26,19 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Print `rank N (host): file:line: msg` on stderr and MPI_Abort. Any rank may call it.
+// Print `rank N (host): file:line: msg` on stderr and MPI_Abort. Any rank, any thread.
 [[noreturn]] void fatal(const char* file, int line, const std::string& msg);
 
-// For errors every rank detects identically (a bad input file, a missing shard):
-// rank 0 prints the one line `error: msg` and aborts; the others wait for it, so
-// the user sees the message once.
+// Make std::terminate, which an exception that no handler catches ends in (on any
+// thread), print `rank N (host): uncaught <type>: <what()>` and MPI_Abort, instead
+// of libstdc++'s `terminate called after ...` and a SIGABRT stack dump. Called
+// first thing by Context.
+void install_terminate_handler();
+
+// For errors every rank of `comm` (all of MPI_COMM_WORLD) detects identically (a
+// bad input file, a missing shard): rank 0 prints the one line `error: msg`, then
+// every rank calls MPI_Finalize and exits with status 1, so the user sees the
+// message once and no abort banner. Collective.
 [[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg);
 
 // Text of an MPI error code.
@@ -62,11 +77,12 @@ std::string h5_error_string();
 namespace ddp {
 // For a condition that may fail on some ranks only (a directory rank 0 could not
 // create, a file one rank could not read): all ranks agree; if any failed, the
-// lowest failing rank prints its `msg` and the job aborts. Collective.
+// lowest failing rank prints its `msg` and every rank exits as in fatal_all.
+// Collective.
 void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg);
 
 // Run `body`; an InputError thrown by it is a collective error (every rank throws
-// the same one): rank 0 reports it and the job aborts.
+// the same one): rank 0 reports it and every rank exits as in fatal_all.
 template <class F>
 auto collective_input(MPI_Comm comm, F&& body) -> decltype(body()) {
   try {

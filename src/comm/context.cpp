@@ -13,6 +13,9 @@
 namespace ddp {
 
 Context::Context(int& argc, char**& argv) {
+  // From here on an exception nobody catches, on any thread, is one line and an
+  // MPI_Abort (see check.hpp), not `terminate called` and a stack dump.
+  install_terminate_handler();
   MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level_));
   // Errors come back as codes and go through MPI_CHECK, which names the call.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/fault_injection.hpp"
+
 namespace ddp {
 
 namespace {
@@ -62,6 +64,7 @@ void BatchLoader::run() {
           spare_.pop_back();
         }
       }
+      inject_fault(FaultSite::prefetch, b);  // tests only: DDP_INJECT_FAULT
       load(b, batch);  // outside the lock: next() may hand out earlier batches meanwhile
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "comm/check.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/log.hpp"
 #include "io/sampler.hpp"
 #include "model/rng.hpp"
@@ -284,6 +285,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   EpochStats stats;
   for (std::int64_t b = 0; loader.next(batch); ++b) {
     load_batch(batch);
+    inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     const Tensor& out = model_.forward(x_, /*training=*/true);

@@ -1,0 +1,99 @@
+#include "comm/fault_injection.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cstdlib>
+#include <dnnl.hpp>
+#include <regex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/check.hpp"
+#include "comm/log.hpp"
+
+namespace ddp {
+
+namespace {
+
+enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception };
+
+struct Plan {
+  Kind kind = Kind::none;
+  int rank = -1;
+  std::int64_t step = 0;
+  std::string spec;  // the variable's text, named in the injected messages
+};
+
+Plan read_plan() {
+  Plan p;
+  const char* env = std::getenv("DDP_INJECT_FAULT");
+  if (!env || !*env) return p;
+  p.spec = env;
+  static const std::vector<std::pair<std::string, Kind>> kinds = {
+      {"exception", Kind::exception},
+      {"dnnl", Kind::dnnl},
+      {"bad_alloc", Kind::bad_alloc},
+      {"view_alloc", Kind::view_alloc},
+      {"loader_exception", Kind::loader_exception}};
+  std::smatch m;
+  const std::regex form(R"(([a-z_]+)@rank([0-9]+)(:step([0-9]+))?)");
+  if (std::regex_match(p.spec, m, form)) {
+    for (const auto& [name, kind] : kinds)
+      if (m[1] == name) p.kind = kind;
+    p.rank = std::stoi(m[2]);
+    if (m[4].matched) p.step = std::stoll(m[4]);
+  }
+  if (p.kind == Kind::none)
+    DDP_FATAL("DDP_INJECT_FAULT='" << p.spec
+                                   << "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, "
+                                      "bad_alloc, view_alloc or loader_exception");
+  return p;
+}
+
+// What oneDNN throws when no implementation fits: ask for an f16 matmul, which the
+// oneDNN CPU builds we use (2.6) have no kernel for. A oneDNN with one (a CPU with
+// AVX512-FP16) throws nothing here, so then the same error is thrown by hand.
+[[noreturn]] void fail_dnnl() {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const dnnl::memory::desc a({4, 8}, dt::f16, tag::ab), b({8, 16}, dt::f16, tag::ab),
+      c({4, 16}, dt::f16, tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine);
+  throw dnnl::error(dnnl_unimplemented, "could not create a primitive descriptor iterator");
+}
+
+// Outlives the call, so the compiler may not drop the allocation as unused.
+std::vector<float> g_sink;
+
+}  // namespace
+
+void inject_fault(FaultSite site, std::int64_t step) {
+  static const Plan plan = read_plan();
+  if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return;
+  const bool prefetch = plan.kind == Kind::loader_exception;
+  if (prefetch != (site == FaultSite::prefetch)) return;
+  const std::string what = "injected fault (DDP_INJECT_FAULT=" + plan.spec + ")";
+  switch (plan.kind) {
+    case Kind::exception:
+      throw std::runtime_error(what);
+    case Kind::dnnl:
+      fail_dnnl();
+    case Kind::bad_alloc:
+      // 4 PiB: more than any x86-64 address space (128 TiB), so operator new fails
+      // whatever the memory and overcommit settings.
+      g_sink.resize(std::size_t(1) << 50);
+      break;
+    case Kind::view_alloc: {
+      const Kokkos::View<float*> huge("DDP_INJECT_FAULT", std::size_t(1) << 50);  // 4 PiB, as above
+      break;
+    }
+    case Kind::loader_exception:
+      throw std::out_of_range(what + " reading batch " + std::to_string(step));
+    case Kind::none:
+      break;
+  }
+  DDP_FATAL(what << ": the allocation succeeded");
+}
+
+}  // namespace ddp

@@ -1,0 +1,31 @@
+#pragma once
+// For tests only: makes one rank fail in a chosen way at a chosen step, so the e2e
+// tests can check that every kind of failure ends the whole job in one line
+// (tests/e2e.cmake, e2e_fault_*). Set by the environment, read once:
+//
+//   DDP_INJECT_FAULT=<kind>@rank<r>[:step<s>]        (s defaults to 0)
+//
+//   exception         std::runtime_error thrown in training step s
+//   dnnl              oneDNN asked for a primitive it cannot create (dnnl::error), step s
+//   bad_alloc         a host allocation that fails (std::bad_alloc), step s
+//   view_alloc        a Kokkos View that cannot be allocated, step s
+//   loader_exception  std::out_of_range thrown on the prefetch thread, reading batch s
+//                     (streamed data with prefetch)
+//
+// It lives beside the fatal path in src/comm so that both src/io (the loader) and
+// src/train (the step) can call it. Unset, a call costs one load and a branch.
+
+#include <cstdint>
+
+namespace ddp {
+
+enum class FaultSite {
+  train_step,  // before the forward pass of each micro-batch; `step` = optimizer steps taken
+  prefetch,    // on the prefetch thread before reading a batch; `step` = the batch's number
+};
+
+// Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its
+// rank and step match; returns otherwise. A malformed value is a fatal error.
+void inject_fault(FaultSite site, std::int64_t step);
+
+}  // namespace ddp

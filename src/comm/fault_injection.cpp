@@ -2,7 +2,9 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdlib>
+#if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
+#endif
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -54,6 +56,7 @@ Plan read_plan() {
 // oneDNN CPU builds we use (2.6) have no kernel for. A oneDNN with one (a CPU with
 // AVX512-FP16) throws nothing here, so then the same error is thrown by hand.
 [[noreturn]] void fail_dnnl() {
+#if DDP_WITH_ONEDNN
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -61,6 +64,9 @@ Plan read_plan() {
       c({4, 16}, dt::f16, tag::ab);
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine);
   throw dnnl::error(dnnl_unimplemented, "could not create a primitive descriptor iterator");
+#else
+  throw std::runtime_error("injected fault: the GPU build has no oneDNN (DDP_INJECT_FAULT=dnnl)");
+#endif
 }
 
 // Outlives the call, so the compiler may not drop the allocation as unused.

@@ -1,5 +1,4 @@
-// The glue's only device code: fp32 <-> bf16/fp16 casts, built for every
-// architecture in CMAKE_CUDA_ARCHITECTURES.
+// fp32 <-> bf16/fp16 casts, built for every architecture in CMAKE_CUDA_ARCHITECTURES.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,7 +40,25 @@ unsigned blocks(std::size_t n) {
   std::size_t b = (n + kThreads - 1) / kThreads;
   return unsigned(b < 65535 ? (b ? b : 1) : 65535);  // grid-stride loops cover the rest
 }
+template <class T>
+__global__ void round_through(const float* in, float* out, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    out[i] = to_float(from_float<T>(in[i]));
+}
 }  // namespace
+
+void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (to == DType::F32) {
+    if (in != out) CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  } else if (to == DType::BF16) {
+    round_through<__nv_bfloat16><<<blocks(n), kThreads, 0, stream>>>(in, out, n);
+  } else {
+    round_through<__half><<<blocks(n), kThreads, 0, stream>>>(in, out, n);
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;

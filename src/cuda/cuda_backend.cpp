@@ -3,6 +3,7 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,34 @@ const void* narrowed(const float* from, std::size_t n, DType t, Scratch& scratch
   return to;
 }
 
+// The fp32 copy of an operand rounded to `t`'s values (`from` itself for fp32).
+const float* rounded(const float* from, std::size_t n, DType t, Scratch& scratch, Scratch::Slot slot,
+                     cudaStream_t stream) {
+  if (t == DType::F32) return from;
+  float* to = static_cast<float*>(scratch.get(slot, n * sizeof(float)));
+  round_to(from, to, t, n, stream);
+  return to;
+}
+
+// DDP_CUDNN_NARROW=1: bf16/fp16 convolutions on cuDNN's own bf16/fp16 kernels rather
+// than on rounded operands in fp32 (see CudnnConvKernels).
+bool narrow_convolutions() {
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_CUDNN_NARROW");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
 class CudaBackend;
 
+// bf16/fp16 convolutions round their operands (x, w, dy) to the narrow type's values
+// and run cuDNN's fp32 kernels: bf16 operands, fp32 products and sums, fp32 results,
+// as the host's oneDNN path. cuDNN's own bf16 kernels (the legacy API stores y, dx
+// and dw in bf16) were measured here on an H100 at 7 to 15 times the fp32 forward
+// time in these NCHW shapes, and 6 to 19% off the host's one-step gradients (the
+// rounded outputs move relu and max-pool decisions); DDP_CUDNN_NARROW=1 runs them.
+// The GEMMs (cuBLAS) use the tensor cores either way: bf16/fp16 operands, fp32 C.
 class CudnnConvKernels final : public ConvKernels {
  public:
   CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
@@ -90,11 +117,16 @@ class CudnnConvKernels final : public ConvKernels {
   ConvShape shape(std::int64_t B) const;
   CudnnConv& conv();
 
+  // An operand at the configured precision: narrowed into scratch (cuDNN's narrow
+  // kernels), rounded in fp32 (the default), or `from` itself (fp32).
+  const void* operand(const float* from, std::size_t n, Scratch::Slot slot);
+
   CudaBackend& backend_;
   ConvGeometry g_;
-  DType dtype_ = DType::F32;
+  DType dtype_ = DType::F32;  // the operands' precision
+  DType io_ = DType::F32;     // what cuDNN reads and writes: dtype_ with DDP_CUDNN_NARROW, else fp32
   bool fused_relu_ = false;
-  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's narrow copy in slot B
+  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's bf16/fp16 copy in slot B
 };
 
 class CudaBackend final : public ComputeBackend {
@@ -119,9 +151,13 @@ class CudaBackend final : public ComputeBackend {
       case Precision::fp32:
         return "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
       case Precision::bf16:
-        return "bf16 (cuBLAS/cuDNN bf16 tensor cores, fp32 accumulation)";
+        return narrow_convolutions() ? "bf16 (cuBLAS and cuDNN bf16 kernels, fp32 accumulation)"
+                                     : "bf16 (cuBLAS bf16 tensor cores, fp32 accumulation; convolutions on "
+                                       "bf16-rounded operands in fp32)";
       case Precision::fp16:
-        return "fp16 (cuBLAS/cuDNN fp16 tensor cores, fp32 accumulation)";
+        return narrow_convolutions() ? "fp16 (cuBLAS and cuDNN fp16 kernels, fp32 accumulation)"
+                                     : "fp16 (cuBLAS fp16 tensor cores, fp32 accumulation; convolutions on "
+                                       "fp16-rounded operands in fp32)";
     }
     return "?";
   }
@@ -172,7 +208,14 @@ CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) 
 void CudnnConvKernels::configure(Precision precision, bool fused_relu, Layout in, Layout out) {
   DDP_REQUIRE(in == Layout::nchw && out == Layout::nchw, "cuDNN convolutions here take NCHW tensors only");
   dtype_ = dtype_of(precision);
+  io_ = narrow_convolutions() ? dtype_ : DType::F32;
   fused_relu_ = fused_relu;
+}
+
+const void* CudnnConvKernels::operand(const float* from, std::size_t n, Scratch::Slot slot) {
+  Scratch& scratch = backend_.scratch();
+  if (io_ != DType::F32) return narrowed(from, n, io_, scratch, slot, backend_.stream());
+  return rounded(from, n, dtype_, scratch, slot, backend_.stream());
 }
 
 ConvShape CudnnConvKernels::shape(std::int64_t B) const {
@@ -188,10 +231,10 @@ ConvShape CudnnConvKernels::shape(std::int64_t B) const {
   return s;
 }
 
-CudnnConv& CudnnConvKernels::conv() { return backend_.conv(dtype_); }
+CudnnConv& CudnnConvKernels::conv() { return backend_.conv(io_); }
 
-// x: (B, in, h, w) -> y: (B, out, ho, wo) = conv + bias, rectified when fused. In
-// bf16/fp16, cuDNN writes y narrow into scratch and the epilogue widens it.
+// x: (B, in, h, w) -> y: (B, out, ho, wo) = conv + bias, rectified when fused. With
+// DDP_CUDNN_NARROW, cuDNN writes y narrow into scratch and the epilogue widens it.
 void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weight, const float* bias,
                                float* y) {
   if (B == 0) return;
@@ -200,20 +243,19 @@ void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weig
   const ConvShape s = shape(B);
   const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
                     ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  const void* x_op = narrowed(x, nx, dtype_, scratch, Scratch::A, stream);
-  const void* w_op = narrowed(weight, nw, dtype_, scratch, Scratch::B, stream);
-  void* y_op =
-      dtype_ == DType::F32 ? static_cast<void*>(y) : scratch.get(Scratch::C, ny * dtype_size(dtype_));
+  const void* x_op = operand(x, nx, Scratch::A);
+  const void* w_op = operand(weight, nw, Scratch::B);
+  void* y_op = io_ == DType::F32 ? static_cast<void*>(y) : scratch.get(Scratch::C, ny * dtype_size(io_));
   CudnnConv& c = conv();
   c.forward(s, x_op, w_op, y_op);
-  bias_relu(y_op, dtype_, y, bias, B, g_.out, g_.ho() * g_.wo(), fused_relu_, stream);
+  bias_relu(y_op, io_, y, bias, B, g_.out, g_.ho() * g_.wo(), fused_relu_, stream);
   if (kernel_trace::recording())
     kernel_trace::record(
         {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
 }
 
-// dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum dy. fp32 accumulates in
-// cuDNN (beta = 1); bf16/fp16 compute into scratch and add.
+// dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum dy. fp32 results
+// accumulate in cuDNN (beta = 1); narrow ones are computed into scratch and added.
 void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
                                         float* dbias) {
   dy_narrowed_ = nullptr;
@@ -223,28 +265,28 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   const ConvShape s = shape(B);
   const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
                     ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  const void* x_op = narrowed(x, nx, dtype_, scratch, Scratch::A, stream);
-  const void* dy_op = narrowed(dy, ny, dtype_, scratch, Scratch::B, stream);
+  const void* x_op = operand(x, nx, Scratch::A);
+  const void* dy_op = operand(dy, ny, Scratch::B);
   CudnnConv& c = conv();
-  if (dtype_ == DType::F32) {
+  if (io_ == DType::F32) {
     c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B), [&c, s, x_op, dy_op, dweight] {
                               c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
                             }});
   } else {
-    void* dw_op = scratch.get(Scratch::C, nw * dtype_size(dtype_));
+    void* dw_op = scratch.get(Scratch::C, nw * dtype_size(io_));
     c.backward_filter(s, x_op, dy_op, dw_op);
-    accumulate(dw_op, dtype_, dweight, nw, stream);
+    accumulate(dw_op, io_, dweight, nw, stream);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
                             [&c, s, x_op, dy_op, dw_op] { c.backward_filter(s, x_op, dy_op, dw_op); }});
-    dy_narrowed_ = dy;
   }
+  if (dtype_ != DType::F32) dy_narrowed_ = dy;
   if (dbias) bias_grad(dy, dbias, B, g_.out, g_.ho() * g_.wo(), stream);
 }
 
-// dx (B, in, h, w) = conv_transpose(dy, weight); bf16/fp16 widened from scratch.
+// dx (B, in, h, w) = conv_transpose(dy, weight); narrow results widened from scratch.
 void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) {
   const bool reuse_dy = dy_narrowed_ == dy;
   dy_narrowed_ = nullptr;
@@ -254,15 +296,13 @@ void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const floa
   const ConvShape s = shape(B);
   const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
                     ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  // Right after backward weights on the same dy, slot B still holds its narrow copy.
-  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, ny * dtype_size(dtype_))
-                               : narrowed(dy, ny, dtype_, scratch, Scratch::B, stream);
-  const void* w_op = narrowed(weight, nw, dtype_, scratch, Scratch::A, stream);
-  void* dx_op =
-      dtype_ == DType::F32 ? static_cast<void*>(dx) : scratch.get(Scratch::C, nx * dtype_size(dtype_));
+  // Right after backward weights on the same dy, slot B still holds its bf16/fp16 copy.
+  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, ny * dtype_size(io_)) : operand(dy, ny, Scratch::B);
+  const void* w_op = operand(weight, nw, Scratch::A);
+  void* dx_op = io_ == DType::F32 ? static_cast<void*>(dx) : scratch.get(Scratch::C, nx * dtype_size(io_));
   CudnnConv& c = conv();
   c.backward_data(s, w_op, dy_op, dx_op);
-  if (dtype_ != DType::F32) convert_to_f32(dx_op, dtype_, dx, nx, stream);
+  if (io_ != DType::F32) convert_to_f32(dx_op, io_, dx, nx, stream);
   if (kernel_trace::recording())
     kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),
                           [&c, s, w_op, dy_op, dx_op] { c.backward_data(s, w_op, dy_op, dx_op); }});

@@ -4,12 +4,12 @@
 // the Kokkos kernels before and after are ordered with them without a host wait).
 //
 // fp32 stays fp32 (no TF32: CUBLAS_COMPUTE_32F, CUDNN_FMA_MATH), so a step agrees
-// with the host's to fp32 rounding. bf16 and fp16 run the tensor cores: operands
-// cast on the device into scratch, fp32 accumulation; cuDNN's reduced-precision
-// convolutions also store their outputs in bf16/fp16, which are widened to fp32
-// (with the bias and the fused relu) in one pass. Algorithms are chosen once per
-// shape from cuDNN's heuristics, deterministic ones first, so a run is repeatable
-// bit for bit (stop-and-resume equals a straight run).
+// with the host's to fp32 rounding. bf16 and fp16 GEMMs run the tensor cores:
+// operands cast on the device into scratch, fp32 accumulation and C. bf16 and fp16
+// convolutions round their operands and run cuDNN's fp32 kernels, which is what the
+// host does (why: cuda_backend.cpp, CudnnConvKernels). Algorithms are chosen once
+// per shape from cuDNN's heuristics, deterministic ones first, so a run is
+// repeatable bit for bit (stop-and-resume equals a straight run).
 
 #include <cuda_runtime.h>
 

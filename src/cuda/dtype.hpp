@@ -27,5 +27,8 @@ inline const char* dtype_name(DType t) {
 // casts of mixed precision. Stream-ordered, no host synchronisation.
 void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaStream_t stream);
 void convert_to_f32(const void* in, DType from, float* out, std::size_t n, cudaStream_t stream);
+// out[i] = in[i] rounded to `to`'s nearest value (ties to even; fp16 overflows to
+// inf), kept in fp32: the host's round_to_precision on the device.
+void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t stream);
 
 }  // namespace ddp::cuda

@@ -42,8 +42,9 @@ TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
   const Tensor& y_t = m.forward(make_tensor({B, 2, 5, 5}, x_mine), true);
   std::vector<float> y = to_host(y_t.data, y_t.numel());
   m.backward(make_tensor({B, 3}, dy_mine));
+  // What the trainer does with gradients, where they live (device memory on a GPU).
+  comm->allreduce_sum(m.gradients().data(), std::size_t(m.num_parameters()));
   std::vector<float> g = to_host(m.gradients(), m.num_parameters());
-  comm->allreduce_sum(g.data(), g.size());  // what the trainer does with gradients
   std::vector<float> buf = to_host(m.buffers(), m.buffers().extent(0));
 
   double worst = 0;

@@ -15,10 +15,12 @@ set -euo pipefail
 cluster=$1 jobs=$2 ddp_train=$3 e2e=$4 python=$5
 source "$(dirname "$0")/lib.sh"
 
-# Tiny epochs take ~1.5 ms (batch 2, streamed), but while the 2 ranks run
-# pinned to the 2 cores this script may not get the CPU for seconds: the run is
-# long enough (~30 s) that the signal still lands early in it.
-epochs=${DDP_REQUEUE_EPOCHS:-20000}
+# Tiny epochs take 1.5 ms (AVX-512 machine) to 5 ms (2-core AVX2 EPYC; batch 2,
+# streamed). The signal goes once 100 epochs are done, and the rest of the run
+# (12 to 40 s) leaves this script, which may not get the CPU for seconds while the
+# 2 ranks run on the 2 cores, ample time to send it; 20,000 epochs took 213 s
+# of the suite on the AVX2 machine for both jobs.
+epochs=${DDP_REQUEUE_EPOCHS:-8000}
 signal_after=${DDP_REQUEUE_SIGNAL_AFTER:-100}  # epochs trained before the signal
 out=slurm_runs/requeue
 rm -rf "$out"

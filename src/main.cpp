@@ -1,6 +1,7 @@
 // ddp_train: data-parallel training on MPI ranks.
 //   context -> command line -> config -> data -> model -> trainer
 #include "comm/context.hpp"   // MPI + Kokkos lifetime, ranks, the fatal path for uncaught exceptions
+#include "comm/watchdog.hpp"  // comm.timeout_s: a collective that never completes names the missing ranks
 #include "io/metrics.hpp"     // metrics.jsonl
 #include "train/setup.hpp"    // input file, data sets, model, run directory, checkpoint to start from
 #include "train/signals.hpp"  // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
@@ -9,12 +10,13 @@
 // No try/catch: an exception nobody catches reaches the terminate handler that
 // Context installs, un-unwound, and ends the job in one line (comm/check.cpp says why).
 int main(int argc, char** argv) {
+  ddp::install_preemption_handlers();  // first: every thread, MPI's too, inherits the blocked signals
   ddp::Context ctx(argc, argv);
-  ddp::install_preemption_handlers();
   const ddp::CommandLine cli = ddp::parse_command_line(ctx, argc, argv);
   if (cli.exit_now) return cli.exit_code;
   const ddp::Config cfg = ddp::load_config(ctx, cli);
   if (cli.check) return ddp::check_run(ctx, cfg);
+  ddp::Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // names a rank that hangs
   ddp::prepare_run_dir(ctx, cfg);
   ddp::Data data = ddp::open_data(ctx, cfg);
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);

@@ -38,3 +38,10 @@ ddp_add_checkpoint_test(check_option FIXTURE e2e_data NP 2 TIMEOUT 90
 # --check finds bad data like a run does: one error line, non-zero exit.
 ddp_add_error_test(check_bad_labels NP 2 REGEX "badlabels/train_001.h5.*17.*7"
                    ARGS --check ${TINY} "data.train_files=e2e_data/badlabels/train_*.h5")
+# Stops at random moments of a 2-rank run, preloaded and streamed: every one ends in
+# exit 75 with its checkpoint and resumes, and nothing corrupts the heap on the way out
+# (a SIGUSR1 handler inside oneDNN's AVX2 sgemm once did: exit 134). tools/sanitize_tests
+# runs 30 of these under AddressSanitizer.
+ddp_add_checkpoint_test(stop_stress_np2 FIXTURE fashion NP 2 TIMEOUT 600
+  COMMAND ${DDP_PYTHON} ${CKPT}/stop_stress.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
+          runs/stop_stress --runs 10 --max-delay 4)

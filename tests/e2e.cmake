@@ -71,6 +71,14 @@ function(ddp_add_fault_test name)
                        ENVIRONMENT DDP_INJECT_FAULT=${T_FAULT} TIMEOUT 90 PROCESSORS ${T_NP})
 endfunction()
 
+# A rank stopped with SIGSTOP mid-run: the hang watchdog (comm.timeout_s = 5) of a
+# waiting rank ends the job within timeout + 5 s, naming the stopped rank; once the
+# last rank, once rank 0.
+add_test(NAME e2e_fault_hang_np3
+         COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang)
+set_tests_properties(e2e_fault_hang_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
+                     TIMEOUT 240 PROCESSORS 2)
+
 # One per failure class, each on one rank of 2 while the other waits in the step's
 # all-reduce (or, for rank 0, the other in its own).
 ddp_add_fault_test(exception NP 2 FAULT exception@rank1:step3

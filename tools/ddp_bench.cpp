@@ -15,6 +15,7 @@
 
 #include "comm/context.hpp"
 #include "comm/log.hpp"
+#include "comm/watchdog.hpp"
 #include "io/metrics.hpp"
 #include "model/backend.hpp"
 #include "model/kernel_trace.hpp"
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
   cli.overrides.insert(cli.overrides.begin(), {"train.epochs=1", "io.checkpoint_every=0", "io.resume=never",
                                                "train.log_every=0", "io.run_dir=runs/bench"});
   const Config cfg = load_config(ctx, cli);
+  Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // as ddp_train runs
   prepare_run_dir(ctx, cfg);
   Data data = open_data(ctx, cfg);
   ModelSetup net = build_model(ctx, cfg, data);

@@ -141,6 +141,8 @@ void fatal(const char* file, int line, const std::string& msg) {
   fail(std::string(file) + ":" + std::to_string(line), msg);
 }
 
+void fatal_as(const std::string& what, const std::string& msg) { fail(what, msg); }
+
 void install_terminate_handler() {
   g_main_thread = std::this_thread::get_id();
   std::set_terminate(on_terminate);

@@ -28,6 +28,8 @@ struct InputError : std::runtime_error {
 
 // Print `rank N (host): file:line: msg` on stderr and MPI_Abort. Any rank, any thread.
 [[noreturn]] void fatal(const char* file, int line, const std::string& msg);
+// The same with `what` in place of file:line: `rank N (host): what: msg`.
+[[noreturn]] void fatal_as(const std::string& what, const std::string& msg);
 
 // Make std::terminate, which an exception that no handler catches ends in (on any
 // thread), print `rank N (host): uncaught <type>: <what()>` and MPI_Abort, instead

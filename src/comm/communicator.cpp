@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "comm/check.hpp"
+#include "comm/watchdog.hpp"
 
 namespace ddp {
 
@@ -25,10 +26,19 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allreduce_sum(float* data, std::size_t n) override { allreduce(data, n, MPI_FLOAT); }
-  void allreduce_sum(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE); }
+  void allreduce_sum(float* data, std::size_t n) override {
+    watchdog::Collective guard("an all-reduce (MPI_Allreduce)");
+    allreduce(data, n, MPI_FLOAT);
+  }
+  void allreduce_sum(double* data, std::size_t n) override {
+    watchdog::Collective guard("an all-reduce (MPI_Allreduce)");
+    allreduce(data, n, MPI_DOUBLE);
+  }
 
-  void allreduce_sum_host(double* data, std::size_t n) override { allreduce(data, n, MPI_DOUBLE); }
+  void allreduce_sum_host(double* data, std::size_t n) override {
+    watchdog::Collective guard("an all-reduce of flags or sums (MPI_Allreduce)");
+    allreduce(data, n, MPI_DOUBLE);
+  }
 
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
                                                      const std::string& overlap) override {
@@ -37,11 +47,15 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(float* data, std::size_t n, int root) override {
+    watchdog::Collective guard("a broadcast (MPI_Bcast)");
     for (std::size_t off = 0; off < n; off += kMaxChunk)
       MPI_CHECK(MPI_Bcast(data + off, int(std::min(kMaxChunk, n - off)), MPI_FLOAT, root, comm_));
   }
 
-  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    watchdog::Collective guard("a barrier (MPI_Barrier)");
+    MPI_CHECK(MPI_Barrier(comm_));
+  }
   MPI_Comm mpi_comm() const override { return comm_; }
 
  private:

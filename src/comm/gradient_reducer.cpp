@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "comm/check.hpp"
+#include "comm/watchdog.hpp"
 
 namespace ddp {
 
@@ -98,6 +99,7 @@ void GradientReducer::poll() {
 }
 
 void GradientReducer::finish() {
+  watchdog::Collective guard("the gradient all-reduce");
   const auto t0 = std::chrono::steady_clock::now();
   while (started_ < buckets_.size()) start(started_++);
   if (size_ > 1) {

@@ -313,7 +313,9 @@ struct Packer {
     std::uint64_t n;
     get(n);
     v.resize(n);
-    std::memcpy(v.data(), buf.data() + at, n * sizeof(float));
+    // An empty vector's data() may be null, and memcpy from or to null is undefined
+    // even for 0 bytes (a model without buffers sends none).
+    if (n != 0) std::memcpy(v.data(), buf.data() + at, n * sizeof(float));
     at += n * sizeof(float);
   }
 };

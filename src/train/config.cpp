@@ -157,6 +157,8 @@ const std::vector<Key>& keys() {
       {"comm", "bucket_mb", field<&C::comm, &K::bucket_mb>, above(0), false, "gradient bucket size in MB"},
       {"comm", "first_bucket_mb", field<&C::comm, &K::first_bucket_mb>, above(0), false,
        "size of the first bucket (the last layers), in MB"},
+      {"comm", "timeout_s", field<&C::comm, &K::timeout_s>, at_least(0), false,
+       "seconds in one collective before the watchdog names the missing ranks and aborts; 0: no watchdog"},
   };
   return table;
 }

@@ -64,6 +64,7 @@ struct CommConfig {
   std::string overlap = "poll";  // gradient all-reduce during backward: 'poll' | 'thread' | 'none'
   double bucket_mb = 25.0;       // gradient bucket size, as DDP's bucket_cap_mb
   double first_bucket_mb = 1.0;  // the first (last layers') bucket, small so it starts early
+  double timeout_s = 600.0;      // a collective waited in longer than this is a hang: name the missing ranks, abort
 };
 
 struct Config {

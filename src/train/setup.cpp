@@ -183,7 +183,7 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
 std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg) {
   CommChoice choice;
   auto comm = collective_input(ctx.world(), [&] {
-    return make_compute_communicator(ctx.world(), cfg.comm.backend, /*timeout_s=*/600.0, &choice);
+    return make_compute_communicator(ctx.world(), cfg.comm.backend, cfg.comm.timeout_s > 0 ? cfg.comm.timeout_s : 1e9, &choice);
   });
   log::info("comm: " + choice.reason);
   return comm;

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <utility>
 
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
+#include "comm/watchdog.hpp"
 #include "comm/log.hpp"
 #include "io/sampler.hpp"
 #include "model/rng.hpp"
@@ -56,7 +58,8 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
       loss_kind_(loss),
       train_(train),
       val_(val),
-      prefetch_(prefetch_batches) {
+      prefetch_(prefetch_batches),
+      stage_(cfg.train.batch_size, train.sample_numel(), train.has_class_labels(), train.target_numel()) {
   const std::int64_t n_params = model_.num_parameters();
   optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params));
 
@@ -103,30 +106,18 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   steps_per_epoch_ = (batches + cfg_.train.accumulation_steps - 1) / cfg_.train.accumulation_steps;
   epoch_positions_ = sampler.total_size();
 
-  x_.data = View1("Trainer::x", std::size_t(B * train_.sample_numel()));
-  labels_ = LabelView("Trainer::labels", std::size_t(B));
-  targets_ = View1("Trainer::targets", std::size_t(B * train_.target_numel()));
   loss_ = View1("Trainer::loss", std::size_t(B));
   correct_ = View1("Trainer::correct", std::size_t(B));
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
 }
 
-void Trainer::load_batch(const Batch& batch) {
-  // The host edge: the loader's buffers go to the compute space here.
-  using HostIn = Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-  using HostLabels = Kokkos::View<const std::int32_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-  const std::int64_t n = batch.size;
-  const auto all = [](std::int64_t len) { return Kokkos::make_pair(std::size_t(0), std::size_t(len)); };
-  const std::int64_t nx = n * train_.sample_numel();
-  Kokkos::deep_copy(Kokkos::subview(x_.data, all(nx)), HostIn(batch.x.data(), std::size_t(nx)));
-  x_.shape = {n};
+void Trainer::use_inputs(int slot, const Batch& batch) {
+  const Inputs in = stage_.take(slot);
+  x_.data = in.x;
+  x_.shape = {batch.size};
   for (auto d : train_.sample_shape()) x_.shape.push_back(d);
-  if (train_.has_class_labels()) {
-    Kokkos::deep_copy(Kokkos::subview(labels_, all(n)), HostLabels(batch.labels.data(), std::size_t(n)));
-  } else {
-    const std::int64_t nt = n * train_.target_numel();
-    Kokkos::deep_copy(Kokkos::subview(targets_, all(nt)), HostIn(batch.targets.data(), std::size_t(nt)));
-  }
+  labels_ = in.labels;
+  targets_ = in.targets;
 }
 
 void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) {
@@ -163,6 +154,7 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) 
   ++step_;
   pos_.step = step_;
   ++pos_.lr_step;
+  watchdog::set_step(step_);
 }
 
 void Trainer::restore(const Checkpoint& ck, bool weights_only) {
@@ -237,8 +229,10 @@ std::string Trainer::checkpoint() {
   pos_.world_size = comm_.size();
   pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
+  watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 at the next collective
   if (comm_.rank() == 0)
     path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_);
+  watchdog::set_phase(Phase::compute);
   last_checkpoint_time_ = now();
   return path;
 }
@@ -280,11 +274,18 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   std::int64_t samples = 0, window_samples = 0, group_samples = 0;
   int micro = 0;
   bool stopped = false;
-  Batch batch;
+  Batch batch, next;
   model_.zero_grad();
   EpochStats stats;
-  for (std::int64_t b = 0; loader.next(batch); ++b) {
-    load_batch(batch);
+  // One batch ahead: batch b+1 is put before step b's kernels are queued, so on a GPU
+  // its copy runs beside them; slot b is released once all of step b is queued.
+  watchdog::set_phase(Phase::data);
+  int slot = loader.next(batch) ? stage_.put(batch) : -1, next_slot = -1;
+  for (std::int64_t b = 0; slot >= 0; ++b, slot = next_slot, std::swap(batch, next)) {
+    use_inputs(slot, batch);
+    watchdog::set_phase(Phase::data);
+    next_slot = loader.next(next) ? stage_.put(next) : -1;
+    watchdog::set_phase(Phase::compute);
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
@@ -303,6 +304,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     } else {
       model_.backward(dout_);
     }
+    stage_.release(slot);
     stats.forward_seconds += t_backward - t_forward;
     stats.backward_seconds += now() - t_backward;
     samples += batch.size;
@@ -380,6 +382,7 @@ ValStats Trainer::validate(ShardDataset& data) {
   // batch at the same position, whatever the number of ranks, and each chunk's
   // sum is formed in a fixed order: the metrics are bitwise identical for any W,
   // and no sample is padded or counted twice.
+  watchdog::set_phase(Phase::validation);
   const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t n = data.size();
   const std::int64_t chunks = (n + B - 1) / B;
@@ -393,9 +396,11 @@ ValStats Trainer::validate(ShardDataset& data) {
   auto correct_host = Kokkos::create_mirror_view(correct_);
   Batch batch;
   while (loader.next(batch)) {
-    load_batch(batch);
+    const int slot = stage_.put(batch);
+    use_inputs(slot, batch);
     const Tensor& out = model_.forward(x_, /*training=*/false);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
+    stage_.release(slot);
     Kokkos::deep_copy(loss_host, loss_);
     Kokkos::deep_copy(correct_host, correct_);
     const std::size_t c = std::size_t(batch.index[0] / B);
@@ -414,6 +419,7 @@ ValStats Trainer::validate(ShardDataset& data) {
   stats.count = n;
   stats.loss = stats.loss_sum / double(n);
   stats.accuracy = double(stats.correct) / double(n);
+  watchdog::set_phase(Phase::compute);
   return stats;
 }
 

@@ -14,6 +14,7 @@
 #include "model/loss.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
+#include "train/input_stage.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 
@@ -83,7 +84,7 @@ class Trainer {
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
   std::string checkpoint();             // every rank calls it; rank 0 writes pos_
-  void load_batch(const Batch& batch);  // host batch -> input, label/target views
+  void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the scaling and
   // the optimizer step; adds to `stats`' comm and optimizer times.
   void reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
@@ -105,7 +106,8 @@ class Trainer {
   std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
 
-  Tensor x_;          // (B, sample...)
+  InputStage stage_;  // batches to the compute space, one on its way while a step runs
+  Tensor x_;          // (B, sample...) the step's slot of stage_
   LabelView labels_;  // (B)
   View1 targets_;     // (B * target_numel)
   View1 loss_;        // (B) per-sample loss

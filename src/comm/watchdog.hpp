@@ -1,0 +1,58 @@
+#pragma once
+// The hang watchdog: a thread on every rank that knows what its rank is doing (the
+// phase, the step, and which collective it waits in since when). When a rank has
+// waited in one collective longer than comm.timeout_s, it finds which ranks have not
+// arrived, without their help, and ends the job with one line naming them:
+//
+//   rank 0 (node7): hang: waited 600 s (comm.timeout_s) in the gradient all-reduce
+//   of step 1234; not arrived: rank 3 (in compute since step 1234); arrived: ranks 0-2
+//
+// then MPI_Abort. Without their help: each rank keeps its heartbeat (collectives
+// entered, step, phase) in its own memory of an MPI window, written with plain
+// stores, no communication on the hot path; a waiting rank's watchdog reads the
+// others' with MPI_Rget under a deadline of its own, so a rank that is stopped, spins,
+// or whose node is gone is found too ("no answer"). Ranks run the same collectives in
+// the same order, so a rank that has entered fewer collectives has not arrived.
+//
+// The lowest waiting rank reports; another waiting rank reports only if that one has
+// not ended the job a few seconds later. Without MPI_THREAD_MULTIPLE the watchdog
+// still ends the job, naming the collective and the step but not the ranks.
+
+#include <mpi.h>
+
+#include <cstdint>
+
+namespace ddp {
+
+enum class Phase : std::int64_t { setup, data, compute, collective, checkpoint, validation, done };
+
+class Watchdog {
+ public:
+  // Collective over `comm` (all ranks); starts the thread. timeout_s <= 0: no watchdog.
+  Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple);
+  ~Watchdog();  // collective: stops the thread, frees the window
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+};
+
+namespace watchdog {
+// What this rank does now; cheap (relaxed stores), callable whether or not a
+// Watchdog runs.
+void set_step(std::int64_t step);
+void set_phase(Phase phase);
+
+// This rank waits in the collective `what` (a string literal: "the gradient
+// all-reduce") from construction to destruction; the phase before it is restored.
+class Collective {
+ public:
+  explicit Collective(const char* what);
+  ~Collective();
+  Collective(const Collective&) = delete;
+  Collective& operator=(const Collective&) = delete;
+
+ private:
+  Phase before_;
+};
+}  // namespace watchdog
+
+}  // namespace ddp

@@ -12,15 +12,15 @@ add_test(NAME e2e_make_regression_data
          COMMAND ${DDP_PYTHON} ${PROJECT_SOURCE_DIR}/tools/make_regression_data data/regression)
 set_tests_properties(e2e_make_regression_data PROPERTIES FIXTURES_SETUP regression LABELS e2e)
 
-# ddp_add_error_test(name NP n REGEX re ARGS ...): ddp_train on n ranks must fail
-# fast with one clear error line matching re.
+# ddp_add_error_test(name NP n REGEX re ARGS ... [ENV VAR=value ...]): ddp_train on
+# n ranks must fail fast with one clear error line matching re.
 function(ddp_add_error_test name)
-  cmake_parse_arguments(T "" "NP;REGEX" "ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "NP;REGEX" "ARGS;ENV" ${ARGN})
   add_test(NAME e2e_error_${name}
            COMMAND ${E2E}/expect_error.sh "${T_REGEX}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
   set_tests_properties(e2e_error_${name} PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors"
-                       TIMEOUT 90 PROCESSORS ${T_NP})
+                       TIMEOUT 90 PROCESSORS ${T_NP} ENVIRONMENT "${T_ENV}")
 endfunction()
 
 set(TINY ${E2E}/tiny.nml)
@@ -78,6 +78,24 @@ add_test(NAME e2e_fault_hang_np3
          COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang)
 set_tests_properties(e2e_fault_hang_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
                      TIMEOUT 240 PROCESSORS 2)
+
+# train.nonfinite: NaN/inf pixels stop the run naming shard and row, with no
+# checkpoint from that step ('stop'), or the steps are skipped and counted ('skip');
+# a diverging model is told apart from bad data.
+add_test(NAME e2e_nonfinite_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/nonfinite.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/nonfinite)
+set_tests_properties(e2e_nonfinite_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
+                     TIMEOUT 240 PROCESSORS 2)
+
+# comm.check_every: one rank's parameter moved by one ulp (DDP_INJECT_FAULT=perturb)
+# is named with the tensor, at the next check (every 2 steps here) or, with the
+# periodic check off, at the next checkpoint (the epoch's end, step 5 on 2 ranks).
+ddp_add_error_test(params_differ_np3 NP 3 ENV DDP_INJECT_FAULT=perturb@rank1:step3
+                   REGEX "^error: parameters differ between ranks at step 4: layers.2.bias \\(the only one of 4 tensors that differs\\) on rank 1 differs from ranks 0,2;"
+                   ARGS ${TINY} io.run_dir=runs/params_differ comm.check_every=2)
+ddp_add_error_test(params_differ_at_checkpoint NP 2 ENV DDP_INJECT_FAULT=perturb@rank0:step2
+                   REGEX "^error: parameters differ between ranks at step 5: layers.2.bias .* differs with no majority: rank 0 vs rank 1;"
+                   ARGS ${TINY} io.run_dir=runs/params_differ_ckpt comm.check_every=0)
 
 # One per failure class, each on one rank of 2 while the other waits in the step's
 # all-reduce (or, for rank 0, the other in its own).

@@ -5,3 +5,5 @@ target_include_directories(test_equivalence PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/
 if(NOT DDP_ENABLE_CUDA)
   ddp_add_test(test_signals SOURCES train/test_signals.cpp LABELS train)
 endif()
+# Non-finite counts and the parameter hashes of comm.check_every (src/train/guards.hpp).
+ddp_add_mpi_test(test_guards SOURCES train/test_guards.cpp NP 1 2 3 LABELS train)

@@ -17,7 +17,7 @@ namespace ddp {
 
 namespace {
 
-enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception };
+enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception, perturb };
 
 struct Plan {
   Kind kind = Kind::none;
@@ -36,7 +36,8 @@ Plan read_plan() {
       {"dnnl", Kind::dnnl},
       {"bad_alloc", Kind::bad_alloc},
       {"view_alloc", Kind::view_alloc},
-      {"loader_exception", Kind::loader_exception}};
+      {"loader_exception", Kind::loader_exception},
+      {"perturb", Kind::perturb}};
   std::smatch m;
   const std::regex form(R"(([a-z_]+)@rank([0-9]+)(:step([0-9]+))?)");
   if (std::regex_match(p.spec, m, form)) {
@@ -48,7 +49,7 @@ Plan read_plan() {
   if (p.kind == Kind::none)
     DDP_FATAL("DDP_INJECT_FAULT='" << p.spec
                                    << "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, "
-                                      "bad_alloc, view_alloc or loader_exception");
+                                      "bad_alloc, view_alloc, loader_exception or perturb");
   return p;
 }
 
@@ -74,11 +75,14 @@ std::vector<float> g_sink;
 
 }  // namespace
 
-void inject_fault(FaultSite site, std::int64_t step) {
+bool inject_fault(FaultSite site, std::int64_t step) {
   static const Plan plan = read_plan();
-  if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return;
-  const bool prefetch = plan.kind == Kind::loader_exception;
-  if (prefetch != (site == FaultSite::prefetch)) return;
+  if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return false;
+  const FaultSite home = plan.kind == Kind::loader_exception ? FaultSite::prefetch
+                         : plan.kind == Kind::perturb        ? FaultSite::parameters
+                                                             : FaultSite::train_step;
+  if (site != home) return false;
+  if (plan.kind == Kind::perturb) return true;
   const std::string what = "injected fault (DDP_INJECT_FAULT=" + plan.spec + ")";
   switch (plan.kind) {
     case Kind::exception:
@@ -96,6 +100,7 @@ void inject_fault(FaultSite site, std::int64_t step) {
     }
     case Kind::loader_exception:
       throw std::out_of_range(what + " reading batch " + std::to_string(step));
+    case Kind::perturb:
     case Kind::none:
       break;
   }

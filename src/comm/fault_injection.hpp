@@ -11,6 +11,8 @@
 //   view_alloc        a Kokkos View that cannot be allocated, step s
 //   loader_exception  std::out_of_range thrown on the prefetch thread, reading batch s
 //                     (streamed data with prefetch)
+//   perturb           not a failure: after optimizer step s, one parameter of rank r
+//                     moves by one ulp (the consistency check must name that rank)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -22,10 +24,12 @@ namespace ddp {
 enum class FaultSite {
   train_step,  // before the forward pass of each micro-batch; `step` = optimizer steps taken
   prefetch,    // on the prefetch thread before reading a batch; `step` = the batch's number
+  parameters,  // after an optimizer step; `step` = optimizer steps taken
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its
-// rank and step match; returns otherwise. A malformed value is a fatal error.
-void inject_fault(FaultSite site, std::int64_t step);
+// rank and step match; returns false otherwise. A malformed value is a fatal error.
+// True: a fault the caller carries out itself is due here (perturb).
+bool inject_fault(FaultSite site, std::int64_t step);
 
 }  // namespace ddp

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/check.hpp"
+#include "comm/log.hpp"
 
 namespace ddp {
 
@@ -52,20 +53,6 @@ const char* phase_name(std::int64_t p) {
     case Phase::done: return "the end of the run";
   }
   return "an unknown phase";
-}
-
-// "0-2,5": ranks as ranges.
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(ranks[i]);
-    if (j > i) out += (j == i + 1 ? "," : "-") + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return out;
 }
 
 struct State {
@@ -164,7 +151,7 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
            "does not deliver";
   else
     msg += "; not arrived: " + missing;
-  msg += "; waiting: " + std::string(waiting.size() > 1 ? "ranks " : "rank ") + ranks_text(waiting);
+  msg += "; waiting: " + std::string(waiting.size() > 1 ? "ranks " : "rank ") + log::ranks_text(waiting);
   fatal_as("hang", msg);
 }
 
@@ -209,17 +196,26 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple) {
   g_state = s;
 }
 
-Watchdog::~Watchdog() {
-  State* s = g_state;
-  if (!s) return;
+namespace {
+// The thread joined and the heartbeat moved out of the window: nothing of this
+// rank touches the window's memory afterwards.
+void stop_thread(State* s) {
   {
     std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->stop) return;
     s->stop = true;
   }
   s->wake.notify_all();
   s->thread.join();
   for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
   g_slot.store(g_fallback);
+}
+}  // namespace
+
+Watchdog::~Watchdog() {
+  State* s = g_state;
+  if (!s) return;
+  stop_thread(s);
   MPI_Win_unlock_all(s->win);
   MPI_Win_free(&s->win);
   MPI_Comm_free(&s->comm);
@@ -228,6 +224,10 @@ Watchdog::~Watchdog() {
 }
 
 namespace watchdog {
+
+void stop_before_exit() {
+  if (State* s = g_state) stop_thread(s);
+}
 
 void set_step(std::int64_t step) { store(kStep, step); }
 void set_phase(Phase phase) { store(kPhase, std::int64_t(phase)); }

@@ -289,4 +289,11 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
   }
 }
 
+std::pair<std::string, std::int64_t> ShardDataset::locate(std::int64_t index) const {
+  for (const Shard& s : shards_)
+    if (index >= s.offset && index < s.offset + s.count) return {s.path, index - s.offset};
+  throw std::out_of_range(what_ + ": sample index " + std::to_string(index) + " is outside [0, " +
+                          std::to_string(total_) + ")");
+}
+
 }  // namespace ddp

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp {
@@ -58,6 +59,9 @@ class ShardDataset {
   // x: (n, sample...) floats; labels: (n) or targets: (n, target...) floats,
   // nullptr for what is not wanted. Throws std::out_of_range on a bad index.
   void read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels, float* targets);
+
+  // Where global sample `index` is stored: its shard file and its row there.
+  std::pair<std::string, std::int64_t> locate(std::int64_t index) const;
 
  private:
   struct Shard {

@@ -134,6 +134,8 @@ const std::vector<Key>& keys() {
        "initialisation, sampler permutation, dropout"},
       {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
        "optimizer steps between progress lines; 0: none"},
+      {"train", "nonfinite", field<&C::train, &T::nonfinite>, one_of({"stop", "skip"}), false,
+       "a non-finite loss or gradient (fp32, bf16): stop the run, or skip the step on every rank"},
       {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
        "directory of metrics.jsonl and checkpoints/"},
       {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,
@@ -159,6 +161,8 @@ const std::vector<Key>& keys() {
        "size of the first bucket (the last layers), in MB"},
       {"comm", "timeout_s", field<&C::comm, &K::timeout_s>, at_least(0), false,
        "seconds in one collective before the watchdog names the missing ranks and aborts; 0: no watchdog"},
+      {"comm", "check_every", field<&C::comm, &K::check_every>, at_least(0), false,
+       "steps between checks that every rank holds the same parameters (also before every checkpoint); 0: only at checkpoints"},
   };
   return table;
 }

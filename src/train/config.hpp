@@ -46,6 +46,7 @@ struct TrainConfig {
   double min_lr = 0.0;                       // cosine: final learning rate
   std::int64_t seed = 0;                     // initialisation, sampler permutation, dropout
   int log_every = 100;                       // optimizer steps between progress lines; 0: none
+  std::string nonfinite = "stop";            // non-finite loss or gradient: 'stop' the run | 'skip' the step
 };
 
 struct IoConfig {
@@ -65,6 +66,7 @@ struct CommConfig {
   double bucket_mb = 25.0;       // gradient bucket size, as DDP's bucket_cap_mb
   double first_bucket_mb = 1.0;  // the first (last layers') bucket, small so it starts early
   double timeout_s = 600.0;      // a collective waited in longer than this is a hang: name the missing ranks, abort
+  int check_every = 1000;        // steps between replica consistency checks (and at checkpoints); 0: those
 };
 
 struct Config {

@@ -3,6 +3,7 @@
 #include <cfloat>
 
 #include "comm/check.hpp"
+#include "train/guards.hpp"
 
 namespace ddp {
 
@@ -14,18 +15,7 @@ LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), sc
   DDP_REQUIRE(options.growth_interval > 0, "growth_interval " << options.growth_interval);
 }
 
-bool LossScaler::has_inf_or_nan(ConstView1 grads) {
-  int bad = 0;  // how many: a sum, whose identity is 0 (a Max reducer's is INT_MIN)
-  Kokkos::parallel_reduce(
-      "LossScaler::has_inf_or_nan", Range(0, grads.extent(0)),
-      KOKKOS_LAMBDA(std::size_t i, int& acc) {
-        float g = grads(i);
-        // g - g is 0 for a finite g and NaN for inf or NaN; no <cmath> on the device.
-        if (!(g - g == 0.0f)) ++acc;
-      },
-      bad);
-  return bad > 0;
-}
+bool LossScaler::has_inf_or_nan(ConstView1 grads) { return count_nonfinite(grads) > 0; }
 
 bool LossScaler::any_rank(Communicator& comm, bool local_overflow) {
   // A sum of 0/1 flags (the shared interface has no MAX): any count > 0 is "some

@@ -1,6 +1,7 @@
 #include "train/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,10 +10,11 @@
 
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
-#include "comm/watchdog.hpp"
 #include "comm/log.hpp"
+#include "comm/watchdog.hpp"
 #include "io/sampler.hpp"
 #include "model/rng.hpp"
+#include "train/guards.hpp"
 #include "train/schedule.hpp"
 #include "train/signals.hpp"
 
@@ -24,28 +26,61 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// acc(0) and acc(1) += the sum of loss[0..n) in double, in index order, on the device:
-// the host reads the sums only when it prints or reduces them, so a step queues its
-// kernels without waiting for the GPU.
-void accumulate_loss(const View1& loss, std::int64_t n, const Kokkos::View<double[2]>& acc) {
+// acc(2) += the sum of loss[0..n) in double, in index order, on the device: the
+// host reads it once per step, with the step's non-finite check after the gradient
+// all-reduce, so the micro-batches' kernels queue without waiting for the GPU.
+void accumulate_loss(const View1& loss, std::int64_t n, const Kokkos::View<double[3]>& acc) {
   Kokkos::parallel_for(
       "Trainer::accumulate_loss", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
         double s = 0.0;
         for (std::int64_t i = 0; i < n; ++i) s += double(loss(i));
-        acc(0) += s;
-        acc(1) += s;
+        acc(2) += s;
       });
 }
 
-// (epoch, window) sums so far; resets the window's when asked.
-std::pair<double, double> read_loss(const Kokkos::View<double[2]>& acc, bool reset_window) {
+// The step's sum acc(2) joins the epoch's and the window's when the step was taken;
+// a skipped step's (maybe inf or NaN) is dropped.
+void close_step_loss(const Kokkos::View<double[3]>& acc, bool taken) {
+  Kokkos::parallel_for(
+      "Trainer::close_step_loss", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
+        if (taken) {
+          acc(0) += acc(2);
+          acc(1) += acc(2);
+        }
+        acc(2) = 0.0;
+      });
+}
+
+// (epoch, window, step) sums so far; resets the window's when asked.
+std::array<double, 3> read_loss(const Kokkos::View<double[3]>& acc, bool reset_window) {
   auto host = Kokkos::create_mirror_view(acc);
   Kokkos::deep_copy(host, acc);
   if (reset_window) {
     host(1) = 0.0;
     Kokkos::deep_copy(acc, host);
   }
-  return {host(0), host(1)};
+  return {host(0), host(1), host(2)};
+}
+
+// "a.h5 rows 3, 9; b.h5 row 4 (global samples 3, 9, 44)": at most 8 samples named.
+std::string samples_text(const ShardDataset& data, const std::vector<std::int64_t>& global) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> by_file;
+  std::string ids;
+  const std::size_t shown = std::min<std::size_t>(global.size(), 8);
+  for (std::size_t i = 0; i < shown; ++i) {
+    auto [path, row] = data.locate(global[i]);
+    if (by_file.empty() || by_file.back().first != path) by_file.push_back({path, {}});
+    by_file.back().second.push_back(row);
+    ids += (i ? ", " : "") + std::to_string(global[i]);
+  }
+  std::string out;
+  for (const auto& [path, rows] : by_file) {
+    out += (out.empty() ? "" : "; ") + path + (rows.size() == 1 ? " row " : " rows ");
+    for (std::size_t i = 0; i < rows.size(); ++i) out += (i ? ", " : "") + std::to_string(rows[i]);
+  }
+  out += " (global sample" + std::string(shown == 1 ? " " : "s ") + ids + ")";
+  if (global.size() > shown) out += " and " + std::to_string(global.size() - shown) + " more";
+  return out;
 }
 
 }  // namespace
@@ -107,6 +142,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   epoch_positions_ = sampler.total_size();
 
   loss_ = View1("Trainer::loss", std::size_t(B));
+  loss_acc_ = Kokkos::View<double[3]>("Trainer::loss_acc");
   correct_ = View1("Trainer::correct", std::size_t(B));
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
 }
@@ -120,7 +156,7 @@ void Trainer::use_inputs(int slot, const Batch& batch) {
   targets_ = in.targets;
 }
 
-void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) {
+Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) {
   View1 grads = model_.gradients();
   const std::int64_t n = model_.num_parameters();
   // Gradients hold per-sample sums; after the all-reduce they are divided by the
@@ -134,27 +170,102 @@ void Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) 
   }
   const double t1 = now();
   stats.comm_seconds += t1 - t0;
-  // fp16: the loss gradient was multiplied by the scale; a step whose gradients
-  // overflowed on any rank is skipped on all (the all-reduce spreads an inf to every
-  // rank, and the flag's own all-reduce makes the decision explicit).
+  // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
+  // every rank; a rank's loss sum is its own. With the preemption and time flags,
+  // agreed in one all-reduce of four numbers, so every rank takes the same decision.
+  grads_nonfinite_ = count_nonfinite(grads);
+  loss_nonfinite_ = !std::isfinite(read_loss(loss_acc_, false)[2]);
+  const double minutes = cfg_.io.checkpoint_every_minutes;
+  double flags[4] = {
+      grads_nonfinite_ > 0 ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0, preemption_signal() != 0 ? 1.0 : 0.0,
+      comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
+  comm_.allreduce_sum_host(flags, 4);
+  Agreed a;
+  a.nonfinite = flags[0] > 0 || flags[1] > 0;
+  a.preempt = flags[2] > 0;
+  a.time_due = flags[3] > 0;
+  a.stepped = !a.nonfinite;
+  // fp16: the loss gradient was multiplied by the scale; an overflow is the loss
+  // scaler's to handle: skip and halve. fp32, bf16: train.nonfinite.
   double scale = 1.0;
-  bool take_step = true;
   if (scaler_) {
     scale = scaler_->scale();
-    take_step = !LossScaler::any_rank(comm_, LossScaler::has_inf_or_nan(grads));
-    scaler_->update(!take_step);
-    if (!take_step) ++stats.skipped_steps;
+    scaler_->update(a.nonfinite);
+  } else if (a.nonfinite) {
+    // Skipping helps only while the weights are finite (the same on every rank).
+    params_nonfinite_ = cfg_.train.nonfinite == "skip" ? count_nonfinite(model_.parameters()) : 0;
+    a.stop = cfg_.train.nonfinite == "stop" || params_nonfinite_ > 0;
+    if (a.stop) return a;  // run_epoch ends the run once its loader is stopped
   }
-  if (take_step) {
+  if (a.stepped) {
     const float inv = float(1.0 / (double(samples_per_rank) * comm_.size() * scale));
     const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
     optimizer_->step(model_.parameters(), grads, lr, inv);
+  } else {
+    if (++stats.skipped_steps == 1 && !scaler_ && comm_.rank() == 0)
+      log::warn(
+          "step " + std::to_string(step_ + 1) + " of epoch " + std::to_string(pos_.epoch + 1) +
+          " skipped: a non-finite loss or gradient (train.nonfinite = 'skip'); the epoch line counts the "
+          "skipped steps");
   }
+  close_step_loss(loss_acc_, a.stepped);
+  step_indices_.clear();
   stats.optimizer_seconds += now() - t1;
   ++step_;
   pos_.step = step_;
   ++pos_.lr_step;
   watchdog::set_step(step_);
+  if (inject_fault(FaultSite::parameters, step_)) perturb_one_parameter(model_);  // tests only
+  return a;
+}
+
+void Trainer::stop_nonfinite() {
+  const MPI_Comm comm = comm_.mpi_comm();
+  const std::string where =
+      "at step " + std::to_string(step_ + 1) + " of epoch " + std::to_string(pos_.epoch + 1);
+  const std::string tail =
+      "; stopped without writing a checkpoint (train.nonfinite = 'stop'; 'skip' skips such steps)";
+  if (params_nonfinite_ > 0)  // 'skip', and the weights themselves went non-finite: the same on every rank
+    fatal_all(comm, "non-finite loss or gradient " + where + " and " + std::to_string(params_nonfinite_) +
+                        " non-finite parameters: skipping steps cannot recover (lower train.lr); stopped "
+                        "without writing a checkpoint");
+  // A batch with non-finite inputs (or float targets) is the cause: read this rank's
+  // samples of the step again and name those.
+  const std::int64_t n = std::int64_t(step_indices_.size());
+  const std::int64_t numel = train_.sample_numel(), tnumel = train_.target_numel();
+  std::vector<float> x(std::size_t(n * numel)),
+      targets(train_.has_class_labels() ? 0 : std::size_t(n * tnumel));
+  train_.read(step_indices_.data(), n, x.data(), nullptr, targets.empty() ? nullptr : targets.data());
+  std::vector<std::int64_t> bad_inputs;
+  for (std::int64_t i = 0; i < n; ++i) {
+    bool bad = false;
+    for (std::int64_t k = 0; k < numel && !bad; ++k) bad = !std::isfinite(x[std::size_t(i * numel + k)]);
+    for (std::int64_t k = 0; k < tnumel && !bad && !targets.empty(); ++k)
+      bad = !std::isfinite(targets[std::size_t(i * tnumel + k)]);
+    if (bad) bad_inputs.push_back(step_indices_[std::size_t(i)]);
+  }
+  fatal_if_any(comm, !bad_inputs.empty(),
+               "non-finite loss " + where + ": the batch holds non-finite inputs: " +
+                   (bad_inputs.empty() ? "" : samples_text(train_, bad_inputs)) + tail);
+  // Finite inputs and a non-finite loss: the model has diverged.
+  fatal_if_any(comm, loss_nonfinite_,
+               "non-finite loss " + where + " on finite inputs (the step's " + std::to_string(n) +
+                   " samples of this rank): the model has diverged (lower train.lr, or add warm-up)" + tail);
+  fatal_all(comm, "non-finite gradient " + where + " (" + std::to_string(grads_nonfinite_) +
+                      " values) while every rank's loss is finite: the model has diverged (lower train.lr)" +
+                      tail);
+}
+
+std::string Trainer::unsafe_to_save() {
+  // Equal parameters first: then every rank counts the same non-finite values and
+  // they agree without another collective.
+  std::string problem = parameters_disagree(comm_.mpi_comm(), model_, step_);
+  if (!problem.empty()) return problem;
+  const std::int64_t bad = count_nonfinite(model_.parameters());
+  if (bad > 0)
+    return "the parameters hold " + std::to_string(bad) + " non-finite values at step " +
+           std::to_string(step_) + ": no checkpoint written from them (the last one stays latest)";
+  return "";
 }
 
 void Trainer::restore(const Checkpoint& ck, bool weights_only) {
@@ -249,11 +360,14 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const std::int64_t epoch = pos_.epoch;
   const std::int64_t start = pos_.consumed;
   const int W = comm_.size();
-  BatchLoader loader(train_,
-                     epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle,
-                                   std::uint64_t(pos_.seed), cfg_.data.drop_last, epoch, start),
-                     cfg_.train.batch_size, prefetch_);
-  const std::int64_t batches = loader.num_batches();
+  // Stopped before a run ends on an error: its prefetch thread must not be in HDF5
+  // while the ranks leave through MPI_Finalize.
+  auto loader = std::make_unique<BatchLoader>(
+      train_,
+      epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle, std::uint64_t(pos_.seed),
+                    cfg_.data.drop_last, epoch, start),
+      cfg_.train.batch_size, prefetch_);
+  const std::int64_t batches = loader->num_batches();
   const int accumulation = cfg_.train.accumulation_steps;
 
   // Debug trace: the global indices this rank trains, one per line, appended.
@@ -270,28 +384,31 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const double prior_samples = comm_.rank() == 0 ? pos_.epoch_samples : 0.0;
 
   const double t0 = now();
-  Kokkos::View<double[2]> loss_acc("Trainer::loss_acc");  // (epoch, since the last progress line)
-  std::int64_t samples = 0, window_samples = 0, group_samples = 0;
+  Kokkos::deep_copy(loss_acc_, 0.0);
+  // Samples trained (samples/s), and those of the steps taken (the loss's mean).
+  std::int64_t samples = 0, loss_samples = 0, window_samples = 0, group_samples = 0;
   int micro = 0;
-  bool stopped = false;
+  bool stopped = false, nonfinite = false;
+  std::string problem;  // a collective error found mid-epoch, reported once the loader is stopped
   Batch batch, next;
   model_.zero_grad();
+  step_indices_.clear();
   EpochStats stats;
   // One batch ahead: batch b+1 is put before step b's kernels are queued, so on a GPU
   // its copy runs beside them; slot b is released once all of step b is queued.
   watchdog::set_phase(Phase::data);
-  int slot = loader.next(batch) ? stage_.put(batch) : -1, next_slot = -1;
+  int slot = loader->next(batch) ? stage_.put(batch) : -1, next_slot = -1;
   for (std::int64_t b = 0; slot >= 0; ++b, slot = next_slot, std::swap(batch, next)) {
     use_inputs(slot, batch);
     watchdog::set_phase(Phase::data);
-    next_slot = loader.next(next) ? stage_.put(next) : -1;
+    next_slot = loader->next(next) ? stage_.put(next) : -1;
     watchdog::set_phase(Phase::compute);
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     const Tensor& out = model_.forward(x_, /*training=*/true);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
-    accumulate_loss(loss_, batch.size, loss_acc);
+    accumulate_loss(loss_, batch.size, loss_acc_);
     const double t_backward = now();
     dout_.shape = out.shape;
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
@@ -308,20 +425,32 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     stats.forward_seconds += t_backward - t_forward;
     stats.backward_seconds += now() - t_backward;
     samples += batch.size;
-    window_samples += batch.size;
     group_samples += batch.size;
+    step_indices_.insert(step_indices_.end(), batch.index.begin(), batch.index.begin() + batch.size);
     if (trace)
       for (std::int64_t i = 0; i < batch.size; ++i)
         std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
     if (++micro < accumulation && b + 1 < batches) continue;
-    reduce_and_step(group_samples, stats);
+    Agreed a = reduce_and_step(group_samples, stats);
+    if (a.stop) {
+      nonfinite = true;
+      break;
+    }
+    if (a.stepped) {
+      loss_samples += group_samples;
+      window_samples += group_samples;
+    }
     model_.zero_grad();
     group_samples = 0;
     micro = 0;
     // Every rank trains the same number of samples: positions of the global order done.
     pos_.consumed = start + samples * W;
+    if (cfg_.comm.check_every > 0 && step_ % cfg_.comm.check_every == 0) {
+      problem = parameters_disagree(comm_.mpi_comm(), model_, step_);
+      if (!problem.empty()) break;
+    }
     if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) {
-      const double window_loss = read_loss(loss_acc, /*reset_window=*/true).second;
+      const double window_loss = read_loss(loss_acc_, /*reset_window=*/true)[1];
       char line[160];
       std::snprintf(line, sizeof line,
                     "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
@@ -331,17 +460,18 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       window_samples = 0;
     }
     if (!checkpoints) continue;
-    Agreed a = poll();
     a.step_due = cfg_.io.checkpoint_every_steps > 0 && step_ % cfg_.io.checkpoint_every_steps == 0;
     if (b + 1 == batches) {  // the epoch's end: fit() checkpoints after validation
       *pending = a;
       break;
     }
     if (!(a.preempt || a.time_due || a.step_due)) continue;
-    double partial[2] = {read_loss(loss_acc, false).first + prior_loss, double(samples) + prior_samples};
+    double partial[2] = {read_loss(loss_acc_, false)[0] + prior_loss, double(loss_samples) + prior_samples};
     comm_.allreduce_sum_host(partial, 2);
     pos_.epoch_loss_sum = partial[0];
     pos_.epoch_samples = partial[1];
+    problem = unsafe_to_save();
+    if (!problem.empty()) break;
     const std::string path = checkpoint();
     if (a.preempt) {
       stopped = true;
@@ -354,16 +484,19 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   }
   Kokkos::fence();  // a GPU may still be running the last step's kernels
   const double seconds = now() - t0;
+  stats.data_wait_seconds = loader->wait_seconds();
+  loader.reset();
+  if (nonfinite) stop_nonfinite();
+  if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
 
-  double totals[3] = {read_loss(loss_acc, false).first + prior_loss, double(samples) + prior_samples,
+  double totals[3] = {read_loss(loss_acc_, false)[0] + prior_loss, double(loss_samples) + prior_samples,
                       double(samples)};
   comm_.allreduce_sum_host(totals, 3);
   stats.epoch = epoch + 1;
   stats.step = step_;
-  stats.train_loss = totals[0] / totals[1];
+  stats.train_loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
   stats.train_seconds = seconds;
   stats.samples_per_s = totals[2] / seconds;
-  stats.data_wait_seconds = loader.wait_seconds();
   stats.lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
   stats.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   stats.complete = !stopped;
@@ -453,9 +586,9 @@ int Trainer::fit(MetricsWriter* metrics) {
     if (val_ && classify) len += std::snprintf(line + len, sizeof line - len, "  val_acc %.4f", v.accuracy);
     len += std::snprintf(line + len, sizeof line - len, "  samples/s %.0f  time %.2f s", e.samples_per_s,
                          e.train_seconds + val_seconds);
-    if (scaler_)
-      std::snprintf(line + len, sizeof line - len, "  loss_scale %g  skipped %lld", e.loss_scale,
-                    (long long)e.skipped_steps);
+    const bool skips = scaler_ || cfg_.train.nonfinite == "skip";
+    if (scaler_) len += std::snprintf(line + len, sizeof line - len, "  loss_scale %g", e.loss_scale);
+    if (skips) std::snprintf(line + len, sizeof line - len, "  skipped %lld", (long long)e.skipped_steps);
     log::info(line);
 
     if (metrics) {
@@ -477,10 +610,8 @@ int Trainer::fit(MetricsWriter* metrics) {
       r.push_back({"optimizer_seconds", e.optimizer_seconds});
       r.push_back({"lr", e.lr});
       r.push_back({"world_size", (long long)comm_.size()});
-      if (scaler_) {
-        r.push_back({"loss_scale", e.loss_scale});
-        r.push_back({"skipped_steps", (long long)e.skipped_steps});
-      }
+      if (scaler_) r.push_back({"loss_scale", e.loss_scale});
+      if (skips) r.push_back({"skipped_steps", (long long)e.skipped_steps});
       metrics->write(r);
     }
 
@@ -491,6 +622,8 @@ int Trainer::fit(MetricsWriter* metrics) {
     const bool due = scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
                                    last_step.step_due || last_step.time_due || now_flags.time_due || last);
     if (!due && !(preempt && !last)) continue;
+    const std::string problem = unsafe_to_save();
+    if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
     const std::string path = checkpoint();
     if (preempt && !last) {
       std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/gradient_reducer.hpp"
@@ -34,8 +36,10 @@ struct EpochStats {
   double optimizer_seconds = 0.0;  // gradient scaling and the optimizer step
   double lr = 0.0;                 // learning rate of the epoch's last step
   double loss_scale = 0.0;         // fp16: the loss scale at the epoch's end; 0: none
-  std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients this epoch
-  bool complete = true;            // false: stopped mid-epoch (preemption)
+  // Steps skipped this epoch for a non-finite loss or gradient (fp16's overflows, or
+  // train.nonfinite = 'skip'); their samples count in samples/s, not in train_loss.
+  std::int64_t skipped_steps = 0;
+  bool complete = true;  // false: stopped mid-epoch (preemption)
 };
 
 struct ValStats {
@@ -74,20 +78,33 @@ class Trainer {
  private:
   // Flags agreed on by all ranks at a step boundary (one small all-reduce).
   struct Agreed {
-    bool preempt = false;   // some rank got SIGUSR1/SIGTERM
-    bool time_due = false;  // rank 0's clock: checkpoint_every_minutes elapsed
-    bool step_due = false;  // checkpoint_every_steps divides the step count (same on every rank)
+    bool preempt = false;    // some rank got SIGUSR1/SIGTERM
+    bool time_due = false;   // rank 0's clock: checkpoint_every_minutes elapsed
+    bool step_due = false;   // checkpoint_every_steps divides the step count (same on every rank)
+    bool nonfinite = false;  // some rank's loss or the reduced gradients hold an inf or NaN
+    bool stepped = true;     // the optimizer step was taken (not skipped)
+    bool stop = false;       // non-finite and not to be skipped: the run ends (stop_nonfinite)
   };
   Agreed poll();
   // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
-  std::string checkpoint();             // every rank calls it; rank 0 writes pos_
+  std::string checkpoint();  // every rank calls it; rank 0 writes pos_
+  // Collective: why the state must not be saved ("" when it may): parameters that
+  // differ between ranks, or are not finite.
+  std::string unsafe_to_save();
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
-  // The all-reduce (or the wait for the buckets still in flight), the scaling and
-  // the optimizer step; adds to `stats`' comm and optimizer times.
-  void reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
+  // The all-reduce (or the wait for the buckets still in flight), the step's flags
+  // (preemption, time, non-finite values) agreed in one all-reduce, the scaling and
+  // the optimizer step, or its skip; adds to `stats`' comm and optimizer times.
+  // Returns with `stop`, having changed nothing, when the run must end
+  // (train.nonfinite = 'stop', or 'skip' with non-finite parameters).
+  Agreed reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
+  // Collective, after the epoch's loader is stopped: the one line that says which
+  // step went non-finite and, where a batch is the cause, its shards and samples;
+  // then every rank exits 1 without a checkpoint.
+  [[noreturn]] void stop_nonfinite();
 
   const Config& cfg_;
   Communicator& comm_;
@@ -105,6 +122,14 @@ class Trainer {
   TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
   std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
+  // This rank's view of the step that went non-finite, for stop_nonfinite().
+  std::vector<std::int64_t> step_indices_;  // the global samples of its micro-batches
+  bool loss_nonfinite_ = false;             // its loss sum of the step
+  std::int64_t grads_nonfinite_ = 0;        // values in the reduced gradients (same on every rank)
+  std::int64_t params_nonfinite_ = 0;       // values in the parameters ('skip': skipping cannot help)
+  // (epoch, since the last progress line, this step) sums of the per-sample loss, in
+  // double on the device; a step's sum joins the others when the step is taken.
+  Kokkos::View<double[3]> loss_acc_;
 
   InputStage stage_;  // batches to the compute space, one on its way while a step runs
   Tensor x_;          // (B, sample...) the step's slot of stage_

@@ -21,7 +21,7 @@ def shard(path, x, y):
 def main():
     out = sys.argv[1]
     rng = np.random.default_rng(5)
-    for d in ("tiny", "mismatch", "badlabels", "nothdf5"):
+    for d in ("tiny", "mismatch", "badlabels", "nothdf5", "nan"):
         os.makedirs(os.path.join(out, d), exist_ok=True)
 
     def sample(n, shape=(16,)):
@@ -41,6 +41,14 @@ def main():
     x, y = sample(20)
     y[17] = 7
     shard(os.path.join(out, "badlabels", "train_001.h5"), x, y)
+    # The tiny set with non-finite pixels: NaN in rows 5 and 12 of the second
+    # shard (global samples 45, 52), +inf in row 30 (global 70).
+    x, y = sample(40)
+    shard(os.path.join(out, "nan", "train_000.h5"), x, y)
+    x, y = sample(40)
+    x[5, 3] = x[12, 0] = np.nan
+    x[30, 7] = np.inf
+    shard(os.path.join(out, "nan", "train_001.h5"), x, y)
     # A file named like a shard that is not HDF5.
     with open(os.path.join(out, "nothdf5", "train_000.h5"), "w") as f:
         f.write("this is not an HDF5 file\n")

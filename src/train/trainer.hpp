@@ -60,7 +60,8 @@ class Trainer {
   // epoch on rank 0, one metrics record, checkpoints at the io.checkpoint_* cadence
   // and at the end. Returns the process exit status: 0, or kExitRequeue (75) after
   // a preemption signal made every rank stop at a step boundary and rank 0 write a
-  // checkpoint.
+  // checkpoint. A checkpoint that cannot be written (disk full) ends every rank with
+  // one line `error: cannot write checkpoint ...` and exit status 1 (fatal_all).
   int fit(MetricsWriter* metrics);
 
   // One whole epoch (0-based), no checkpoints: the unit the equivalence tests use.
@@ -79,11 +80,14 @@ class Trainer {
     bool step_due = false;  // checkpoint_every_steps divides the step count (same on every rank)
   };
   Agreed poll();
+  int fit_epochs(MetricsWriter* metrics);  // fit() without the ending of a failed checkpoint
   // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
-  std::string checkpoint();             // every rank calls it; rank 0 writes pos_
+  // Every rank calls it; rank 0 writes pos_. CheckpointWriteError on every rank when
+  // rank 0 could not (the message on rank 0 only).
+  std::string checkpoint();
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the scaling and
   // the optimizer step; adds to `stats`' comm and optimizer times.

@@ -209,17 +209,26 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple) {
   g_state = s;
 }
 
-Watchdog::~Watchdog() {
-  State* s = g_state;
-  if (!s) return;
+namespace {
+// The thread joined and the heartbeat moved out of the window: nothing of this
+// rank touches the window's memory afterwards.
+void stop_thread(State* s) {
   {
     std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->stop) return;
     s->stop = true;
   }
   s->wake.notify_all();
   s->thread.join();
   for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
   g_slot.store(g_fallback);
+}
+}  // namespace
+
+Watchdog::~Watchdog() {
+  State* s = g_state;
+  if (!s) return;
+  stop_thread(s);
   MPI_Win_unlock_all(s->win);
   MPI_Win_free(&s->win);
   MPI_Comm_free(&s->comm);
@@ -228,6 +237,10 @@ Watchdog::~Watchdog() {
 }
 
 namespace watchdog {
+
+void stop_before_exit() {
+  if (State* s = g_state) stop_thread(s);
+}
 
 void set_step(std::int64_t step) { store(kStep, step); }
 void set_phase(Phase phase) { store(kPhase, std::int64_t(phase)); }

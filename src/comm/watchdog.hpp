@@ -36,6 +36,11 @@ class Watchdog {
 };
 
 namespace watchdog {
+// For an exit through MPI_Finalize with the Watchdog still alive (fatal_all): stops
+// the thread, which would otherwise tick into the window MPI_Finalize frees. Not
+// collective; the window goes with MPI_Finalize.
+void stop_before_exit();
+
 // What this rank does now; cheap (relaxed stores), callable whether or not a
 // Watchdog runs.
 void set_step(std::int64_t step);

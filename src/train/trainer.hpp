@@ -80,14 +80,14 @@ class Trainer {
     bool step_due = false;  // checkpoint_every_steps divides the step count (same on every rank)
   };
   Agreed poll();
-  int fit_epochs(MetricsWriter* metrics);  // fit() without the ending of a failed checkpoint
+  // fit() but for the ending of a failed checkpoint: checkpoint() throws
+  // CheckpointWriteError on every rank when rank 0 could not write (its text on rank 0).
+  int fit_epochs(MetricsWriter* metrics);
   // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
-  // Every rank calls it; rank 0 writes pos_. CheckpointWriteError on every rank when
-  // rank 0 could not (the message on rank 0 only).
-  std::string checkpoint();
+  std::string checkpoint();             // every rank calls it; rank 0 writes pos_
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the scaling and
   // the optimizer step; adds to `stats`' comm and optimizer times.

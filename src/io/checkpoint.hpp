@@ -1,7 +1,8 @@
 #pragma once
-// HDF5 checkpoints: written by rank 0 alone (serial HDF5, no MPI-IO), atomically
-// (temp file, fsync, rename, fsync of the directory, then the `latest` pointer the
-// same way), the last `keep` kept. Read by rank 0, checked, broadcast to all ranks.
+// HDF5 checkpoints: written by rank 0 alone (made in memory by serial HDF5, then
+// write(2); no MPI-IO), atomically (temp file, fsync, rename, fsync of the directory,
+// then the `latest` pointer the same way), the last `keep` kept. Read by rank 0,
+// checked, broadcast to all ranks.
 //
 // <run_dir>/checkpoints/ckpt_<step, 9 digits>.h5, <run_dir>/checkpoints/latest (its name)
 //
@@ -12,7 +13,8 @@
 //   /optimizer/steps                   int64, optimizer steps taken
 //   /state/{epoch, step, consumed, seed, lr_step, dropout_position, world_size}  int64
 //   /state/{epoch_loss_sum, epoch_samples}                                       float64
-//   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint,
+//   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint
+//                                      (hashes: the uint64 bits),
 //   /data/train/{x_shape, y_shape}     int64 (dims): per-sample shapes
 //   /data/train/samples                int64: sum of counts; attribute `files`: the
 //                                      shard paths, one per line (not under the checksum)

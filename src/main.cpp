@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);
   auto comm = ddp::make_communicator(ctx, cfg);
   ddp::Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, data.val.get(), data.prefetch_batches);
-  ddp::start_from_checkpoint(ctx, cfg, *net.model, trainer);
+  ddp::start_from_checkpoint(ctx, cfg, *net.model, data, trainer);
   ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);
   return trainer.fit(&metrics);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
 }

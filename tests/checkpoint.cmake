@@ -30,6 +30,17 @@ ddp_add_checkpoint_test(interop_pytorch FIXTURE fashion ckpt_fashion_run NP 1 TI
   COMMAND ${DDP_PYTHON} ${CKPT}/interop.py runs/ckpt_exact_straight "data/fashion-mnist/test_*.h5")
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
+# Faults (issue 11): a disk that fills up (run_dir on a small tmpfs; skipped, exit
+# 77, where mount(8) is not allowed), shards that changed between a stop and its
+# resume, a checkpoint with NaN weights.
+ddp_add_checkpoint_test(disk_full FIXTURE e2e_data NP 2 TIMEOUT 180
+  COMMAND ${DDP_PYTHON} ${CKPT}/disk_full.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_disk_full)
+set_tests_properties(checkpoint_disk_full PROPERTIES SKIP_RETURN_CODE 77)
+ddp_add_checkpoint_test(data_change FIXTURE e2e_data NP 2 TIMEOUT 180
+  COMMAND ${DDP_PYTHON} ${CKPT}/data_change.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_data_change
+          e2e_data/tiny)
+ddp_add_checkpoint_test(nonfinite FIXTURE e2e_data NP 2 TIMEOUT 180
+  COMMAND ${DDP_PYTHON} ${CKPT}/nonfinite.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_nonfinite)
 ddp_add_checkpoint_test(cadence FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/cadence.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_cadence)
 ddp_add_checkpoint_test(check_option FIXTURE e2e_data NP 2 TIMEOUT 90

@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,8 +22,10 @@
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
+#include "io/fnv1a.hpp"
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
+#include "io/shard_check.hpp"
 #include "io/shard_dataset.hpp"
 
 namespace ddp {
@@ -39,14 +43,11 @@ struct Blob {
 };
 using Blobs = std::map<std::string, Blob>;  // by path, e.g. "/model/layers.1.weight"
 
-std::uint64_t fnv1a64(const Blobs& blobs) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  auto feed = [&h](const unsigned char* p, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  };
+std::uint64_t checksum_of(const Blobs& blobs) {
+  std::uint64_t h = kFnv1aBasis;
   for (const auto& [path, blob] : blobs) {
-    feed(reinterpret_cast<const unsigned char*>(path.data()), path.size() + 1);  // with the NUL
-    feed(blob.bytes.data(), blob.bytes.size());
+    h = fnv1a64(path.c_str(), path.size() + 1, h);  // with the NUL
+    h = fnv1a64(blob.bytes.data(), blob.bytes.size(), h);
   }
   return h;
 }
@@ -79,7 +80,17 @@ std::vector<float> to_host(View1 v) {
   return std::vector<float>(h.data(), h.data() + h.extent(0));
 }
 
-// ---- writing (rank 0; HDF5 failures here abort, as any I/O error mid-run does)
+// ---- writing (rank 0). The file is made in memory by HDF5 (the core driver) and
+// put on disk with write(2): its size is known before the disk is touched, a failure
+// is errno's own (ENOSPC, EDQUOT, EIO), and HDF5 never holds a half-written file.
+
+// Why a step of putting the file on disk failed: "fsync: Input/output error".
+struct WriteFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw WriteFailure(what.empty() ? std::strerror(errno) : what + ": " + std::strerror(errno));
+}
 
 void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   const hid_t type = H5_CHECK(H5Tcopy(H5T_C_S1));
@@ -116,17 +127,44 @@ void write_blob(hid_t file, const std::string& path, const Blob& b) {
   H5Sclose(space);
 }
 
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) DDP_FATAL("checkpoint: cannot open '" << path << "' for fsync: " << std::strerror(errno));
-  if (fsync(fd) != 0) DDP_FATAL("checkpoint: fsync of '" << path << "' failed: " << std::strerror(errno));
+// Writes `n` bytes to a new file `path` and fsyncs it.
+void write_file(const std::string& path, const char* data, std::size_t n) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("");
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t w = write(fd, data + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int e = errno;
+      close(fd);
+      errno = e;
+      throw_errno("");
+    }
+    done += std::size_t(w);
+  }
+  // A file system that allocates late (NFS, XFS) reports a full disk here or at close.
+  if (fsync(fd) != 0) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    throw_errno("fsync");
+  }
+  if (close(fd) != 0) throw_errno("close");
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw_errno("open of the directory for fsync");
+  const int rc = fsync(fd);
+  const int e = errno;
   close(fd);
+  errno = e;
+  if (rc != 0) throw_errno("fsync of the directory");
 }
 
 void rename_durably(const std::string& from, const std::string& to, const std::string& dir) {
-  if (std::rename(from.c_str(), to.c_str()) != 0)
-    DDP_FATAL("checkpoint: cannot rename '" << from << "' to '" << to << "': " << std::strerror(errno));
-  fsync_path(dir, true);
+  if (std::rename(from.c_str(), to.c_str()) != 0) throw_errno("rename to " + to);
+  fsync_dir(dir);
 }
 
 std::vector<std::string> list_dir(const std::string& dir) {
@@ -142,6 +180,37 @@ std::vector<std::string> list_dir(const std::string& dir) {
 bool is_checkpoint_name(const std::string& n) {
   return n.size() == checkpoint_name(0).size() && n.rfind("ckpt_", 0) == 0 &&
          n.compare(n.size() - 3, 3, ".h5") == 0;
+}
+
+// Temp files our writers make: ckpt_<step>.h5.tmp.<pid>, latest.tmp.<pid>.
+bool is_our_temp_name(const std::string& n) {
+  return (n.rfind("ckpt_", 0) == 0 || n.rfind("latest.tmp.", 0) == 0) && n.find(".tmp.") != std::string::npos;
+}
+
+// Bytes the file system of `dir` has free for us; -1 when it does not say.
+long long free_bytes(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return -1;
+  return (long long)st.f_bavail * (long long)st.f_frsize;
+}
+long long block_size(const std::string& dir) {
+  struct statvfs st {};
+  return statvfs(dir.c_str(), &st) == 0 && st.f_frsize > 0 ? (long long)st.f_frsize : 4096;
+}
+
+std::string human_bytes(long long n) {
+  char buf[32];
+  if (n < 0) return "unknown";
+  if (n < 1024) return std::to_string(n) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(n) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
 }
 
 // ---- reading (any process; every problem is a CheckpointError)
@@ -235,6 +304,25 @@ std::int64_t read_int_attr(hid_t file, const char* name) {
   return v;
 }
 
+// Attribute `name` of `group` when the group exists (H5Lexists wants each link of
+// the path to exist, so it is asked one level at a time).
+std::optional<std::string> group_string_attr(hid_t file, const std::string& group, const char* name) {
+  for (std::size_t slash = group.find('/', 1);; slash = group.find('/', slash + 1)) {
+    if (H5Lexists(file, group.substr(0, slash).c_str(), H5P_DEFAULT) <= 0) return std::nullopt;
+    if (slash == std::string::npos) break;
+  }
+  const hid_t g = H5Gopen2(file, group.c_str(), H5P_DEFAULT);
+  if (g < 0) throw CheckpointError("cannot open " + group);
+  try {
+    std::string value = read_string_attr(g, name);
+    H5Gclose(g);
+    return value;
+  } catch (...) {
+    H5Gclose(g);
+    throw;
+  }
+}
+
 const Blob& need(const Blobs& blobs, const std::string& path, Blob::Type type) {
   auto it = blobs.find(path);
   if (it == blobs.end()) throw CheckpointError("no dataset " + path);
@@ -279,6 +367,97 @@ void unpack_table(const Blobs& blobs, const std::vector<Model::ParamEntry>& tabl
   }
 }
 
+// Weights or optimizer state with NaN or Inf: such a checkpoint cannot continue a run
+// (a diverged step, or bad memory), so it is unusable like a damaged one.
+// `optimizer` false: /model only (a checkpoint whose weights alone are wanted).
+void check_finite(const Blobs& blobs, bool optimizer) {
+  for (const auto& [path, b] : blobs) {
+    const bool checked = path.rfind("/model/", 0) == 0 || (optimizer && path.rfind("/optimizer/", 0) == 0);
+    if (b.type != Blob::F32 || !checked) continue;
+    std::size_t bad = 0;
+    for (std::size_t at = 0; at < b.bytes.size(); at += sizeof(float)) {
+      float v;
+      std::memcpy(&v, b.bytes.data() + at, sizeof v);  // the bytes are not a float array
+      bad += !std::isfinite(v);
+    }
+    if (bad != 0)
+      throw CheckpointError(path + " has " + std::to_string(bad) + " non-finite value" +
+                            (bad == 1 ? "" : "s"));
+  }
+}
+
+// A checkpoint file read and checked: format, version, checksum, finite values
+// (of the optimizer state too unless `weights_only`).
+struct FileContents {
+  Blobs blobs;
+  std::string config;
+  std::string optimizer;             // /optimizer's `name`; "" without /optimizer
+  std::optional<std::string> files;  // /data/train's `files`, when recorded
+};
+
+FileContents read_verified(const std::string& path, bool weights_only) {
+  Reader r;
+  FileContents c;
+  std::string format, checksum;
+  std::int64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    H5Quiet quiet;
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) throw CheckpointError(std::strerror(errno));
+    if (H5Fis_hdf5(path.c_str()) <= 0) throw CheckpointError("not a readable HDF5 file (truncated?)");
+    r.file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (r.file < 0) throw CheckpointError("HDF5 cannot open it (truncated?)");
+    try {
+      format = read_string_attr(r.file, "format");
+      version = read_int_attr(r.file, "format_version");
+      checksum = read_string_attr(r.file, "checksum");
+      c.config = read_string_attr(r.file, "config");
+      if (H5Lvisit(r.file, H5_INDEX_NAME, H5_ITER_INC, Reader::visit, &r) < 0)
+        throw CheckpointError(r.error.empty() ? "cannot read its contents" : r.error);
+      c.optimizer = group_string_attr(r.file, "/optimizer", "name").value_or("");
+      c.files = group_string_attr(r.file, "/data/train", "files");
+    } catch (...) {
+      H5Fclose(r.file);
+      throw;
+    }
+    H5Fclose(r.file);
+  }
+  if (format != kFormat) throw CheckpointError("format is '" + format + "', not " + kFormat);
+  if (version != kFormatVersion)
+    throw CheckpointError("format version " + std::to_string(version) + " (this build reads " +
+                          std::to_string(kFormatVersion) + ")");
+  const std::string actual = checksum_text(checksum_of(r.blobs));
+  if (actual != checksum)
+    throw CheckpointError("checksum mismatch: stored " + checksum + ", computed " + actual);
+  check_finite(r.blobs, !weights_only);
+  c.blobs = std::move(r.blobs);
+  return c;
+}
+
+std::vector<std::int64_t> need_ints(const Blobs& b, const std::string& path) {
+  const Blob& x = need(b, path, Blob::I64);
+  std::vector<std::int64_t> v(x.bytes.size() / sizeof(std::int64_t));
+  if (!v.empty()) std::memcpy(v.data(), x.bytes.data(), x.bytes.size());
+  return v;
+}
+
+// /data/train as a DataFingerprint; none when the file has no record.
+std::optional<DataFingerprint> read_fingerprint(const FileContents& c) {
+  if (!c.files) return std::nullopt;
+  DataFingerprint d;
+  std::istringstream lines(*c.files);
+  for (std::string line; std::getline(lines, line);) d.files.push_back(line);
+  d.counts = need_ints(c.blobs, "/data/train/counts");
+  for (std::int64_t h : need_ints(c.blobs, "/data/train/hashes")) d.hashes.push_back(std::uint64_t(h));
+  d.x_shape = need_ints(c.blobs, "/data/train/x_shape");
+  d.y_shape = need_ints(c.blobs, "/data/train/y_shape");
+  if (d.files.size() != d.counts.size() || d.hashes.size() != d.counts.size())
+    throw CheckpointError("/data/train names " + std::to_string(d.files.size()) + " files but has " +
+                          std::to_string(d.counts.size()) + " counts");
+  return d;
+}
+
 // ---- broadcast of a Checkpoint (rank 0's) as one byte buffer
 
 struct Packer {
@@ -293,10 +472,15 @@ struct Packer {
     put(std::uint64_t(s.size()));
     buf.insert(buf.end(), s.begin(), s.end());
   }
-  void put(const std::vector<float>& v) {
+  template <class T>
+  void put(const std::vector<T>& v) {  // T: a number
     put(std::uint64_t(v.size()));
     const char* p = reinterpret_cast<const char*>(v.data());
-    buf.insert(buf.end(), p, p + v.size() * sizeof(float));
+    buf.insert(buf.end(), p, p + v.size() * sizeof(T));
+  }
+  void put(const std::vector<std::string>& v) {
+    put(std::uint64_t(v.size()));
+    for (const auto& s : v) put(s);
   }
   template <class T>
   void get(T& v) {
@@ -309,14 +493,21 @@ struct Packer {
     s.assign(buf.data() + at, n);
     at += n;
   }
-  void get(std::vector<float>& v) {
+  template <class T>
+  void get(std::vector<T>& v) {
     std::uint64_t n;
     get(n);
     v.resize(n);
     // An empty vector's data() may be null, and memcpy from or to null is undefined
     // even for 0 bytes (a model without buffers sends none).
-    if (n != 0) std::memcpy(v.data(), buf.data() + at, n * sizeof(float));
-    at += n * sizeof(float);
+    if (n != 0) std::memcpy(v.data(), buf.data() + at, n * sizeof(T));
+    at += n * sizeof(T);
+  }
+  void get(std::vector<std::string>& v) {
+    std::uint64_t n;
+    get(n);
+    v.resize(n);
+    for (auto& s : v) get(s);
   }
 };
 
@@ -336,6 +527,16 @@ void fields(P& p, C& c) {
     p.put_or_get(v);
   }
   p.put_or_get(c.config);
+  std::uint8_t has_data = c.data.has_value();
+  p.put_or_get(has_data);
+  if (has_data) {
+    if (!c.data) c.data.emplace();
+    p.put_or_get(c.data->files);
+    p.put_or_get(c.data->counts);
+    p.put_or_get(c.data->hashes);
+    p.put_or_get(c.data->x_shape);
+    p.put_or_get(c.data->y_shape);
+  }
 }
 struct Put : Packer {
   template <class T>
@@ -368,36 +569,17 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck) {
   }
 }
 
-}  // namespace
-
-std::string checkpoint_dir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
-
-std::string checkpoint_name(std::int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "ckpt_%09lld.h5", (long long)step);
-  return buf;
-}
-
-std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
-                            const TrainingState& state, const Config& cfg) {
-  const std::string dir = checkpoint_dir(run_dir);
-  const std::string problem = make_directories(dir);
-  if (!problem.empty()) DDP_FATAL("checkpoint: " << problem);
-  const std::string name = checkpoint_name(state.step);
-  const std::string path = dir + "/" + name;
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-
-  // Everything the file holds, by path; the checksum covers it in path order.
+// Everything a checkpoint holds, by path; the checksum covers it in path order.
+Blobs collect_blobs(const Model& model, Optimizer& optimizer, const TrainingState& state,
+                    const DataFingerprint* data) {
   Blobs blobs;
-  const std::vector<float> params = to_host(model.parameters());
-  const std::vector<float> buffers = to_host(model.buffers());
   auto add_table = [&](const std::vector<Model::ParamEntry>& table, const std::vector<float>& flat) {
     for (const auto& e : table)
       blobs["/model/" + e.name] = make_blob(Blob::F32, std::vector<hsize_t>(e.shape.begin(), e.shape.end()),
                                             flat.data() + e.offset, std::size_t(e.size));
   };
-  add_table(model.parameter_table(), params);
-  add_table(model.buffer_table(), buffers);
+  add_table(model.parameter_table(), to_host(model.parameters()));
+  add_table(model.buffer_table(), to_host(model.buffers()));
   for (auto& [sname, view] : optimizer.state()) {
     const std::vector<float> v = to_host(view);
     blobs["/optimizer/" + sname] = make_blob(Blob::F32, {hsize_t(v.size())}, v.data(), v.size());
@@ -414,121 +596,194 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
   blobs["/state/epoch_samples"] = scalar(state.epoch_samples);
   blobs["/state/loss_scale"] = scalar(state.loss_scale);
   blobs["/state/loss_scale_clean_steps"] = scalar(state.loss_scale_clean_steps);
-
-  {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    const hid_t file = H5_CHECK(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-    for (const char* g : {"/model", "/optimizer", "/state"})
-      H5Gclose(H5_CHECK(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
-    for (const auto& [p, b] : blobs) write_blob(file, p, b);
-    const hid_t opt = H5_CHECK(H5Gopen2(file, "/optimizer", H5P_DEFAULT));
-    write_string_attr(opt, "name", optimizer.name());
-    H5Gclose(opt);
-    write_string_attr(file, "format", kFormat);
-    write_int_attr(file, "format_version", kFormatVersion);
-    write_int_attr(file, "world_size", state.world_size);
-    write_string_attr(file, "config", cfg.to_namelist());
-    write_string_attr(file, "source_path", cfg.source_path);
-    write_string_attr(file, "source_text", cfg.source_text);
-    write_string_attr(file, "checksum", checksum_text(fnv1a64(blobs)));
-    H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL));
-    H5_CHECK(H5Fclose(file));
+  if (data) {
+    auto ints = [](const std::vector<std::int64_t>& v) {
+      return make_blob(Blob::I64, {hsize_t(v.size())}, v.data(), v.size());
+    };
+    blobs["/data/train/counts"] = ints(data->counts);
+    blobs["/data/train/hashes"] = ints(std::vector<std::int64_t>(data->hashes.begin(), data->hashes.end()));
+    blobs["/data/train/x_shape"] = ints(data->x_shape);
+    blobs["/data/train/y_shape"] = ints(data->y_shape);
+    blobs["/data/train/samples"] = scalar(data->samples());
   }
-  fsync_path(tmp, false);
-  if (const char* delay = std::getenv("DDP_TEST_CHECKPOINT_DELAY_MS"))  // test hook, see the header
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(delay)));
-  rename_durably(tmp, path, dir);
+  return blobs;
+}
 
-  // The pointer, the same way: a reader sees the old name or the new one, never a torn one.
+// The bytes of the checkpoint file, made by HDF5 in memory. `name` only tells HDF5's
+// open files apart.
+std::vector<char> file_image(const std::string& name, const Model& model, Optimizer& optimizer,
+                             const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
+  Blobs blobs = collect_blobs(model, optimizer, state, data);
+  const std::string checksum = checksum_text(checksum_of(blobs));
+  std::size_t payload = 0;
+  for (const auto& [p, b] : blobs) payload += b.bytes.size();
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  const hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+  // Grown in steps of the payload: one allocation, or two with the metadata.
+  H5_CHECK(H5Pset_fapl_core(fapl, payload + (1u << 20), /*backing_store=*/0));
+  const hid_t file = H5_CHECK(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+  H5Pclose(fapl);
+  std::vector<const char*> groups = {"/model", "/optimizer", "/state"};
+  if (data) groups.insert(groups.end(), {"/data", "/data/train"});
+  for (const char* g : groups) H5Gclose(H5_CHECK(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+  for (auto& [p, b] : blobs) {
+    write_blob(file, p, b);
+    std::vector<unsigned char>().swap(b.bytes);  // the image has it now: one copy at a time
+  }
+  const hid_t opt = H5_CHECK(H5Gopen2(file, "/optimizer", H5P_DEFAULT));
+  write_string_attr(opt, "name", optimizer.name());
+  H5Gclose(opt);
+  if (data) {
+    std::string files;
+    for (const auto& f : data->files) files += f + "\n";
+    const hid_t train = H5_CHECK(H5Gopen2(file, "/data/train", H5P_DEFAULT));
+    write_string_attr(train, "files", files);
+    H5Gclose(train);
+  }
+  write_string_attr(file, "format", kFormat);
+  write_int_attr(file, "format_version", kFormatVersion);
+  write_int_attr(file, "world_size", state.world_size);
+  write_string_attr(file, "config", cfg.to_namelist());
+  write_string_attr(file, "source_path", cfg.source_path);
+  write_string_attr(file, "source_text", cfg.source_text);
+  write_string_attr(file, "checksum", checksum);
+  H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL));
+  std::vector<char> image(std::size_t(H5_CHECK(H5Fget_file_image(file, nullptr, 0))));
+  H5_CHECK(H5Fget_file_image(file, image.data(), image.size()));
+  H5_CHECK(H5Fclose(file));
+  return image;
+}
+
+// Frees `need` bytes in the checkpoint directory if it has less: removes its oldest
+// checkpoints, never the newest valid one (resume 'auto' would take it), and warns.
+// Removes nothing when no checkpoint is valid: then nothing tells what is safe to lose.
+void make_room(const std::string& run_dir, long long need, const std::string& writing) {
+  const std::string dir = checkpoint_dir(run_dir);
+  const long long before = free_bytes(dir);
+  if (before < 0 || before >= need) return;
+  std::string keep;
+  for (const std::string& path : checkpoint_candidates(run_dir)) {
+    try {
+      read_verified(path, /*weights_only=*/false);
+      keep = path.substr(dir.size() + 1);
+      break;
+    } catch (const CheckpointError&) {
+    }
+  }
+  if (keep.empty()) return;
+  std::string removed;
+  for (const std::string& n : list_dir(dir)) {  // oldest first
+    if (free_bytes(dir) >= need) break;
+    if (is_checkpoint_name(n) && n != keep && std::remove((dir + "/" + n).c_str()) == 0)
+      removed += (removed.empty() ? "" : ", ") + n;
+  }
+  if (!removed.empty())
+    log::warn("checkpoint: " + dir + " has " + human_bytes(before) + " free and " + writing + " needs " +
+              human_bytes(need) + ": removed the older " + removed + " (" + keep +
+              ", the newest valid checkpoint, stays)");
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
+
+std::string checkpoint_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt_%09lld.h5", (long long)step);
+  return buf;
+}
+
+std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
+                            const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
+  const std::string dir = checkpoint_dir(run_dir);
+  const std::string name = checkpoint_name(state.step);
+  const std::string path = dir + "/" + name;
+  const std::string problem = make_directories(dir);
+  if (!problem.empty()) throw CheckpointWriteError("cannot write checkpoint " + path + ": " + problem);
+  // What an earlier attempt left (a writer killed, or refused by a full disk) may hold
+  // the very space this one needs.
+  for (const std::string& n : list_dir(dir))
+    if (is_our_temp_name(n)) std::remove((dir + "/" + n).c_str());
+
+  std::vector<char> image = file_image(path, model, optimizer, state, cfg, data);
+  const long long block = block_size(dir);
+  // The file in whole blocks, and a block for `latest`.
+  const long long need = ((long long)image.size() + block - 1) / block * block + block;
+  make_room(run_dir, need, name);
+
+  std::string previous;  // what `latest` names now: it stays so if this write fails
+  {
+    std::ifstream in(dir + "/latest");
+    in >> previous;
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
   const std::string latest_tmp = dir + "/latest.tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(latest_tmp, std::ios::trunc);
-    out << name << "\n";
-    if (!out.flush()) DDP_FATAL("checkpoint: cannot write '" << latest_tmp << "'");
+  bool renamed = false;
+  try {
+    write_file(tmp, image.data(), image.size());
+    if (const char* delay = std::getenv("DDP_TEST_CHECKPOINT_DELAY_MS"))  // test hook, see the header
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(delay)));
+    rename_durably(tmp, path, dir);
+    renamed = true;
+    // The pointer, the same way: a reader sees the old name or the new one, never a torn one.
+    const std::string line = name + "\n";
+    write_file(latest_tmp, line.data(), line.size());
+    rename_durably(latest_tmp, dir + "/latest", dir);
+  } catch (const WriteFailure& e) {
+    // Leave the directory as it was: no temp file to fill the disk for the next
+    // attempt, and no checkpoint that `latest` does not name.
+    std::remove(tmp.c_str());
+    std::remove(latest_tmp.c_str());
+    if (renamed && name != previous) std::remove(path.c_str());
+    throw CheckpointWriteError("cannot write checkpoint " + path + ": " + e.what() + " (" + dir + " has " +
+                               human_bytes(free_bytes(dir)) + " free, the checkpoint needs " +
+                               human_bytes((long long)image.size()) + "); " +
+                               (previous.empty() ? "no earlier checkpoint" : previous + " stays the latest"));
   }
-  fsync_path(latest_tmp, false);
-  rename_durably(latest_tmp, dir + "/latest", dir);
 
-  // Keep the newest `keep`; temp files of killed writers go too.
+  // Keep the newest `keep`.
   std::vector<std::string> ckpts;
-  for (const std::string& n : list_dir(dir)) {
-    if (is_checkpoint_name(n))
-      ckpts.push_back(n);
-    else if (n.find(".tmp.") != std::string::npos)
-      std::remove((dir + "/" + n).c_str());
-  }
+  for (const std::string& n : list_dir(dir))
+    if (is_checkpoint_name(n)) ckpts.push_back(n);
   for (std::size_t i = 0; i + std::size_t(keep) < ckpts.size(); ++i)
     if (ckpts[i] != name) std::remove((dir + "/" + ckpts[i]).c_str());
   return path;
 }
 
 Checkpoint load_checkpoint(const std::string& path, const Model& model, const std::string& optimizer) {
-  Reader r;
-  std::string format, checksum;
-  std::int64_t version = 0;
+  const FileContents c = read_verified(path, optimizer.empty());
   Checkpoint ck;
-  {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    H5Quiet quiet;
-    struct stat st {};
-    if (stat(path.c_str(), &st) != 0) throw CheckpointError(std::strerror(errno));
-    if (H5Fis_hdf5(path.c_str()) <= 0) throw CheckpointError("not a readable HDF5 file (truncated?)");
-    r.file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (r.file < 0) throw CheckpointError("HDF5 cannot open it (truncated?)");
-    try {
-      format = read_string_attr(r.file, "format");
-      version = read_int_attr(r.file, "format_version");
-      checksum = read_string_attr(r.file, "checksum");
-      ck.config = read_string_attr(r.file, "config");
-      if (H5Lvisit(r.file, H5_INDEX_NAME, H5_ITER_INC, Reader::visit, &r) < 0)
-        throw CheckpointError(r.error.empty() ? "cannot read its contents" : r.error);
-      if (H5Lexists(r.file, "/optimizer", H5P_DEFAULT) > 0) {
-        const hid_t g = H5Gopen2(r.file, "/optimizer", H5P_DEFAULT);
-        ck.optimizer = read_string_attr(g, "name");
-        H5Gclose(g);
-      }
-    } catch (...) {
-      H5Fclose(r.file);
-      throw;
-    }
-    H5Fclose(r.file);
-  }
-  if (format != kFormat) throw CheckpointError("format is '" + format + "', not " + kFormat);
-  if (version != kFormatVersion)
-    throw CheckpointError("format version " + std::to_string(version) + " (this build reads " +
-                          std::to_string(kFormatVersion) + ")");
-  const std::string actual = checksum_text(fnv1a64(r.blobs));
-  if (actual != checksum)
-    throw CheckpointError("checksum mismatch: stored " + checksum + ", computed " + actual);
-
   ck.path = path;
+  ck.config = c.config;
+  ck.optimizer = c.optimizer;
+  ck.data = read_fingerprint(c);
   TrainingState& s = ck.state;
-  s.epoch = need_int(r.blobs, "/state/epoch");
-  s.step = need_int(r.blobs, "/state/step");
-  s.consumed = need_int(r.blobs, "/state/consumed");
-  s.seed = need_int(r.blobs, "/state/seed");
-  s.lr_step = need_int(r.blobs, "/state/lr_step");
-  s.dropout_position = need_int(r.blobs, "/state/dropout_position");
-  s.world_size = need_int(r.blobs, "/state/world_size");
-  s.epoch_loss_sum = need_real(r.blobs, "/state/epoch_loss_sum");
-  s.epoch_samples = need_real(r.blobs, "/state/epoch_samples");
+  s.epoch = need_int(c.blobs, "/state/epoch");
+  s.step = need_int(c.blobs, "/state/step");
+  s.consumed = need_int(c.blobs, "/state/consumed");
+  s.seed = need_int(c.blobs, "/state/seed");
+  s.lr_step = need_int(c.blobs, "/state/lr_step");
+  s.dropout_position = need_int(c.blobs, "/state/dropout_position");
+  s.world_size = need_int(c.blobs, "/state/world_size");
+  s.epoch_loss_sum = need_real(c.blobs, "/state/epoch_loss_sum");
+  s.epoch_samples = need_real(c.blobs, "/state/epoch_samples");
   // Written since train.precision exists; older checkpoints are fp32 runs.
-  if (r.blobs.count("/state/loss_scale")) {
-    s.loss_scale = need_real(r.blobs, "/state/loss_scale");
-    s.loss_scale_clean_steps = need_int(r.blobs, "/state/loss_scale_clean_steps");
+  if (c.blobs.count("/state/loss_scale")) {
+    s.loss_scale = need_real(c.blobs, "/state/loss_scale");
+    s.loss_scale_clean_steps = need_int(c.blobs, "/state/loss_scale_clean_steps");
   }
-  ck.optimizer_steps = need_int(r.blobs, "/optimizer/steps");
+  ck.optimizer_steps = need_int(c.blobs, "/optimizer/steps");
 
   ck.parameters.resize(std::size_t(model.num_parameters()));
-  unpack_table(r.blobs, model.parameter_table(), ck.parameters, path);
+  unpack_table(c.blobs, model.parameter_table(), ck.parameters, path);
   ck.buffers.resize(model.buffers().extent(0));
-  unpack_table(r.blobs, model.buffer_table(), ck.buffers, path);
+  unpack_table(c.blobs, model.buffer_table(), ck.buffers, path);
 
   if (!optimizer.empty()) {
     if (ck.optimizer != optimizer)
       throw InputError("checkpoint " + path + " was written with optimizer " + ck.optimizer +
                        ", this run uses " + optimizer + " (train.optimizer)");
-    for (const auto& [p, b] : r.blobs) {
+    for (const auto& [p, b] : c.blobs) {
       if (p.rfind("/optimizer/", 0) != 0 || p == "/optimizer/steps") continue;
       if (b.type != Blob::F32 || b.shape != std::vector<hsize_t>{hsize_t(model.num_parameters())})
         throw InputError("checkpoint " + path + " does not fit the model: " + p + " has shape " +
@@ -557,8 +812,79 @@ std::vector<std::string> checkpoint_candidates(const std::string& run_dir) {
   return names;
 }
 
+DataChange compare_data(const DataFingerprint& then, const DataFingerprint& now) {
+  std::vector<std::string> changes;
+  auto samples = [](std::int64_t n) { return std::to_string(n) + (n == 1 ? " sample" : " samples"); };
+  std::map<std::string, std::size_t> then_at, now_at;
+  for (std::size_t i = 0; i < then.files.size(); ++i) then_at[then.files[i]] = i;
+  for (std::size_t i = 0; i < now.files.size(); ++i) now_at[now.files[i]] = i;
+  for (std::size_t i = 0; i < then.files.size(); ++i)
+    if (!now_at.count(then.files[i]))
+      changes.push_back(then.files[i] + " (" + samples(then.counts[i]) + ") is gone");
+  for (std::size_t i = 0; i < now.files.size(); ++i)
+    if (!then_at.count(now.files[i]))
+      changes.push_back(now.files[i] + " (" + samples(now.counts[i]) + ") is new");
+  std::vector<std::size_t> order;  // where the files of both were then, in the order of now
+  for (std::size_t i = 0; i < now.files.size(); ++i) {
+    const auto it = then_at.find(now.files[i]);
+    if (it == then_at.end()) continue;
+    const std::size_t j = it->second;
+    order.push_back(j);
+    if (then.counts[j] != now.counts[i])
+      changes.push_back(now.files[i] + " has " + samples(now.counts[i]) + ", had " +
+                        std::to_string(then.counts[j]));
+    else if (then.hashes[j] != now.hashes[i])
+      changes.push_back(now.files[i] + " has other contents in its sampled rows");
+  }
+  // Another order of the same files renumbers the samples the sampler position counts.
+  if (!std::is_sorted(order.begin(), order.end())) changes.push_back("the files are in another order");
+  if (then.x_shape != now.x_shape)
+    changes.push_back("samples are " + shard::shape_str(now.x_shape) + ", were " +
+                      shard::shape_str(then.x_shape));
+  if (then.y_shape != now.y_shape)
+    changes.push_back("targets are " + shard::shape_str(now.y_shape) + ", were " +
+                      shard::shape_str(then.y_shape));
+
+  constexpr std::size_t kShown = 4;  // one line, also for a thousand shards
+  std::string list;
+  for (std::size_t i = 0; i < std::min(changes.size(), kShown); ++i) list += (i ? "; " : "") + changes[i];
+  if (changes.size() > kShown) list += "; and " + std::to_string(changes.size() - kShown) + " more changes";
+  DataChange c;
+  if (then.samples() != now.samples())
+    c.count =
+        std::to_string(then.samples()) + " samples then, " + std::to_string(now.samples()) + " now: " + list;
+  else
+    c.other = list;
+  return c;
+}
+
+namespace {
+// Rank 0, a resume: the checkpoint's training data against this run's. InputError
+// when the sample count changed (unless io.allow_data_change); warnings otherwise.
+void check_training_data(const Checkpoint& ck, const DataFingerprint& now, bool allow_change) {
+  if (!ck.data) {
+    log::warn("checkpoint " + ck.path +
+              " has no record of its training data (written before ddp_train kept one): the data this "
+              "run resumes on cannot be checked against it");
+    return;
+  }
+  const DataChange c = compare_data(*ck.data, now);
+  const std::string since = "the training data changed since checkpoint " + ck.path + " was written (";
+  if (!c.count.empty() && !allow_change)
+    throw InputError(since + c.count +
+                     "); its sampler position would continue the epoch on other samples. Set "
+                     "io.allow_data_change = T to continue on this data anyway");
+  if (!c.count.empty())
+    log::warn(since + c.count + "); continuing on it (io.allow_data_change = T)");
+  else if (!c.other.empty())
+    log::warn(since + c.other + "; the same " + std::to_string(now.samples()) +
+              " samples in all); continuing");
+}
+}  // namespace
+
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
-                                                const std::string& optimizer, bool* weights_only) {
+                                                const std::string& optimizer, bool* weights_only,
+                                                const DataFingerprint* data) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   Checkpoint ck;
@@ -584,6 +910,7 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg
           throw InputError("io.resume: checkpoint " + cfg.io.resume + " is unusable: " + e.what());
         }
       }
+      if (found && data) check_training_data(ck, *data, cfg.io.allow_data_change);
       if (!found && !cfg.io.init_from.empty()) {
         try {
           ck = load_checkpoint(cfg.io.init_from, model, "");

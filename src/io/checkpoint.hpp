@@ -1,7 +1,8 @@
 #pragma once
-// HDF5 checkpoints: written by rank 0 alone (serial HDF5, no MPI-IO), atomically
-// (temp file, fsync, rename, fsync of the directory, then the `latest` pointer the
-// same way), the last `keep` kept. Read by rank 0, checked, broadcast to all ranks.
+// HDF5 checkpoints: written by rank 0 alone (made in memory by serial HDF5, then
+// write(2); no MPI-IO), atomically (temp file, fsync, rename, fsync of the directory,
+// then the `latest` pointer the same way), the last `keep` kept. Read by rank 0,
+// checked, broadcast to all ranks.
 //
 // <run_dir>/checkpoints/ckpt_<step, 9 digits>.h5, <run_dir>/checkpoints/latest (its name)
 //
@@ -12,10 +13,28 @@
 //   /optimizer/steps                   int64, optimizer steps taken
 //   /state/{epoch, step, consumed, seed, lr_step, dropout_position, world_size}  int64
 //   /state/{epoch_loss_sum, epoch_samples}                                       float64
+//   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint
+//                                      (hashes: the uint64 bits),
+//   /data/train/{x_shape, y_shape}     int64 (dims): per-sample shapes
+//   /data/train/samples                int64: sum of counts; attribute `files`: the
+//                                      shard paths, one per line (not under the checksum)
 //   attributes of /: format "ddp_train.checkpoint", format_version 1, world_size,
 //   config (resolved namelist), source_path, source_text (the input file as read),
 //   checksum "fnv1a64:<16 hex>" over every dataset (its path, then its bytes, in
 //   path order), verified at load.
+//
+// Writing on a disk that fills up: our own temp files of earlier attempts are removed
+// first (a writer killed or refused mid-write leaves one); the file is made in memory
+// (HDF5's core driver: one more host copy of the checkpoint while it is written), so
+// its exact size is known before the disk is touched; when the file system has less
+// free, the oldest checkpoints go first (never the newest valid one), with a warning.
+// A write that still fails removes its temp file, leaves `latest` naming the previous
+// checkpoint and throws CheckpointWriteError.
+//
+// A checkpoint is unusable (CheckpointError) when its checksum does not match or a
+// value of /model or /optimizer is NaN or Inf: resume 'auto' then takes the one before.
+// /data/train missing (a checkpoint from before it was recorded) loads, with a warning
+// that the data cannot be checked.
 
 #include <mpi.h>
 
@@ -26,15 +45,23 @@
 #include <utility>
 #include <vector>
 
+#include "io/shard_dataset.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
 #include "train/optimizer.hpp"
 
 namespace ddp {
 
-// A checkpoint that cannot be used: unreadable, truncated, checksum mismatch.
+// A checkpoint that cannot be used: unreadable, truncated, checksum mismatch,
+// NaN or Inf in its weights or optimizer state.
 // The message is the reason, without the file name.
 struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A checkpoint that could not be written; the message is the whole one-line report
+// (the file, the cause, the free space, which checkpoint stays the latest).
+struct CheckpointWriteError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -62,23 +89,26 @@ struct Checkpoint {
   std::string optimizer;          // "SGD" | "AdamW"
   std::int64_t optimizer_steps = 0;
   std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;  // each (num_parameters)
-  std::string config;  // resolved namelist of the run that wrote it
+  std::string config;                   // resolved namelist of the run that wrote it
+  std::optional<DataFingerprint> data;  // its training set; none before it was recorded
 };
 
 std::string checkpoint_dir(const std::string& run_dir);  // <run_dir>/checkpoints
 std::string checkpoint_name(std::int64_t step);          // ckpt_000001234.h5
 
-// Rank 0 only. Writes the checkpoint of `step`, updates `latest`, removes all but
-// the newest `keep` checkpoints and any temp file a killed writer left. Returns the
-// path. Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
+// Rank 0 only. Writes the checkpoint of `step` with the fingerprint of the training
+// data (`data`; null: none), updates `latest`, removes all but the newest `keep`
+// checkpoints. Returns the path; CheckpointWriteError when it cannot (disk full, see
+// above). Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
 // the temp file (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill
 // the writer at that point. Takes hdf5_mutex().
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
-                            const TrainingState& state, const Config& cfg);
+                            const TrainingState& state, const Config& cfg, const DataFingerprint* data);
 
-// Any process. Reads `path`, verifies format and checksum (CheckpointError when the
-// file is unusable) and its fit to `model` (InputError: the model or the optimizer
-// differs from the run's). `optimizer` empty: weights only, any optimizer.
+// Any process. Reads `path`, verifies format, checksum and finite values
+// (CheckpointError when the file is unusable) and its fit to `model` (InputError: the
+// model or the optimizer differs from the run's). `optimizer` empty: weights only,
+// any optimizer.
 Checkpoint load_checkpoint(const std::string& path, const Model& model, const std::string& optimizer);
 
 // The checkpoints of a run directory, the one `latest` names first, then the rest
@@ -89,9 +119,23 @@ std::vector<std::string> checkpoint_candidates(const std::string& run_dir);
 // valid one of run_dir, each unusable newer one skipped with a warning; 'never';
 // a path: that file, an error when unusable), then io.init_from (weights only).
 // Rank 0 reads and checks; every rank receives the same Checkpoint. nullopt: a new
-// run. `weights_only` tells which of the two it came from.
+// run. `weights_only` tells which of the two it came from. A resume also compares
+// the checkpoint's training data with `data` (this run's; null: not checked): another
+// sample count is a collective error unless io.allow_data_change (then a warning),
+// any other difference a warning.
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
-                                                const std::string& optimizer, bool* weights_only);
+                                                const std::string& optimizer, bool* weights_only,
+                                                const DataFingerprint* data);
+
+// How this run's training data differs from the one a checkpoint recorded, each a
+// list of what changed ("e2e/train_001.h5 (40 samples) is gone; ..."), or "":
+// `count` when the number of samples differs ("80 samples then, 40 now: ..."),
+// else `other` (files renamed, reordered, rewritten, reshaped).
+struct DataChange {
+  std::string count;
+  std::string other;
+};
+DataChange compare_data(const DataFingerprint& then, const DataFingerprint& now);
 
 // The order of this rank's samples for epoch `epoch` when `consumed` positions of
 // the epoch's global order are already trained (possibly by a run with another

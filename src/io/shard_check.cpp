@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
 #include "comm/check.hpp"
+#include "io/fnv1a.hpp"
 #include "io/glob.hpp"
 
 namespace ddp::shard {
@@ -64,7 +66,52 @@ DsetInfo describe(hid_t file, const std::string& path, const char* name) {
 
 struct FileInfo {
   DsetInfo x, y;
+  std::uint64_t hash = kFnv1aBasis;
 };
+
+// The stored bytes of the given rows (sorted, unique) of dataset `name`, in one read.
+std::vector<unsigned char> read_rows(hid_t file, const std::string& path, const char* name,
+                                     const std::vector<hsize_t>& rows) {
+  auto check = [&](auto rc) {
+    if (rc < 0) throw InputError(path + ": cannot read " + name + " (" + h5_error_string() + ")");
+    return rc;
+  };
+  Handle d(check(H5Dopen2(file, name, H5P_DEFAULT)), H5Dclose);
+  Handle type(check(H5Dget_type(d.id)), H5Tclose);
+  Handle native(check(H5Tget_native_type(type.id, H5T_DIR_ASCEND)), H5Tclose);
+  Handle fspace(check(H5Dget_space(d.id)), H5Sclose);
+  std::vector<hsize_t> dims(std::size_t(check(H5Sget_simple_extent_ndims(fspace.id))));
+  check(H5Sget_simple_extent_dims(fspace.id, dims.data(), nullptr));
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  count[0] = 1;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    start[0] = rows[i];
+    check(H5Sselect_hyperslab(fspace.id, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                              count.data(), nullptr));
+  }
+  hsize_t elements = rows.size();
+  for (std::size_t k = 1; k < dims.size(); ++k) elements *= dims[k];
+  Handle mspace(check(H5Screate_simple(1, &elements, nullptr)), H5Sclose);
+  std::vector<unsigned char> bytes(std::size_t(elements) * H5Tget_size(native.id));
+  check(H5Dread(d.id, native.id, mspace.id, fspace.id, H5P_DEFAULT, bytes.data()));
+  return bytes;
+}
+
+// Layout::hashes: a fixed number of rows, so that a shard of any size costs the same.
+std::uint64_t content_hash(hid_t file, const std::string& path, std::int64_t n) {
+  std::vector<hsize_t> rows;
+  for (std::int64_t i = 0; i < std::min(n, kHashRows); ++i) {
+    const auto r = hsize_t(n <= kHashRows ? i : i * (n - 1) / (kHashRows - 1));
+    if (rows.empty() || rows.back() != r) rows.push_back(r);
+  }
+  std::uint64_t h = kFnv1aBasis;
+  if (rows.empty()) return h;  // an empty selection is an HDF5 error
+  for (const char* name : {"/x", "/y"}) {
+    const std::vector<unsigned char> bytes = read_rows(file, path, name, rows);
+    h = fnv1a64(bytes.data(), bytes.size(), h);
+  }
+  return h;
+}
 
 FileInfo inspect_file(const std::string& path) {
   struct stat st {};
@@ -93,6 +140,7 @@ FileInfo inspect_file(const std::string& path) {
   if (fi.y.dims[0] != fi.x.dims[0])
     throw InputError(path + ": /y has " + std::to_string(fi.y.dims[0]) + " samples but /x has " +
                      std::to_string(fi.x.dims[0]));
+  fi.hash = content_hash(f.id, path, fi.x.dims[0]);
   return fi;
 }
 
@@ -144,6 +192,7 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
       // Mixed label widths are harmless (read as int32) but bytes() counts the first's.
     }
     l.counts.push_back(fi.x.dims[0]);
+    l.hashes.push_back(fi.hash);
     total += fi.x.dims[0];
   }
   if (total == 0) throw InputError(what + ": the files hold no samples");
@@ -197,6 +246,7 @@ std::string pack(const Layout& l) {
   put(b, static_cast<std::int64_t>(l.x_uint8));
   put(b, static_cast<std::int64_t>(l.labels));
   put(b, l.y_bytes);
+  put(b, std::vector<std::int64_t>(l.hashes.begin(), l.hashes.end()));
   return b;
 }
 
@@ -211,6 +261,7 @@ Layout unpack(const std::string& bytes) {
   l.x_uint8 = r.i64() != 0;
   l.labels = r.i64() != 0;
   l.y_bytes = r.i64();
+  for (std::int64_t h : r.vec()) l.hashes.push_back(std::uint64_t(h));
   return l;
 }
 

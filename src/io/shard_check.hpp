@@ -17,7 +17,13 @@ struct Layout {
   bool x_uint8 = false;
   bool labels = false;       // /y integer
   std::int64_t y_bytes = 0;  // bytes per /y element on disk
+  // Per file: FNV-1a over the stored bytes of /x, then /y, at kHashRows rows evenly
+  // spaced from the first to the last (every row of a smaller file). A sample of the
+  // content, so that its cost does not grow with the file (README: measured).
+  std::vector<std::uint64_t> hashes;
 };
+
+constexpr std::int64_t kHashRows = 16;
 
 // Expands `patterns` and checks every file and their agreement. Throws InputError.
 Layout inspect(const std::vector<std::string>& patterns, const std::string& what);

@@ -15,6 +15,12 @@ std::mutex& hdf5_mutex() {
   return m;
 }
 
+std::int64_t DataFingerprint::samples() const {
+  std::int64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
+}
+
 namespace {
 
 // Rank 0's string to every rank (a message or a packed layout).
@@ -121,6 +127,7 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   x_uint8_ = l.x_uint8;
   labels_ = l.labels;
   y_stored_bytes_ = static_cast<std::size_t>(l.y_bytes);
+  fingerprint_ = {l.files, l.counts, l.hashes, l.sample_shape, l.target_shape};
   for (std::size_t i = 0; i < files_.size(); ++i) {
     Shard s;
     s.path = files_[i];

@@ -21,6 +21,19 @@ namespace ddp {
 // thread may be in HDF5 (a prefetch thread) holds this one process-wide lock.
 std::mutex& hdf5_mutex();
 
+// What a data set looked like when it was opened. A checkpoint keeps its training
+// set's, so that a resume can tell whether it continues on the same samples: the
+// sampler position it resumes at means nothing on other ones.
+struct DataFingerprint {
+  std::vector<std::string> files;     // as expanded from the patterns, in sample order
+  std::vector<std::int64_t> counts;   // samples per file: the first dim of /x and /y
+  std::vector<std::uint64_t> hashes;  // per file: FNV-1a of 16 sampled rows of /x and /y
+  std::vector<std::int64_t> x_shape;  // /x dims after the first, e.g. (1,28,28)
+  std::vector<std::int64_t> y_shape;  // /y dims after the first; () for labels
+
+  std::int64_t samples() const;
+};
+
 class ShardDataset {
  public:
   // Collective over comm. Rank 0 expands the patterns and checks every file; any
@@ -43,6 +56,8 @@ class ShardDataset {
   std::int64_t target_numel() const { return target_numel_; }  // 1 for labels
   const std::vector<std::string>& files() const { return files_; }
   const std::string& what() const { return what_; }
+  // As opened, the same on every rank.
+  const DataFingerprint& fingerprint() const { return fingerprint_; }
 
   // Collective: every label in [0, n_classes), else every rank throws InputError
   // naming the file, the sample and the value. InputError also for float targets.
@@ -83,6 +98,7 @@ class ShardDataset {
   bool x_uint8_ = false;
   bool labels_ = false;
   std::size_t y_stored_bytes_ = 0;  // per element, as on disk
+  DataFingerprint fingerprint_;
 
   bool preloaded_ = false;
   std::vector<std::uint8_t> x_mem_;       // (N, sample...) uint8 or float32 bytes

@@ -150,6 +150,8 @@ const std::vector<Key>& keys() {
        "'auto': from run_dir's latest valid checkpoint; 'never'; or a checkpoint file"},
       {"io", "init_from", field<&C::io, &I::init_from>, any(), false,
        "checkpoint whose weights start a new run; '': none"},
+      {"io", "allow_data_change", field<&C::io, &I::allow_data_change>, any(), false,
+       "resume although the training set's sample count changed since the checkpoint"},
       {"io", "trace_samples", field<&C::io, &I::trace_samples>, any(), false,
        "debug: write each rank's trained sample indices to run_dir"},
       {"comm", "backend", field<&C::comm, &K::backend>, one_of({"auto", "mpi", "nccl"}), false,

@@ -57,6 +57,7 @@ struct IoConfig {
   int keep_checkpoints = 3;              // the newest this many stay in <run_dir>/checkpoints
   std::string resume = "auto";           // 'auto' (run_dir's latest valid) | 'never' | a checkpoint path
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none
+  bool allow_data_change = false;        // resume on training data of another sample count (warning)
   bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
 };
 

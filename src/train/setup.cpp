@@ -201,10 +201,12 @@ void prepare_run_dir(const Context& ctx, const Config& cfg) {
   log::info(os.str());
 }
 
-void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, Trainer& trainer) {
+void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, const Data& data,
+                           Trainer& trainer) {
   bool weights_only = false;
   const std::string optimizer = make_optimizer(cfg.train, 0)->name();
-  const auto ck = find_start_checkpoint(ctx.world(), cfg, model, optimizer, &weights_only);
+  const auto ck =
+      find_start_checkpoint(ctx.world(), cfg, model, optimizer, &weights_only, &data.train->fingerprint());
   if (ck) trainer.restore(*ck, weights_only);
 }
 
@@ -218,7 +220,8 @@ int check_run(const Context& ctx, const Config& cfg) {
   ModelSetup net = build_model(ctx, cfg, data);
   bool weights_only = false;
   const std::string optimizer = make_optimizer(cfg.train, 0)->name();
-  const auto ck = find_start_checkpoint(ctx.world(), cfg, *net.model, optimizer, &weights_only);
+  const auto ck = find_start_checkpoint(ctx.world(), cfg, *net.model, optimizer, &weights_only,
+                                        &data.train->fingerprint());
   if (ck && weights_only)
     log::info("checkpoint: a new run from the weights of " + ck->path);
   else if (ck)

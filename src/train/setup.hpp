@@ -58,8 +58,10 @@ std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config
 void prepare_run_dir(const Context& ctx, const Config& cfg);
 
 // Resume (io.resume) or initialise (io.init_from) the trainer from a checkpoint,
-// when there is one: rank 0 reads and checks it, every rank gets it.
-void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, Trainer& trainer);
+// when there is one: rank 0 reads and checks it (a resume against the training
+// data's fingerprint too), every rank gets it.
+void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, const Data& data,
+                           Trainer& trainer);
 
 // ddp_train --check: the input, every data file, the model built on the data, and
 // the checkpoint a run would start from; prints a summary and "check passed".

@@ -335,15 +335,25 @@ Trainer::Agreed Trainer::poll() {
 }
 
 std::string Trainer::checkpoint() {
-  std::string path;
+  std::string path, error;
   pos_.step = step_;
   pos_.world_size = comm_.size();
   pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
-  watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 at the next collective
-  if (comm_.rank() == 0)
-    path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_);
+  watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 in the agreement below
+  if (comm_.rank() == 0) {
+    try {
+      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_,
+                             &train_.fingerprint());
+    } catch (const CheckpointWriteError& e) {
+      error = e.what();
+    }
+  }
+  // Only rank 0 knows whether it worked; a failure ends every rank together.
+  double failed = error.empty() ? 0.0 : 1.0;
+  comm_.allreduce_sum_host(&failed, 1);
   watchdog::set_phase(Phase::compute);
+  if (failed > 0) throw CheckpointWriteError(error);  // fit() ends the job; only rank 0's has the text
   last_checkpoint_time_ = now();
   return path;
 }
@@ -557,6 +567,15 @@ ValStats Trainer::validate(ShardDataset& data) {
 }
 
 int Trainer::fit(MetricsWriter* metrics) {
+  try {
+    return fit_epochs(metrics);
+  } catch (const CheckpointWriteError& e) {
+    // Every rank is here (checkpoint() agreed on it), past its epoch's loader thread.
+    fatal_all(comm_.mpi_comm(), e.what());
+  }
+}
+
+int Trainer::fit_epochs(MetricsWriter* metrics) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   const IoConfig& io = cfg_.io;
   const bool scheduled =

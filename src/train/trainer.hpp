@@ -64,7 +64,8 @@ class Trainer {
   // epoch on rank 0, one metrics record, checkpoints at the io.checkpoint_* cadence
   // and at the end. Returns the process exit status: 0, or kExitRequeue (75) after
   // a preemption signal made every rank stop at a step boundary and rank 0 write a
-  // checkpoint.
+  // checkpoint. A checkpoint that cannot be written (disk full) ends every rank with
+  // one line `error: cannot write checkpoint ...` and exit status 1 (fatal_all).
   int fit(MetricsWriter* metrics);
 
   // One whole epoch (0-based), no checkpoints: the unit the equivalence tests use.
@@ -86,6 +87,9 @@ class Trainer {
     bool stop = false;       // non-finite and not to be skipped: the run ends (stop_nonfinite)
   };
   Agreed poll();
+  // fit() but for the ending of a failed checkpoint: checkpoint() throws
+  // CheckpointWriteError on every rank when rank 0 could not write (its text on rank 0).
+  int fit_epochs(MetricsWriter* metrics);
   // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.

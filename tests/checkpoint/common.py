@@ -102,3 +102,40 @@ def checkpoints(run_dir):
 def fail(msg):
     print("FAIL: " + msg, flush=True)
     sys.exit(1)
+
+
+def computed_checksum(path):
+    """The checksum attribute as ddp_train computes it (src/io/checkpoint.cpp):
+    FNV-1a 64 over every dataset's path (with its NUL) then its bytes, in path order."""
+    datasets = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: datasets.append(("/" + name, np.asarray(obj[()]).tobytes()))
+                     if isinstance(obj, h5py.Dataset) else None)
+    h = 0xCBF29CE484222325
+    for name, data in sorted(datasets):
+        for byte in name.encode() + b"\0" + data:
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"fnv1a64:{h:016x}"
+
+
+def stored_checksum(path):
+    with h5py.File(path, "r") as f:
+        return f.attrs["checksum"].decode()
+
+
+def rewrite_checksum(path):
+    """After editing a checkpoint with h5py: a checksum that matches the edit again."""
+    value = computed_checksum(path).encode()
+    with h5py.File(path, "r+") as f:
+        f.attrs.create("checksum", value, dtype=h5py.string_dtype("ascii", len(value)))
+
+
+def expect_one_error(rc, out, err, pattern):
+    """A collective error: non-zero exit, exactly one line 'error: ...' matching pattern,
+    no MPI_Abort banner (the ranks left through MPI_Finalize). Returns the line."""
+    lines = [l for l in (out + err).splitlines() if l.startswith("error:")]
+    if rc == 0 or len(lines) != 1 or not re.search(pattern, lines[0]):
+        fail(f"expected exit != 0 and one line 'error: ...' matching /{pattern}/; got exit {rc}, lines {lines}")
+    if re.search(r"MPI_ABORT was invoked|ORTE_ERROR_LOG|called MPI_Abort", out + err):
+        fail("MPI_Abort for an error every rank found: expected MPI_Finalize")
+    return lines[0]

@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <memory>
 
 #include "comm/check.hpp"
 #include "io/checkpoint.hpp"
@@ -92,7 +94,7 @@ TEST(Checkpoint, RoundTripAndChecksum) {
   std::string path;
   for (int s : {10, 11, 12}) {  // keep 2: the oldest goes
     ts.step = s;
-    path = save_checkpoint(dir, 2, model, *opt, ts, cfg);
+    path = save_checkpoint(dir, 2, model, *opt, ts, cfg, nullptr);
   }
   EXPECT_EQ(path, dir + "/checkpoints/ckpt_000000012.h5");
   const auto names = checkpoint_candidates(dir);
@@ -133,6 +135,123 @@ TEST(Checkpoint, RoundTripAndChecksum) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_checkpoint(dir + "/nothing.h5", model, ""), CheckpointError);
+}
+
+// A fresh run directory and a small model with its optimizer, to save and load.
+struct SmallRun {
+  std::string dir;
+  Model model{{"flatten", "linear(5)", "relu", "linear(3)"}, {2, 2}, 7};
+  Config cfg;
+  std::unique_ptr<Optimizer> opt;
+  explicit SmallRun(double momentum = 0.0) {
+    char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
+    dir = mkdtemp(tmpl);
+    cfg.train.momentum = momentum;
+    opt = make_optimizer(cfg.train, std::size_t(model.num_parameters()));
+  }
+  std::string save(std::int64_t step, const DataFingerprint* data = nullptr) {
+    TrainingState ts;
+    ts.step = step;
+    return save_checkpoint(dir, 5, model, *opt, ts, cfg, data);
+  }
+};
+
+// NaN or Inf in the weights makes a checkpoint unusable; in the optimizer state too,
+// unless only the weights are wanted (init_from).
+TEST(Checkpoint, NonFiniteValuesAreUnusable) {
+  SmallRun run(0.9);
+  auto poison = [](View1 v, std::size_t at, float value) {
+    auto h = Kokkos::create_mirror_view(v);
+    Kokkos::deep_copy(h, v);
+    h(at) = value;
+    Kokkos::deep_copy(v, h);
+  };
+  auto reason = [&](const std::string& path, const std::string& optimizer) -> std::string {
+    try {
+      load_checkpoint(path, run.model, optimizer);
+      return "";
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+  };
+
+  poison(run.opt->state()[0].second, 3, std::numeric_limits<float>::infinity());
+  const std::string bad_state = run.save(1);
+  EXPECT_EQ(reason(bad_state, "SGD"), "/optimizer/momentum_buffer has 1 non-finite value");
+  EXPECT_EQ(reason(bad_state, ""), "") << "the weights alone are finite";
+
+  const Model::ParamEntry& last = run.model.parameter_table().back();  // layers.3.bias
+  for (std::int64_t i = 0; i < 2; ++i)
+    poison(run.model.parameters(), std::size_t(last.offset + i), std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(reason(run.save(2), ""), "/model/" + last.name + " has 2 non-finite values");
+}
+
+DataFingerprint fingerprint(std::vector<std::string> files, std::vector<std::int64_t> counts,
+                            std::vector<std::uint64_t> hashes) {
+  return {std::move(files), std::move(counts), std::move(hashes), {1, 28, 28}, {}};
+}
+
+TEST(Checkpoint, CompareData) {
+  const DataFingerprint then = fingerprint({"d/a.h5", "d/b.h5"}, {30, 20}, {1, 2});
+  DataChange c = compare_data(then, then);
+  EXPECT_EQ(c.count, "");
+  EXPECT_EQ(c.other, "");
+
+  c = compare_data(then, fingerprint({"d/a.h5"}, {30}, {1}));
+  EXPECT_EQ(c.count, "50 samples then, 30 now: d/b.h5 (20 samples) is gone");
+  c = compare_data(then, fingerprint({"d/a.h5", "d/b.h5", "d/c.h5"}, {30, 21, 5}, {1, 2, 3}));
+  EXPECT_EQ(c.count, "50 samples then, 56 now: d/c.h5 (5 samples) is new; d/b.h5 has 21 samples, had 20");
+
+  // The same count: warnings only.
+  c = compare_data(then, fingerprint({"d/a.h5", "d/b.h5"}, {30, 20}, {1, 9}));
+  EXPECT_EQ(c.count, "");
+  EXPECT_EQ(c.other, "d/b.h5 has other contents in its sampled rows");
+  c = compare_data(then, fingerprint({"d/b.h5", "d/a.h5"}, {20, 30}, {2, 1}));
+  EXPECT_EQ(c.other, "the files are in another order");
+  c = compare_data(then, fingerprint({"e/a.h5", "e/b.h5"}, {30, 20}, {1, 2}));
+  EXPECT_EQ(c.other,
+            "d/a.h5 (30 samples) is gone; d/b.h5 (20 samples) is gone; e/a.h5 (30 samples) is new; "
+            "e/b.h5 (20 samples) is new");
+
+  // One line however many shards changed.
+  DataFingerprint many, fewer;
+  for (int i = 0; i < 100; ++i) {
+    many.files.push_back("s" + std::to_string(i));
+    many.counts.push_back(1);
+    many.hashes.push_back(0);
+  }
+  c = compare_data(many, fewer);
+  EXPECT_EQ(c.count.rfind("100 samples then, 0 now: s0 (1 sample) is gone; s1 (1 sample) is gone; ", 0), 0u);
+  EXPECT_NE(c.count.find("; and 96 more changes"), std::string::npos) << c.count;
+}
+
+// The record of the training data goes into the file and comes back.
+TEST(Checkpoint, DataFingerprintRoundTrip) {
+  SmallRun run;
+  const DataFingerprint data = fingerprint({"x/train_0.h5", "x/train_1.h5"}, {7, 9}, {~0ull, 42});
+  const Checkpoint ck = load_checkpoint(run.save(0, &data), run.model, "SGD");
+  ASSERT_TRUE(ck.data.has_value());
+  EXPECT_EQ(ck.data->files, data.files);
+  EXPECT_EQ(ck.data->counts, data.counts);
+  EXPECT_EQ(ck.data->hashes, data.hashes);
+  EXPECT_EQ(ck.data->x_shape, data.x_shape);
+  EXPECT_EQ(ck.data->y_shape, data.y_shape);
+  EXPECT_FALSE(load_checkpoint(run.save(1), run.model, "SGD").data);
+}
+
+// Temp files our writers left (killed, or refused by a full disk) go before a write;
+// other files stay.
+TEST(Checkpoint, StaleTempFilesGoFirst) {
+  SmallRun run;
+  run.save(0);
+  const std::string ckdir = checkpoint_dir(run.dir);
+  for (const char* n : {"ckpt_000000007.h5.tmp.12345", "latest.tmp.12345", "notes.tmp.txt"})
+    std::ofstream(ckdir + "/" + n) << "x";
+  run.save(1);
+  auto exists = [&](const char* n) { return access((ckdir + "/" + n).c_str(), F_OK) == 0; };
+  EXPECT_FALSE(exists("ckpt_000000007.h5.tmp.12345"));
+  EXPECT_FALSE(exists("latest.tmp.12345"));
+  EXPECT_TRUE(exists("notes.tmp.txt"));
 }
 
 }  // namespace

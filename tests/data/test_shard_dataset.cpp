@@ -2,6 +2,7 @@
 // any order, across shard borders) checked value by value against what the
 // shards were written with, streaming and preloaded.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <random>
 
@@ -162,6 +163,54 @@ TEST_F(ShardDatasetTest, CheckLabelsInRange) {
   } catch (const InputError& e) {
     EXPECT_STREQ(e.what(), "data.val_files: /y holds float32 targets, not integer class labels");
   }
+}
+
+// The fingerprint a checkpoint keeps: per file its count and a hash of 16 sampled
+// rows, the same on every rank. Rows 0, 2, 5, ... 39 of a 40-row shard are sampled:
+// a change there changes the hash, a change in row 1 does not (a sample, by design).
+TEST_F(ShardDatasetTest, Fingerprint) {
+  ShardDataset u8(MPI_COMM_WORLD, {dir_ + "/u8_*.h5"}, "data.train_files");
+  const DataFingerprint& f = u8.fingerprint();
+  EXPECT_EQ(f.files, u8.files());
+  EXPECT_EQ(f.counts, (std::vector<std::int64_t>{5, 0, 7, 4}));
+  EXPECT_EQ(f.samples(), 16);
+  EXPECT_EQ(f.x_shape, (std::vector<std::int64_t>{1, 4, 3}));
+  EXPECT_EQ(f.y_shape, std::vector<std::int64_t>{});
+  ASSERT_EQ(f.hashes.size(), 4u);
+  EXPECT_NE(f.hashes[0], f.hashes[2]);
+  unsigned long long mine = f.hashes[2], lowest = 0;
+  MPI_Allreduce(&mine, &lowest, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(mine, lowest) << "every rank has rank 0's";
+
+  const std::string d = dir_ + "/fp";
+  if (rank() == 0) {
+    ShardSpec s;
+    s.count = 40;
+    s.sample_shape = {1, 4, 3};
+    mkdir(d.c_str(), 0755);
+    for (const char* n : {"/a.h5", "/row1.h5", "/row2.h5"}) write_shard(d + n, s);
+    // One value of row 1, then of row 2, set to 255 (written as x_u8(g, k) < 255 here).
+    for (hsize_t row : {1, 2}) {
+      const hid_t file =
+          H5Fopen((d + "/row" + std::to_string(row) + ".h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      const hid_t x = H5Dopen2(file, "/x", H5P_DEFAULT), space = H5Dget_space(x);
+      const hsize_t start[4] = {row, 0, 0, 0}, one[4] = {1, 1, 1, 1};
+      H5Sselect_hyperslab(space, H5S_SELECT_SET, start, nullptr, one, nullptr);
+      const hid_t mem = H5Screate_simple(4, one, nullptr);
+      const std::uint8_t v = 255;
+      EXPECT_GE(H5Dwrite(x, H5T_NATIVE_UINT8, mem, space, H5P_DEFAULT, &v), 0);
+      H5Sclose(mem);
+      H5Sclose(space);
+      H5Dclose(x);
+      H5Fclose(file);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto hash = [&](const char* n) {
+    return ShardDataset(MPI_COMM_WORLD, {d + n}, "data.train_files").fingerprint().hashes.at(0);
+  };
+  EXPECT_EQ(hash("/row1.h5"), hash("/a.h5"));
+  EXPECT_NE(hash("/row2.h5"), hash("/a.h5"));
 }
 
 }  // namespace

@@ -83,7 +83,8 @@ class Trainer {
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
-  std::string checkpoint();             // every rank calls it; rank 0 writes pos_
+  std::string checkpoint();                       // every rank calls it; rank 0 writes pos_
+  int stop();                                     // after a preemption's checkpoint: kExitRequeue
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the scaling and
   // the optimizer step; adds to `stats`' comm and optimizer times.

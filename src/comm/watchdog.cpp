@@ -212,14 +212,7 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple) {
 Watchdog::~Watchdog() {
   State* s = g_state;
   if (!s) return;
-  {
-    std::lock_guard<std::mutex> lock(s->mutex);
-    s->stop = true;
-  }
-  s->wake.notify_all();
-  s->thread.join();
-  for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
-  g_slot.store(g_fallback);
+  watchdog::stop();
   MPI_Win_unlock_all(s->win);
   MPI_Win_free(&s->win);
   MPI_Comm_free(&s->comm);
@@ -228,6 +221,19 @@ Watchdog::~Watchdog() {
 }
 
 namespace watchdog {
+
+void stop() {
+  State* s = g_state;
+  if (!s || !s->thread.joinable() || s->thread.get_id() == std::this_thread::get_id()) return;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    s->stop = true;
+  }
+  s->wake.notify_all();
+  s->thread.join();
+  for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
+  g_slot.store(g_fallback);
+}
 
 void set_step(std::int64_t step) { store(kStep, step); }
 void set_phase(Phase phase) { store(kPhase, std::int64_t(phase)); }

@@ -28,3 +28,7 @@ ddp_add_slurm_test(cpu_job cpu_job.sh 240)
 # SIGUSR1 through scancel --signal: checkpoint, requeue, resume, same result as
 # an uninterrupted job. Needs ddp_train's checkpoint/resume/exit-75 contract.
 ddp_add_slurm_test(requeue requeue.sh 600)
+# Exit 75 from every task when one is slow to exit, under srun --kill-on-bad-exit:
+# srun ends the step at the first exit 75 (SIGTERM, SIGKILL KillWait later); the
+# slow task answers the SIGTERM with 75, and the checkpoint loads.
+ddp_add_slurm_test(exit75 exit75.sh 180)

@@ -129,7 +129,8 @@ std::thread::id g_main_thread;
     all_here = done != 0;
   }
   if (!all_here) abort_all(code);  // rank 0's `error:` line is out already
-  watchdog::stop_before_exit();
+  // The watchdog's thread writes into window memory that MPI_Finalize frees.
+  watchdog::stop();
   // No unwinding and no Kokkos::finalize: nothing needs to outlive the process, and
   // the Views still alive would be freed after it. HDF5 closes its files inside
   // MPI_Finalize (H5_term_library, from its MPI_COMM_SELF attribute), on every rank

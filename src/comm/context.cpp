@@ -5,6 +5,7 @@
 #include <string>
 
 #include "comm/check.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/log.hpp"
 #if defined(KOKKOS_ENABLE_CUDA)
 #include "cuda/device.hpp"
@@ -23,6 +24,7 @@ Context::Context(int& argc, char**& argv) {
   MPI_CHECK(MPI_Comm_rank(world_, &rank_));
   MPI_CHECK(MPI_Comm_size(world_, &size_));
   log::set_rank(rank_);
+  check_exit_delay();  // tests only
 
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
@@ -47,8 +49,15 @@ Context::Context(int& argc, char**& argv) {
 
 Context::~Context() {
   Kokkos::finalize();
+  // The last synchronisation: no rank leaves before every rank has torn down what it
+  // had (main's objects, Kokkos). A launcher that treats the first exit 75 as a failed
+  // job (mpirun; srun --kill-on-bad-exit) then finds the other ranks past this point,
+  // where its SIGTERM ends them with 75 too (train/signals.hpp). Open MPI's
+  // MPI_Finalize holds a fence of its own; the barrier does not rely on that.
+  MPI_CHECK(MPI_Barrier(world_));
   MPI_Comm_free(&world_);
   MPI_Finalize();
+  inject_exit_delay();  // tests only: a slow exit
 }
 
 }  // namespace ddp

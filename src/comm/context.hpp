@@ -1,6 +1,9 @@
 #pragma once
 // The run's parallel context: MPI (world, node-local rank) and Kokkos, set up in
-// the constructor and torn down in the destructor, in the right order.
+// the constructor and torn down in the destructor, in the right order. Constructed
+// first in main, it is destroyed last: its destructor's barrier before MPI_Finalize
+// is the ranks' last synchronisation, so every rank has finished its teardown before
+// any exits (a launcher may take the first exit 75 for a failed job).
 
 #include <mpi.h>
 

@@ -1,6 +1,10 @@
 #include "comm/fault_injection.hpp"
 
+#include <unistd.h>
+
 #include <Kokkos_Core.hpp>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
@@ -8,6 +12,8 @@
 #include <regex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/check.hpp"
@@ -73,6 +79,21 @@ Plan read_plan() {
 // Outlives the call, so the compiler may not drop the allocation as unused.
 std::vector<float> g_sink;
 
+// DDP_TEST_EXIT_DELAY_MS: (milliseconds, rank); (0, -1) when unset.
+std::pair<long long, int> read_exit_delay() {
+  const char* env = std::getenv("DDP_TEST_EXIT_DELAY_MS");
+  if (!env || !*env) return {0, -1};
+  std::cmatch m;
+  if (!std::regex_match(env, m, std::regex(R"(([0-9]+)@rank([0-9]+))")))
+    DDP_FATAL("DDP_TEST_EXIT_DELAY_MS='" << env << "': expected <ms>@rank<r>");
+  return {std::stoll(m[1]), std::stoi(m[2])};
+}
+
+const std::pair<long long, int>& exit_delay() {
+  static const std::pair<long long, int> delay = read_exit_delay();
+  return delay;
+}
+
 }  // namespace
 
 bool inject_fault(FaultSite site, std::int64_t step) {
@@ -105,6 +126,17 @@ bool inject_fault(FaultSite site, std::int64_t step) {
       break;
   }
   DDP_FATAL(what << ": the allocation succeeded");
+}
+
+void check_exit_delay() { exit_delay(); }
+
+void inject_exit_delay() {
+  const auto& [ms, rank] = exit_delay();
+  if (rank != log::rank() || ms <= 0) return;
+  std::fprintf(stderr, "rank %d (pid %d): DDP_TEST_EXIT_DELAY_MS: %lld ms after MPI_Finalize\n", rank,
+               int(getpid()), ms);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace ddp

@@ -32,4 +32,19 @@ enum class FaultSite {
 // True: a fault the caller carries out itself is due here (perturb).
 bool inject_fault(FaultSite site, std::int64_t step);
 
+// A slow exit, for the tests of exit 75 under a launcher (tests/checkpoint/exit75.py):
+//
+//   DDP_TEST_EXIT_DELAY_MS=<ms>@rank<r>
+//
+// makes rank r sleep <ms> after MPI_Finalize, before the process exits. It stands for
+// what a rank does after the last synchronisation (library destructors at exit, a
+// GPU context's teardown, the MPI runtime's own cleanup), the part of a shutdown no
+// barrier covers and in which a launcher that reacts to another rank's exit reaches
+// it. The sleeping rank first prints `rank <r> (pid <pid>): DDP_TEST_EXIT_DELAY_MS:
+// <ms> ms after MPI_Finalize` to stderr. check_exit_delay() reads the variable (a
+// malformed value is a fatal error) and must be called while MPI runs;
+// inject_exit_delay() sleeps. Context calls both.
+void check_exit_delay();
+void inject_exit_delay();
+
 }  // namespace ddp

@@ -196,26 +196,10 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple) {
   g_state = s;
 }
 
-namespace {
-// The thread joined and the heartbeat moved out of the window: nothing of this
-// rank touches the window's memory afterwards.
-void stop_thread(State* s) {
-  {
-    std::lock_guard<std::mutex> lock(s->mutex);
-    if (s->stop) return;
-    s->stop = true;
-  }
-  s->wake.notify_all();
-  s->thread.join();
-  for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
-  g_slot.store(g_fallback);
-}
-}  // namespace
-
 Watchdog::~Watchdog() {
   State* s = g_state;
   if (!s) return;
-  stop_thread(s);
+  watchdog::stop();
   MPI_Win_unlock_all(s->win);
   MPI_Win_free(&s->win);
   MPI_Comm_free(&s->comm);
@@ -225,8 +209,17 @@ Watchdog::~Watchdog() {
 
 namespace watchdog {
 
-void stop_before_exit() {
-  if (State* s = g_state) stop_thread(s);
+void stop() {
+  State* s = g_state;
+  if (!s || !s->thread.joinable() || s->thread.get_id() == std::this_thread::get_id()) return;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    s->stop = true;
+  }
+  s->wake.notify_all();
+  s->thread.join();
+  for (int f = 0; f < kFields; ++f) g_fallback[f] = load(f);
+  g_slot.store(g_fallback);
 }
 
 void set_step(std::int64_t step) { store(kStep, step); }

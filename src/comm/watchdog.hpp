@@ -36,15 +36,17 @@ class Watchdog {
 };
 
 namespace watchdog {
-// For an exit through MPI_Finalize with the Watchdog still alive (fatal_all): stops
-// the thread, which would otherwise tick into the window MPI_Finalize frees. Not
-// collective; the window goes with MPI_Finalize.
-void stop_before_exit();
-
 // What this rank does now; cheap (relaxed stores), callable whether or not a
 // Watchdog runs.
 void set_step(std::int64_t step);
 void set_phase(Phase phase);
+
+// Stops this rank's watchdog thread and takes its heartbeat out of the window, before
+// an MPI_Finalize that the Watchdog's destructor does not precede: the fatal path's
+// exit of all ranks together (comm/check.cpp). The thread's tick, written into window
+// memory that MPI_Finalize had freed, crashed ranks there (signal 11, 1 run in 15 on a
+// loaded 2-core machine). Local, not collective; a no-op without a Watchdog.
+void stop();
 
 // This rank waits in the collective `what` (a string literal: "the gradient
 // all-reduce") from construction to destruction; the phase before it is restored.

@@ -358,6 +358,15 @@ std::string Trainer::checkpoint() {
   return path;
 }
 
+int Trainer::stop() {
+  // Rank 0 has written the checkpoint; after this barrier every rank knows it is on
+  // disk, and a SIGTERM (a launcher reacting to the first rank's exit 75) ends the
+  // rank at once with 75 instead of waiting, swallowed, for the SIGKILL.
+  comm_.barrier();
+  exit_on_sigterm(kExitRequeue);
+  return kExitRequeue;
+}
+
 EpochStats Trainer::train_epoch(std::int64_t epoch) {
   pos_.epoch = epoch;
   pos_.consumed = 0;
@@ -590,7 +599,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
   while (pos_.epoch < cfg_.train.epochs) {
     Agreed last_step;
     const EpochStats e = run_epoch(true, &last_step);
-    if (!e.complete) return kExitRequeue;
+    if (!e.complete) return stop();
     ValStats v;
     double val_seconds = 0.0;
     if (val_) {
@@ -648,7 +657,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",
                     path.c_str(), (long long)step_, kExitRequeue);
       log::info(line);
-      return kExitRequeue;
+      return stop();
     }
   }
   return 0;

@@ -98,6 +98,7 @@ class Trainer {
   // Collective: why the state must not be saved ("" when it may): parameters that
   // differ between ranks, or are not finite.
   std::string unsafe_to_save();
+  int stop();  // after a preemption's checkpoint: kExitRequeue
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the step's flags
   // (preemption, time, non-finite values) agreed in one all-reduce, the scaling and

@@ -61,3 +61,19 @@ wait_final() {
   echo "STILL_${state:-UNKNOWN}_AFTER_${2}s"
   return 1
 }
+
+# stop_job JOBID LOG: scancel --signal=USR1, resent every 5 s (6 tries) until the job
+# shows it got the signal (its 'preempted: ' line in LOG, or it left RUNNING):
+# slurmctld, starved by the 2 ranks on 2 cores, can drop the request ("slurm_msg_sendto:
+# Unexpected missing socket error") while scancel still exits 0.
+stop_job() {
+  local attempt
+  for attempt in 1 2 3 4 5 6; do
+    scancel --signal=USR1 "$1" || echo "scancel attempt $attempt exited $?"
+    for _ in $(seq 50); do
+      if grep -q "^preempted: " "$2" 2>/dev/null || [ "$(job_field "$1" JobState)" != RUNNING ]; then return 0; fi
+      sleep 0.1
+    done
+    echo "job $1 shows no sign of SIGUSR1 after 5 s (attempt $attempt): sending it again"
+  done
+}

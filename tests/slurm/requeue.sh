@@ -64,17 +64,7 @@ while [ "$(records "$run")" -lt "$signal_after" ]; do
 done
 at_signal=$(records "$run")
 echo "job $id has trained $at_signal epochs: scancel --signal=USR1 $id"
-# slurmctld, starved by the 2 ranks on 2 cores, can drop the request ("slurm_msg_sendto:
-# Unexpected missing socket error") while scancel still exits 0. Until the job shows it
-# got the signal (its preemption line, or it left RUNNING), send it again every 5 s.
-signal_sent() {
-  grep -q "^preempted: " "$log" 2>/dev/null || [ "$(job_field "$id" JobState)" != RUNNING ]
-}
-for attempt in 1 2 3 4 5 6; do
-  scancel --signal=USR1 "$id" || echo "scancel attempt $attempt exited $?"
-  for _ in $(seq 50); do signal_sent && break 2; sleep 0.1; done
-  echo "job $id shows no sign of SIGUSR1 after 5 s (attempt $attempt): sending it again"
-done
+stop_job "$id" "$log"  # resent while slurmctld drops it
 
 # It must stop with a checkpoint and requeue itself: Restarts=1, pending again.
 deadline=$((SECONDS + 90))

@@ -85,6 +85,57 @@ TEST_F(Signals, SignalToTheTrainingThreadWaitsForThePoll) {
   EXPECT_FALSE(sigismember(&pending, SIGUSR1));  // taken by the poll
 }
 
+// exit_on_sigterm: runs `child` in a forked process (so the disposition it changes
+// stays there) and returns how that ended: its exit status, or 128 + the signal.
+template <class F>
+int in_child(F child) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    child();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The launcher's SIGTERM after the stop's checkpoint (mpirun's answer to another
+// rank's exit 75) ends the process at once with 75; it was swallowed until the SIGKILL.
+TEST_F(Signals, SigtermAfterTheStopExitsWithTheStatus) {
+  EXPECT_EQ(in_child([] {
+              ddp::exit_on_sigterm(ddp::kExitRequeue);
+              kill(getpid(), SIGTERM);
+              sleep(30);  // not reached
+            }),
+            ddp::kExitRequeue);
+}
+
+// A SIGTERM that came after this rank's stop request (during the checkpoint's write)
+// waited, pending, and is honoured once the checkpoint is on disk.
+TEST_F(Signals, SigtermDuringTheCheckpointIsHonouredAfterIt) {
+  EXPECT_EQ(in_child([] {
+              kill(getpid(), SIGUSR1);  // the stop request, taken by the poll
+              if (ddp::preemption_signal() != SIGUSR1) _exit(3);
+              kill(getpid(), SIGTERM);  // a second signal, during the write
+              ddp::exit_on_sigterm(ddp::kExitRequeue);
+              sleep(30);  // not reached
+            }),
+            ddp::kExitRequeue);
+}
+
+// This rank's own stop request, still pending because another rank's signal decided
+// the stop, is not a second SIGTERM; nor is a resent SIGUSR1.
+TEST_F(Signals, OwnPendingStopRequestIsNotASecondSigterm) {
+  EXPECT_EQ(in_child([] {
+              kill(getpid(), SIGTERM);  // not polled yet
+              ddp::exit_on_sigterm(ddp::kExitRequeue);
+              if (ddp::preemption_signal() != SIGTERM) _exit(3);
+              kill(getpid(), SIGUSR1);
+              usleep(10000);
+            }),
+            0);
+}
+
 // The regression itself: oneDNN's AVX2 sgemm (libdnnl 2.6, jit_avx_gemm_f32) points
 // rsp at a heap workspace when K > 252, and a signal frame lands below it. SIGUSR1
 // from another process every 50 us during GEMMs of the MLP's first layer

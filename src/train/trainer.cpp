@@ -51,6 +51,30 @@ void close_step_loss(const Kokkos::View<double[3]>& acc, bool taken) {
       });
 }
 
+// The non-finite values of the reduced gradients, plus kLossNonfinite when the
+// step's loss sum acc(2) is not finite: one reduction, so one wait for the device
+// per step. (With the loss read apart, two waits, the MLP on one H100 ran at a
+// median 181,300 samples/s against 191,843 before the check; with one, 191,265.)
+constexpr std::int64_t kLossNonfinite = std::int64_t(1) << 48;
+std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc) {
+  const std::size_t n = grads.extent(0);
+  std::int64_t bad = 0;
+  Kokkos::parallel_reduce(
+      "Trainer::count_step_nonfinite", Range(0, n + 1),
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t& count) {
+        // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device.
+        if (i < n) {
+          const float g = grads(i);
+          if (!(g - g == 0.0f)) ++count;
+        } else {
+          const double loss = acc(2);
+          if (!(loss - loss == 0.0)) count += kLossNonfinite;
+        }
+      },
+      bad);
+  return bad;
+}
+
 // (epoch, window, step) sums so far; resets the window's when asked.
 std::array<double, 3> read_loss(const Kokkos::View<double[3]>& acc, bool reset_window) {
   auto host = Kokkos::create_mirror_view(acc);
@@ -173,8 +197,9 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
   // agreed in one all-reduce of four numbers, so every rank takes the same decision.
-  grads_nonfinite_ = count_nonfinite(grads);
-  loss_nonfinite_ = !std::isfinite(read_loss(loss_acc_, false)[2]);
+  const std::int64_t bad = count_step_nonfinite(grads, loss_acc_);
+  grads_nonfinite_ = bad % kLossNonfinite;
+  loss_nonfinite_ = bad >= kLossNonfinite;
   const double minutes = cfg_.io.checkpoint_every_minutes;
   double flags[4] = {
       grads_nonfinite_ > 0 ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0, preemption_signal() != 0 ? 1.0 : 0.0,

@@ -79,11 +79,13 @@ std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[
 std::array<double, 3> read_loss(const Kokkos::View<double[3]>& acc, bool reset_window) {
   auto host = Kokkos::create_mirror_view(acc);
   Kokkos::deep_copy(host, acc);
+  // Read before the reset: on the host the mirror is `acc` itself.
+  const std::array<double, 3> sums = {host(0), host(1), host(2)};
   if (reset_window) {
     host(1) = 0.0;
     Kokkos::deep_copy(acc, host);
   }
-  return {host(0), host(1), host(2)};
+  return sums;
 }
 
 // "a.h5 rows 3, 9; b.h5 row 4 (global samples 3, 9, 44)": at most 8 samples named.

@@ -106,8 +106,8 @@ class CudnnConvKernels final : public ConvKernels {
   CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
   void configure(Precision precision, bool fused_relu, Layout in, Layout out) override;
   // cuDNN runs NCHW here: the blocked layouts are the host backend's.
-  bool blocked_input_fits() override { return false; }
-  bool blocked_output_fits() override { return false; }
+  Layout native_input_layout() override { return Layout::nchw; }
+  Layout native_output_layout() override { return Layout::nchw; }
   void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override;
   void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
                         float* dbias) override;

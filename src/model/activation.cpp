@@ -32,7 +32,7 @@ void ReLU::forward(const Tensor& x, Tensor& y, bool /*training*/) {
     return;
   }
   resize_like(y, x, "ReLU::y");
-  relu_forward(x.data, y.data, x.numel());
+  relu_forward(x.data, y.data, x.storage_numel());
 }
 
 // dx = dy * (y > 0)
@@ -43,7 +43,7 @@ void ReLU::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& 
     return;
   }
   resize_like(dx, x, "ReLU::dx");
-  relu_backward(y.data, dy.data, dx.data, x.numel());
+  relu_backward(y.data, dy.data, dx.data, x.storage_numel());
 }
 
 // y = tanh(x)
@@ -52,7 +52,7 @@ void Tanh::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   ConstView1 xv = x.data;
   View1 yv = y.data;
   Kokkos::parallel_for(
-      "Tanh::forward", Range(0, x.numel()), KOKKOS_LAMBDA(std::int64_t i) { yv(i) = tanh(xv(i)); });
+      "Tanh::forward", Range(0, x.storage_numel()), KOKKOS_LAMBDA(std::int64_t i) { yv(i) = tanh(xv(i)); });
 }
 
 // dx = dy * (1 - y^2)
@@ -62,7 +62,7 @@ void Tanh::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& 
   ConstView1 yv = y.data, dyv = dy.data;
   View1 dxv = dx.data;
   Kokkos::parallel_for(
-      "Tanh::backward", Range(0, x.numel()),
+      "Tanh::backward", Range(0, x.storage_numel()),
       KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * (1.0f - yv(i) * yv(i)); });
 }
 

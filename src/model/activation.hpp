@@ -1,5 +1,6 @@
 #pragma once
-// Element-wise activations: relu, tanh. Any input shape; output has the same shape.
+// Element-wise activations: relu, tanh. Any input shape; output has the same shape
+// and layout (a blocked layout's zero padding channels stay zero).
 // Backward reads the output y (not x), as PyTorch does.
 
 #include "model/layer.hpp"

@@ -19,12 +19,21 @@
 namespace ddp {
 
 // How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
-// between a convolution and a max-pool, where both sides work on the backend's
-// blocked layout when its kernels want it (oneDNN's nChw16c on AVX-512).
+// between a convolution and a max-pool, where both sides work in the channel-blocked
+// layout the backend's kernels chose on this CPU (oneDNN: nChw8c with AVX2, nChw16c
+// with AVX-512), so no reorder runs there.
 enum class Layout {
-  nchw,       // PyTorch's
-  blocked16,  // nChw16c: (B, ceil(C/16), H, W, 16), padding channels zero
+  nchw,     // PyTorch's
+  nChw8c,   // (B, ceil(C/8), H, W, 8), padding channels zero
+  nChw16c,  // (B, ceil(C/16), H, W, 16), padding channels zero
 };
+// Channels per block: 8 or 16 for the blocked layouts, 1 for nchw.
+constexpr int channel_block(Layout layout) {
+  return layout == Layout::nChw16c ? 16 : layout == Layout::nChw8c ? 8 : 1;
+}
+constexpr const char* layout_name(Layout layout) {
+  return layout == Layout::nChw16c ? "nChw16c" : layout == Layout::nChw8c ? "nChw8c" : "nchw";
+}
 
 // One convolution layer: PyTorch's Conv2d with a square kernel, symmetric zero
 // padding, no dilation or groups. Weight (out, in, k, k), bias (out).
@@ -50,11 +59,12 @@ class ConvKernels {
   // (y = max(conv + b, 0)), and the layouts of x and dx (in) and of y and dy (out).
   // Drops what was planned when any of it changes.
   virtual void configure(Precision precision, bool fused_relu, Layout in, Layout out) = 0;
-  // Whether the kernels, at the configured precision, read and write the blocked
-  // layout anyway for x and dx (input side), for y and dy (output side): there the
-  // model keeps activations blocked, and no reorder runs on that side.
-  virtual bool blocked_input_fits() = 0;
-  virtual bool blocked_output_fits() = 0;
+  // The blocked layout the kernels, at the configured precision, read and write
+  // anyway in every pass for x and dx (input side), for y and dy (output side); nchw
+  // where they take NCHW, or no single blocked layout. Where it is blocked, the model
+  // keeps the activations in it, and no reorder runs on that side.
+  virtual Layout native_input_layout() = 0;
+  virtual Layout native_output_layout() = 0;
 
   // y (B, out, ho, wo) = conv(x (B, in, h, w), weight) + bias, rectified if fused.
   // bias is null when the layer has none.

@@ -39,11 +39,11 @@ class Conv2d : public Layer {
   void fuse_relu();
 
   // The model keeps an activation between a convolution and a max-pool in the
-  // blocked16 layout where the backend's kernels read and write that layout anyway,
-  // forward and backward: no reorder to or from NCHW on that side. These ask the
-  // backend, at the current precision, whether that holds for x and dx, and for y and dy.
-  bool blocked_input_fits() const { return kernels_->blocked_input_fits(); }
-  bool blocked_output_fits() const { return kernels_->blocked_output_fits(); }
+  // blocked layout the backend's kernels read and write anyway, forward and backward:
+  // no reorder to or from NCHW on that side. These ask the backend, at the current
+  // precision, which layout that is for x and dx, and for y and dy (nchw: none).
+  Layout native_input_layout() const { return kernels_->native_input_layout(); }
+  Layout native_output_layout() const { return kernels_->native_output_layout(); }
   // The layouts of x and dx (in), of y and dy (out); nchw unless set.
   void set_layouts(Layout in, Layout out);
 

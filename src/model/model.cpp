@@ -101,27 +101,43 @@ void Model::fuse_layers() {
   plan_layouts();
 }
 
-// A convolution's kernels read and write oneDNN's blocked16 layout (AVX-512), so an
-// activation between a convolution and a 2x2 max-pool (through a relu between them,
-// which hands the tensors on), and between such a pool and a convolution, stays
-// blocked, and so does its gradient: no reorder to NCHW and back on either side,
-// forward or backward. Only where the convolution's kernels want that layout; the
-// pool hands anything else NCHW, so flatten keeps PyTorch's order (checkpoints).
+// A convolution's kernels read and write a channel-blocked layout of their own
+// choosing (oneDNN: nChw8c with AVX2, nChw16c with AVX-512). From a convolution that
+// writes one, the activation (and, backward, its gradient) stays in that layout
+// through element-wise activations (relu, tanh: any layout) up to the next
+// convolution that reads the same layout, or up to a 2x2 max-pool, which reads it,
+// and writes it too when such a convolution follows (through activations again).
+// So no reorder to NCHW and back runs around a convolution that feeds a pool or
+// another convolution, forward or backward. Anything else gets NCHW (from the pool,
+// or from the convolution's own reorder), so flatten keeps PyTorch's order.
 void Model::plan_layouts() {
   const std::size_t n = layers_.size();
   std::vector<Layout> out(n, Layout::nchw);  // out[i]: the layout of layer i's output
   auto conv_at = [&](std::size_t i) { return i < n ? dynamic_cast<Conv2d*>(layers_[i].get()) : nullptr; };
-  for (std::size_t i = 1; i < n; ++i) {
-    auto* pool = dynamic_cast<Pool2d*>(layers_[i].get());
-    if (!pool || !pool->takes_blocked()) continue;
-    std::size_t c = i - 1;
-    auto* relu = dynamic_cast<ReLU*>(layers_[c].get());
-    if (relu && relu->passes_through() && c > 0) --c;
+  auto elementwise = [&](std::size_t i) {
+    return dynamic_cast<ReLU*>(layers_[i].get()) || dynamic_cast<Tanh*>(layers_[i].get());
+  };
+  // The first layer from i on that is not element-wise (n if none).
+  auto past_activations = [&](std::size_t i) {
+    while (i < n && elementwise(i)) ++i;
+    return i;
+  };
+  for (std::size_t c = 0; c < n; ++c) {
     Conv2d* conv = conv_at(c);
-    if (!conv || !conv->blocked_output_fits()) continue;
-    std::fill(out.begin() + c, out.begin() + i, Layout::blocked16);
-    Conv2d* next = conv_at(i + 1);
-    if (next && next->blocked_input_fits()) out[i] = Layout::blocked16;
+    const Layout blocked = conv ? conv->native_output_layout() : Layout::nchw;
+    if (blocked == Layout::nchw) continue;
+    const std::size_t j = past_activations(c + 1);
+    Conv2d* next = conv_at(j);
+    auto* pool = j < n ? dynamic_cast<Pool2d*>(layers_[j].get()) : nullptr;
+    if (next && next->native_input_layout() == blocked) {
+      std::fill(out.begin() + c, out.begin() + j, blocked);
+    } else if (pool && pool->takes_blocked()) {
+      std::fill(out.begin() + c, out.begin() + j, blocked);
+      const std::size_t k = past_activations(j + 1);
+      Conv2d* after = conv_at(k);
+      if (after && after->native_input_layout() == blocked)
+        std::fill(out.begin() + j, out.begin() + k, blocked);
+    }
   }
   layouts_ = out;
   for (std::size_t i = 0; i < n; ++i) {
@@ -175,7 +191,7 @@ std::string Model::summary() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     w_layer = std::max(w_layer, specs_[i].size());
     w_out = std::max(w_out, shape_str(shapes_[i + 1]).size());
-    blocked = blocked || layouts_[i] == Layout::blocked16;
+    blocked = blocked || layouts_[i] != Layout::nchw;
   }
   w_layer += 2;
   w_out += 2;
@@ -187,8 +203,8 @@ std::string Model::summary() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     os << std::setw(4) << i << std::setw(w_layer) << specs_[i] << std::setw(w_out)
        << shape_str(shapes_[i + 1]);
-    if (layouts_[i] == Layout::blocked16)
-      os << std::setw(w_params) << layer_params_[i] << "nChw16c";
+    if (layouts_[i] != Layout::nchw)
+      os << std::setw(w_params) << layer_params_[i] << layout_name(layouts_[i]);
     else
       os << layer_params_[i];
     os << "\n";

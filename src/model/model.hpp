@@ -63,8 +63,8 @@ class Model {
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   // How layer i's output (and the gradient flowing back into it) lies in memory, as
-  // planned: blocked16 between a convolution and its max-pool where the kernels
-  // take it, else nchw.
+  // planned: the convolutions' blocked layout (nChw8c, nChw16c) between a convolution
+  // and its max-pool where the kernels take one, else nchw.
   Layout output_layout(std::size_t i) const { return layouts_[i]; }
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);

@@ -48,23 +48,23 @@ void reserve_argmax(Kokkos::View<std::int32_t*>& v, std::int64_t n) {
     v = Kokkos::View<std::int32_t*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "MaxPool::argmax"), n);
 }
 
-// Channel block p of a blocked16 (B, C, H, W) tensor in NCHW: the plane of its first
-// channel, and how many of its 16 channels exist (the rest are padding).
+// Channel block p of a blocked (B, C, H, W) tensor of BS-channel blocks in NCHW: the
+// plane of its first channel, and how many of its BS channels exist (the rest are
+// padding).
 struct NchwBlock {
   std::int64_t plane, lanes;
 };
+template <int BS>
 KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
-  const std::int64_t Cb = (C + 15) / 16, c0 = p % Cb * 16;
-  return {p / Cb * C + c0, C - c0 < 16 ? C - c0 : 16};
+  const std::int64_t Cb = (C + BS - 1) / BS, c0 = p % Cb * BS;
+  return {p / Cb * C + c0, C - c0 < BS ? C - c0 : BS};
 }
 }  // namespace
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  if (x.layout == Layout::blocked16) {
-    forward_blocked(x, y);
-    return;
-  }
+  if (x.layout == Layout::nChw8c) return forward_blocked<8>(x, y);
+  if (x.layout == Layout::nChw16c) return forward_blocked<16>(x, y);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
   resize(y, B, out_sample_, op_ == Max ? "MaxPool::y" : "AvgPool::y");
   ConstView1 xv = x.data;
@@ -143,10 +143,8 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // mask, dy passes only where the output y > 0.
 void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
-  if (x.layout == Layout::blocked16) {
-    backward_blocked(dy, dx);
-    return;
-  }
+  if (x.layout == Layout::nChw8c) return backward_blocked<8>(dy, dx, x.layout);
+  if (x.layout == Layout::nChw16c) return backward_blocked<16>(dy, dx, x.layout);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
   resize(dx, B, in_sample_, op_ == Max ? "MaxPool::dx" : "AvgPool::dx");
   const std::int64_t planes = B * c_;
@@ -190,42 +188,47 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
       });
 }
 
-// x: (B, C/16, H, W, 16) -> y: (B, C, Ho, Wo) in out_layout_; 2x2 windows, stride 2.
-// One thread per output row of a channel block. A pixel's 16 channels are adjacent,
-// so each step of the window's running max is one vector select, with the NCHW
-// kernel's rules for ties and NaN. The argmax is blocked16 whatever y's layout, and
-// -1 where the relu mask stops the gradient (y <= 0): backward reads only it and dy.
+// x: (B, C/BS, H, W, BS) -> y: (B, C, Ho, Wo) in out_layout_ (x's layout or NCHW);
+// 2x2 windows, stride 2. One thread per output row of a channel block. A pixel's BS
+// channels are adjacent, so each step of the window's running max is one vector
+// select, with the NCHW kernel's rules for ties and NaN. The argmax is blocked as x
+// whatever y's layout, and -1 where the relu mask stops the gradient (y <= 0):
+// backward reads only it and dy.
+template <int BS>
 void Pool2d::forward_blocked(const Tensor& x, Tensor& y) {
-  DDP_REQUIRE(takes_blocked(), kind() << " on a blocked16 input needs kernel 2, stride 2");
-  const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + 15) / 16;
+  DDP_REQUIRE(takes_blocked(), kind() << " on a blocked input needs kernel 2, stride 2");
+  DDP_REQUIRE(out_layout_ == Layout::nchw || out_layout_ == x.layout,
+              kind() << ": output layout " << layout_name(out_layout_) << " for a " << layout_name(x.layout)
+                     << " input");
+  const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + BS - 1) / BS;
   resize(y, B, out_sample_, "MaxPool::y", out_layout_);
-  reserve_argmax(argmax_, B * Cb * Ho * Wo * 16);
+  reserve_argmax(argmax_, B * Cb * Ho * Wo * BS);
   if (B == 0) return;
   ConstView1 xv = x.data;
   View1 yv = y.data;
   auto am = argmax_;
-  const bool blocked_out = out_layout_ == Layout::blocked16, mask = relu_mask_;
+  const bool blocked_out = out_layout_ != Layout::nchw, mask = relu_mask_;
   Kokkos::parallel_for(
       "MaxPool::forward_blocked", Range2({0, 0}, {B * Cb, Ho}),
       KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
-        const float* xr = xv.data() + (p * H + 2 * i) * W * 16;
-        const std::int64_t row = (p * Ho + i) * Wo * 16;  // of blocked16 y and argmax
-        const NchwBlock nchw = nchw_block(p, C);
+        const float* xr = xv.data() + (p * H + 2 * i) * W * BS;
+        const std::int64_t row = (p * Ho + i) * Wo * BS;  // of blocked y and argmax
+        const NchwBlock nchw = nchw_block<BS>(p, C);
         for (std::int64_t j = 0; j < Wo; ++j) {
-          const float* xa = xr + 2 * j * 16;  // the window's pixels: xa, xa + 16 / below them, W * 16 on
+          const float* xa = xr + 2 * j * BS;  // the window's pixels: xa, xa + BS / below them, W * BS on
           const auto at = static_cast<std::int32_t>(2 * i * W + 2 * j), w = static_cast<std::int32_t>(W);
-          std::int32_t* ao = am.data() + row + j * 16;
-          float m[16];
-          for (int l = 0; l < 16; ++l) {
+          std::int32_t* ao = am.data() + row + j * BS;
+          float m[BS];
+          for (int l = 0; l < BS; ++l) {
             std::int32_t best = at;
             m[l] = xa[l];
-            take_max(xa[16 + l], at + 1, m[l], best);
-            take_max(xa[16 * W + l], at + w, m[l], best);
-            take_max(xa[16 * W + 16 + l], at + w + 1, m[l], best);
+            take_max(xa[BS + l], at + 1, m[l], best);
+            take_max(xa[BS * W + l], at + w, m[l], best);
+            take_max(xa[BS * W + BS + l], at + w + 1, m[l], best);
             ao[l] = !mask | relu_passes(m[l]) ? best : -1;
           }
           if (blocked_out) {
-            for (int l = 0; l < 16; ++l) yv(row + j * 16 + l) = m[l];
+            for (int l = 0; l < BS; ++l) yv(row + j * BS + l) = m[l];
           } else {
             for (std::int64_t l = 0; l < nchw.lanes; ++l) yv(((nchw.plane + l) * Ho + i) * Wo + j) = m[l];
           }
@@ -233,27 +236,28 @@ void Pool2d::forward_blocked(const Tensor& x, Tensor& y) {
       });
 }
 
-// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, C/16, H, W, 16). Each window's four
-// gradients are written at once, lanes as vectors: dy where the argmax is, else 0.
-// An NCHW dy (a quarter of dx's size) is first transposed to blocked16. What no
-// window covers (a last odd row or column) is zeroed, and so are the padding
-// channels, as oneDNN expects.
-void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx) {
-  const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + 15) / 16;
-  resize(dx, B, in_sample_, "MaxPool::dx", Layout::blocked16);
+// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, C/BS, H, W, BS) in x's layout. Each
+// window's four gradients are written at once, lanes as vectors: dy where the argmax
+// is, else 0. An NCHW dy (a quarter of dx's size) is first transposed to the blocked
+// layout. What no window covers (a last odd row or column) is zeroed, and so are the
+// padding channels, as oneDNN expects.
+template <int BS>
+void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout) {
+  const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, Cb = (C + BS - 1) / BS;
+  resize(dx, B, in_sample_, "MaxPool::dx", x_layout);
   if (B == 0) return;
   ConstView1 dyv = dy.data;
   if (out_layout_ == Layout::nchw) {
-    resize(dy_blocked_, B, out_sample_, "MaxPool::dy_blocked", Layout::blocked16);
+    resize(dy_blocked_, B, out_sample_, "MaxPool::dy_blocked", x_layout);
     View1 dyb = dy_blocked_.data;
     Kokkos::parallel_for(
         "MaxPool::dy_to_blocked", Range2({0, 0}, {B * Cb, Ho}),
         KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
-          const NchwBlock nchw = nchw_block(p, C);
-          float* row = dyb.data() + (p * Ho + i) * Wo * 16;
+          const NchwBlock nchw = nchw_block<BS>(p, C);
+          float* row = dyb.data() + (p * Ho + i) * Wo * BS;
           for (std::int64_t j = 0; j < Wo; ++j)
-            for (std::int64_t l = 0; l < 16; ++l)
-              row[j * 16 + l] = l < nchw.lanes ? dyv(((nchw.plane + l) * Ho + i) * Wo + j) : 0.0f;
+            for (std::int64_t l = 0; l < BS; ++l)
+              row[j * BS + l] = l < nchw.lanes ? dyv(((nchw.plane + l) * Ho + i) * Wo + j) : 0.0f;
         });
     dyv = dyb;
   }
@@ -262,23 +266,23 @@ void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx) {
   Kokkos::parallel_for(
       "MaxPool::backward_blocked", Range2({0, 0}, {B * Cb, Ho}),
       KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
-        float* dxr = dxv.data() + (p * H + 2 * i) * W * 16;
-        const std::int64_t row = (p * Ho + i) * Wo * 16;
+        float* dxr = dxv.data() + (p * H + 2 * i) * W * BS;
+        const std::int64_t row = (p * Ho + i) * Wo * BS;
         for (std::int64_t j = 0; j < Wo; ++j) {
-          const float* g = dyv.data() + row + j * 16;
-          const std::int32_t* a = am.data() + row + j * 16;
-          float* dxa = dxr + 2 * j * 16;
+          const float* g = dyv.data() + row + j * BS;
+          const std::int32_t* a = am.data() + row + j * BS;
+          float* dxa = dxr + 2 * j * BS;
           const auto at = static_cast<std::int32_t>(2 * i * W + 2 * j), w = static_cast<std::int32_t>(W);
-          for (int l = 0; l < 16; ++l) {
+          for (int l = 0; l < BS; ++l) {
             dxa[l] = select_or_zero(a[l] == at, g[l]);
-            dxa[16 + l] = select_or_zero(a[l] == at + 1, g[l]);
-            dxa[16 * W + l] = select_or_zero(a[l] == at + w, g[l]);
-            dxa[16 * W + 16 + l] = select_or_zero(a[l] == at + w + 1, g[l]);
+            dxa[BS + l] = select_or_zero(a[l] == at + 1, g[l]);
+            dxa[BS * W + l] = select_or_zero(a[l] == at + w, g[l]);
+            dxa[BS * W + BS + l] = select_or_zero(a[l] == at + w + 1, g[l]);
           }
         }
-        for (std::int64_t e = 2 * Wo * 16; e < W * 16; ++e) dxr[e] = dxr[W * 16 + e] = 0.0f;
+        for (std::int64_t e = 2 * Wo * BS; e < W * BS; ++e) dxr[e] = dxr[W * BS + e] = 0.0f;
         if (i == Ho - 1)
-          for (std::int64_t e = 2 * W * 16; e < (H - 2 * i) * W * 16; ++e) dxr[e] = 0.0f;
+          for (std::int64_t e = 2 * W * BS; e < (H - 2 * i) * W * BS; ++e) dxr[e] = 0.0f;
       });
 }
 

@@ -3,7 +3,8 @@
 // no padding and floor rounding (PyTorch's defaults); stride defaults to k.
 // globalavgpool: nn.AdaptiveAvgPool2d(1), (C, H, W) -> (C, 1, 1).
 // Plain Kokkos kernels: these are memory-bound and small next to the convolutions.
-// NCHW, and for the 2x2 max-pool also blocked16, where the model sets it.
+// NCHW, and for the 2x2 max-pool also the convolutions' blocked layouts (nChw8c,
+// nChw16c), where the model sets them.
 
 #include "model/layer.hpp"
 
@@ -24,17 +25,19 @@ class Pool2d : public Layer {
   // the output y, so the gradient passes where y > 0. The relu then passes dy on.
   void absorb_relu_backward() { relu_mask_ = true; }
 
-  // The model's blocked layouts: a max-pool with k = 2, stride 2 also takes a
-  // blocked16 x (from a convolution before) and then writes dx blocked16; y and dy are
-  // in the layout set here (nchw unless set): blocked16 for a convolution after, NCHW
-  // for anything else. An NCHW x always gives an NCHW y.
+  // The model's blocked layouts: a max-pool with k = 2, stride 2 also takes an x in
+  // nChw8c or nChw16c (from a convolution before) and then writes dx in that layout;
+  // y and dy are in the layout set here (nchw unless set): x's for a convolution after,
+  // NCHW for anything else. An NCHW x always gives an NCHW y.
   bool takes_blocked() const { return op_ == Max && k_ == 2 && stride_ == 2; }
   void set_output_layout(Layout out) { out_layout_ = out; }
 
-  // forward and backward for a blocked16 x (public only because CUDA's extended
-  // lambdas may not live in private member functions)
+  // forward and backward for an x in BS-channel blocks (public only because CUDA's
+  // extended lambdas may not live in private member functions)
+  template <int BS>
   void forward_blocked(const Tensor& x, Tensor& y);
-  void backward_blocked(const Tensor& dy, Tensor& dx);
+  template <int BS>
+  void backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout);
 
  private:
   Op op_;
@@ -43,10 +46,10 @@ class Pool2d : public Layer {
   std::int64_t k_, stride_;
   std::int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (C, H, W), (C, Ho, Wo)
-  // max: (B, C, Ho, Wo) offset of the max inside its (H, W) plane; for a blocked16 x
-  // (B, C/16, Ho, Wo, 16), and -1 where the relu mask stops the gradient
+  // max: (B, C, Ho, Wo) offset of the max inside its (H, W) plane; for a blocked x
+  // (B, C/BS, Ho, Wo, BS), and -1 where the relu mask stops the gradient
   Kokkos::View<std::int32_t*> argmax_;
-  Tensor dy_blocked_;  // (B, C, Ho, Wo) blocked16: an NCHW dy for the blocked16 backward
+  Tensor dy_blocked_;  // (B, C, Ho, Wo) blocked as x: an NCHW dy for the blocked backward
 };
 
 class GlobalAvgPool : public Layer {

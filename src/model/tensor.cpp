@@ -21,7 +21,7 @@ std::string shape_str(const Shape& shape) {
 
 std::int64_t Tensor::storage_numel() const {
   if (layout == Layout::nchw) return numel();
-  const std::int64_t c = shape[1], padded = (c + 15) / 16 * 16;
+  const std::int64_t c = shape[1], block = channel_block(layout), padded = (c + block - 1) / block * block;
   return numel() / c * padded;
 }
 

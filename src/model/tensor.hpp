@@ -31,7 +31,7 @@ struct Tensor {
   Layout layout = Layout::nchw;
 
   std::int64_t numel() const { return shape.empty() ? 0 : shape_numel(shape); }
-  // Elements the layout occupies: numel() but for blocked16's padding channels.
+  // Elements the layout occupies: numel() but for a blocked layout's padding channels.
   std::int64_t storage_numel() const;
   std::int64_t batch() const { return shape[0]; }
   std::int64_t sample_numel() const {

@@ -81,8 +81,9 @@ TEST(Conv2d, GradientCheckNoPadNoBias) {
   grad_check(b, 3);
 }
 
-// Enough channels for oneDNN's channel-blocked kernels (nChw16c with AVX-512):
-// reorders in and out, and backward data reading backward weights' copy of dy.
+// Enough channels for oneDNN's channel-blocked kernels (nChw8c with AVX2, nChw16c
+// with AVX-512): reorders in and out, and backward data reading backward weights'
+// copy of dy.
 TEST(Conv2d, GradientCheckBlockedLayout) {
   BoundLayer b("conv2d(32, 3, pad=1)", {16, 5, 5});
   grad_check(b, 2);

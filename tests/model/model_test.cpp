@@ -11,6 +11,7 @@
 #include <dnnl.hpp>
 #endif
 #include <iostream>
+#include <sstream>
 
 #include "comm/check.hpp"
 #include "grad_check.hpp"
@@ -212,33 +213,42 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
 TEST(ModelFusion, ConvReluMaxPoolMatchesUnfused) {
   // pool(2) leaves a row and column of the 11x11 map outside every window; pool(2,
   // stride=3) leaves gaps; the last relu is fused forward only. 16 and 32 channels
-  // take oneDNN's channel-blocked kernels (with AVX-512), as the real models do.
+  // take oneDNN's channel-blocked kernels (AVX2 and AVX-512), as the real models do.
   expect_fusion_exact({"conv2d(16, 3, pad=1)", "relu", "maxpool(2)", "conv2d(32, 3, pad=1)", "relu",
                        "maxpool(2, stride=3)", "conv2d(5, 1)", "relu", "flatten", "linear(3)"},
                       {2, 11, 11});
 }
 
 TEST(ModelFusion, BlockedLayoutsMatchUnfused) {
-  // inputs/fashion_cnn.nml: conv1 -> pool1 -> conv2 -> pool2 stay blocked (with
-  // AVX-512); pool2 hands flatten NCHW. In every precision: bf16 converts the blocked
+  // inputs/fashion_cnn.nml: conv1 -> pool1 -> conv2 -> pool2 stay blocked (nChw8c
+  // with AVX2, nChw16c with AVX-512); pool2 hands flatten NCHW. In every precision: bf16 converts the blocked
   // activations instead of reordering them, fp16 rounds its copies.
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
     expect_fusion_exact({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu",
                          "maxpool(2)", "flatten", "linear(128)", "relu", "linear(10)"},
                         {1, 28, 28}, p);
-  // 20 and 24 channels pad to 32 in the blocked layout; 13x13 and 4x4 maps: the last
+  // 20 and 24 channels pad to 24 (nChw8c) or 32 (nChw16c); 13x13 and 4x4 maps: the last
   // row and column of the first are in no window; the second pool has no relu.
   expect_fusion_exact(
       {"conv2d(20, 3, pad=1)", "relu", "maxpool(2)", "conv2d(24, 3)", "maxpool(2)", "flatten", "linear(3)"},
       {3, 13, 13});
+  // A convolution feeding another through a relu (fused forward, not backward) and a
+  // tanh, then one through a pool and a relu: the activations between stay blocked.
+  expect_fusion_exact({"conv2d(20, 3, pad=1)", "relu", "conv2d(16, 3)", "tanh", "conv2d(12, 3, pad=1)",
+                       "maxpool(2)", "relu", "conv2d(8, 3)", "relu", "flatten", "linear(3)"},
+                      {3, 13, 13});
 }
 
 #if DDP_WITH_ONEDNN
 // The test above would also pass if the blocked path were never taken; this one says
-// it is, on a CPU whose oneDNN kernels use nChw16c (AVX-512), in every precision.
-TEST(ModelFusion, BlockedLayoutIsTakenWithAvx512) {
-  if (dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx512_core)
-    GTEST_SKIP() << "no AVX-512: oneDNN's kernels take other layouts here";
+// it is, in the layout oneDNN's kernels use on this CPU (nChw8c with AVX2, nChw16c
+// with AVX-512: the suite runs it again under ONEDNN_MAX_CPU_ISA=AVX2), in every
+// precision.
+TEST(ModelFusion, BlockedLayoutIsTheCpusOwn) {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  if (isa < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
+  const Layout expected = isa >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
+  std::cout << "[ model ] blocked layout on this CPU: " << layout_name(expected) << "\n";
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     Model m({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu", "maxpool(2)",
              "flatten", "linear(128)", "relu", "linear(10)"},
@@ -246,12 +256,67 @@ TEST(ModelFusion, BlockedLayoutIsTakenWithAvx512) {
     m.set_precision(p);
     // conv1 -> relu -> pool1 -> conv2 -> relu blocked; pool2 hands flatten NCHW.
     for (std::size_t i = 0; i < 10; ++i)
-      EXPECT_EQ(m.output_layout(i), i < 5 ? Layout::blocked16 : Layout::nchw)
+      EXPECT_EQ(layout_name(m.output_layout(i)), layout_name(i < 5 ? expected : Layout::nchw))
           << "layer " << i << " " << precision_name(p);
-    EXPECT_NE(m.summary().find("nChw16c"), std::string::npos) << m.summary();
+    EXPECT_NE(m.summary().find(layout_name(expected)), std::string::npos) << m.summary();
     Model unfused({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)"}, {1, 28, 28}, 3, /*fuse=*/false);
     EXPECT_EQ(unfused.output_layout(0), Layout::nchw);
   }
+}
+
+// The reorders oneDNN runs in one fp32 training step at batch 6, as its verbose mode
+// reports them (one "exec,cpu,reorder" line each): none of an activation or its
+// gradient (dims "6x..."), but for the model's input (its one channel padded to a
+// block for backward weights), on whatever CPU this is. The weights' reorders (their
+// dims start with the output channels) are not counted.
+void expect_no_activation_reorder(const std::vector<std::string>& specs, int convolution_passes) {
+  const std::int64_t B = 6;
+  Model m(specs, {1, 28, 28}, 3);
+  const std::int64_t C = shape_numel(m.output_shape());
+  Tensor x = make_tensor({B, 1, 28, 28}, random_values(B * 784, 81));
+  Tensor dout = make_tensor({B, C}, random_values(B * C, 82));
+  auto step = [&] {
+    m.forward(x, true);
+    m.backward(dout);
+  };
+  step();  // creates the primitives: their creation lines are not executions anyway
+  testing::internal::CaptureStdout();
+  dnnl::set_verbose(1);
+  step();
+  dnnl::set_verbose(0);
+  const std::string log = testing::internal::GetCapturedStdout();
+  std::istringstream lines(log);
+  std::vector<std::string> reorders;
+  int convolutions = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(",exec,cpu,convolution,") != std::string::npos) ++convolutions;
+    if (line.find(",exec,cpu,reorder,") == std::string::npos) continue;
+    // ...,<dims>,<ms>: the dims are the field before the last
+    const std::size_t last = line.rfind(','), before = line.rfind(',', last - 1);
+    const std::string dims = line.substr(before + 1, last - before - 1);
+    if (dims.rfind(std::to_string(B) + "x", 0) == 0 && dims != std::to_string(B) + "x1x28x28")
+      reorders.push_back(line);
+  }
+  // Verbose mode really reported: every convolution's passes.
+  EXPECT_EQ(convolutions, convolution_passes) << log;
+  EXPECT_TRUE(reorders.empty()) << reorders.size() << " activation reorders, the first: " << reorders.front()
+                                << "\n"
+                                << m.summary();
+}
+
+TEST(ModelFusion, NoActivationReorderAroundConvolutions) {
+  if (dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: NCHW kernels";
+  // inputs/fashion_cnn.nml: conv -> pool -> conv -> pool; the first convolution needs
+  // no backward data: 2 + 3 passes.
+  expect_no_activation_reorder({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu",
+                                "maxpool(2)", "flatten", "linear(128)", "relu", "linear(10)"},
+                               5);
+  // A convolution feeding another directly, through a relu (fused into the first
+  // one's forward); a tanh and no relu before a pool; 2 + 3 + 3 passes. (A
+  // convolution feeding flatten reorders its output to NCHW: not asked here.)
+  expect_no_activation_reorder({"conv2d(16, 3, pad=1)", "relu", "conv2d(24, 3)", "tanh", "maxpool(2)",
+                                "conv2d(16, 3)", "maxpool(2)", "flatten", "linear(10)"},
+                               8);
 }
 #endif
 

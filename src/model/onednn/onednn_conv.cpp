@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -16,7 +17,7 @@ using tag = dnnl::memory::format_tag;
 
 namespace {
 // DDP_CONV_LAYOUT=plain keeps every primitive on NCHW/OIHW (no reorders); the
-// default lets oneDNN choose, which on AVX-512 means nChw16c blocked kernels.
+// default lets oneDNN choose: nChw8c blocked kernels on AVX2, nChw16c on AVX-512.
 tag layout_tag() {
   static const bool plain = [] {
     const char* v = std::getenv("DDP_CONV_LAYOUT");
@@ -25,15 +26,38 @@ tag layout_tag() {
   return plain ? tag::nchw : tag::any;
 }
 
-// Our buffer of an activation or its gradient, in its layout.
-memory::desc our_md(const memory::dims& dims, Layout layout) {
-  return memory::desc(dims, memory::data_type::f32, layout == Layout::blocked16 ? tag::nChw16c : tag::nchw);
+tag format_of(Layout layout) {
+  switch (layout) {
+    case Layout::nChw8c:
+      return tag::nChw8c;
+    case Layout::nChw16c:
+      return tag::nChw16c;
+    case Layout::nchw:
+      break;
+  }
+  return tag::nchw;
 }
 
-// Whether a primitive's operand lies as blocked16, whatever its data type: a bf16
-// operand then costs our blocked buffer a conversion, not a reorder.
-bool is_blocked16(const memory::desc& md) {
-  return md == memory::desc(md.dims(), md.data_type(), tag::nChw16c);
+// Our buffer of an activation or its gradient, in its layout.
+memory::desc our_md(const memory::dims& dims, Layout layout) {
+  return memory::desc(dims, memory::data_type::f32, format_of(layout));
+}
+
+// The blocked layout a primitive's operand lies in, whatever its data type (a bf16
+// operand then costs our blocked buffer a conversion, not a reorder); nchw for any
+// other layout.
+Layout blocked_layout_of(const memory::desc& md) {
+  for (Layout l : {Layout::nChw8c, Layout::nChw16c})
+    if (md == memory::desc(md.dims(), md.data_type(), format_of(l))) return l;
+  return Layout::nchw;
+}
+
+// The one blocked layout all of these operands lie in; nchw if they differ or none is blocked.
+Layout common_blocked_layout(std::initializer_list<memory::desc> mds) {
+  const Layout first = blocked_layout_of(*mds.begin());
+  for (const memory::desc& md : mds)
+    if (blocked_layout_of(md) != first) return Layout::nchw;
+  return first;
 }
 
 // The batch the layout queries ask at: oneDNN's choice of layouts does not depend on
@@ -41,10 +65,10 @@ bool is_blocked16(const memory::desc& md) {
 constexpr std::int64_t kLayoutProbeBatch = 64;
 }  // namespace
 
-// Activations live in our buffers (NCHW, or blocked16 as the model sets) and weights
+// Activations live in our buffers (NCHW, or blocked as the model sets) and weights
 // in PyTorch's OIHW layout. oneDNN picks each primitive's layouts (format_tag::any):
-// where it prefers another layout or type than our buffer's (nChw16c with AVX-512;
-// bf16), a Port reorders between our buffer and a copy it owns, allocated once;
+// where it prefers another layout or type than our buffer's (nChw8c with AVX2,
+// nChw16c with AVX-512; bf16), a Port reorders between our buffer and a copy it owns, allocated once;
 // where it takes ours, it works on our buffer directly. Scratchpads are ours too
 // (user mode), allocated once.
 namespace {
@@ -135,16 +159,15 @@ class OnednnConv final : public ConvKernels {
     out_layout_ = out;
   }
 
-  bool blocked_input_fits() override {
+  Layout native_input_layout() override {
     const Descs d = descs(kLayoutProbeBatch);
-    return is_blocked16(d.fwd.src_desc()) && is_blocked16(d.bwd_weights.src_desc()) &&
-           is_blocked16(d.bwd_data.diff_src_desc());
+    return common_blocked_layout({d.fwd.src_desc(), d.bwd_weights.src_desc(), d.bwd_data.diff_src_desc()});
   }
 
-  bool blocked_output_fits() override {
+  Layout native_output_layout() override {
     const Descs d = descs(kLayoutProbeBatch);
-    return is_blocked16(d.fwd.dst_desc()) && is_blocked16(d.bwd_weights.diff_dst_desc()) &&
-           is_blocked16(d.bwd_data.diff_dst_desc());
+    return common_blocked_layout(
+        {d.fwd.dst_desc(), d.bwd_weights.diff_dst_desc(), d.bwd_data.diff_dst_desc()});
   }
 
   void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override {

@@ -19,3 +19,9 @@ foreach(_system any lmod)
   set_tests_properties(${_name} PROPERTIES LABELS module TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77)
 endforeach()
 
+# spack/packages/ddp-train/package.py, read with a stand-in spack.package (no Spack can be
+# installed from Debian or PyPI): its variants and dependencies, and every CMake option of
+# the project set by its cmake_args or listed as deliberately not exposed.
+add_test(NAME module_spack_recipe COMMAND ${DDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/module/check_spack_recipe.py
+                                         ${PROJECT_SOURCE_DIR})
+set_tests_properties(module_spack_recipe PROPERTIES LABELS module TIMEOUT 60)

@@ -186,6 +186,14 @@ if(DDP_ENABLE_CUDA)
                      ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
 endif()
 
+# tools/plot_metrics on two real 3-epoch runs: a PNG that is a plot, two runs overlaid,
+# one error line for a directory without metrics.jsonl.
+add_test(NAME e2e_plot_metrics
+         COMMAND ${DDP_PYTHON} ${E2E}/plot_metrics_check.py ${PROJECT_SOURCE_DIR}/tools/plot_metrics
+                 $<TARGET_FILE:ddp_train> ${TINY} ${DDP_RUN})
+set_tests_properties(e2e_plot_metrics PROPERTIES FIXTURES_REQUIRED e2e_data LABELS e2e TIMEOUT 120
+                     PROCESSORS 2)
+
 add_test(NAME e2e_help COMMAND $<TARGET_FILE:ddp_train> --help)
 set_tests_properties(e2e_help PROPERTIES PASS_REGULAR_EXPRESSION "usage: ddp_train" LABELS e2e)
 add_test(NAME e2e_version COMMAND $<TARGET_FILE:ddp_train> --version)

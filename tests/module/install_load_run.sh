@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# usage: install_load_run.sh BUILD_DIR VERSION MPIEXEC PYTHON
+# usage: install_load_run.sh BUILD_DIR VERSION MPIEXEC PYTHON [lmod]
 #
 # Installs the build into a temporary prefix, loads it as an environment module
 # in a fresh bash, and from a directory outside the source tree runs
-# `ddp_train --version` and a 2-rank training run on data made by the installed
-# tool, with the installed input file. Exit 77 (skipped) without a module system.
+# `ddp_train --version`, a 2-rank training run on data made by the installed
+# tool, with the installed input file, and the installed plot_metrics on it.
+# The module system: Environment Modules (Lmod when it is the only one), or with
+# `lmod` Lmod alone, from its own init script (Debian's lmod, or the copy that
+# tools/install_deps --test unpacks into /opt/lmod). Exit 77 (skipped) without it.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 version=$2
 mpiexec=$3
 python=$4
+system=${5:-any}
 
+lmod_inits=(/usr/share/lmod/lmod/init/bash /opt/lmod/usr/share/lmod/lmod/init/bash)
+if [ "$system" = lmod ]; then
+  inits=("${lmod_inits[@]}")
+else
+  inits=(/usr/share/modules/init/bash "${MODULESHOME:-/nonexistent}/init/bash" "${lmod_inits[@]}")
+fi
 init=""
-for f in /usr/share/modules/init/bash "${MODULESHOME:-/nonexistent}/init/bash" \
-         /usr/share/lmod/lmod/init/bash /etc/profile.d/lmod.sh; do
+for f in "${inits[@]}"; do
   if [ -f "$f" ]; then init=$f; break; fi
 done
 if [ -z "$init" ]; then
-  echo "no Environment Modules or Lmod (apt-get install environment-modules): skipping"
+  echo "no module system among ${inits[*]} (tools/install_deps --test installs both): skipping"
   exit 77
 fi
 
@@ -27,7 +36,7 @@ prefix=$tmp/prefix
 echo "== cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
 modulefile=$prefix/share/modulefiles/ddp_train/$version
-for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data \
+for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics \
          share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
          share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
@@ -39,16 +48,33 @@ mkdir -p "$tmp/work"
 # A login-like shell: nothing of this build on PATH, only what the module sets.
 env -i HOME="$tmp" PATH=/usr/local/bin:/usr/bin:/bin TERM=dumb \
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    INIT="$init" PREFIX="$prefix" WORK="$tmp/work" VERSION="$version" MPIEXEC="$mpiexec" PYTHON="$python" \
+    INIT="$init" SYSTEM="$system" PREFIX="$prefix" WORK="$tmp/work" VERSION="$version" MPIEXEC="$mpiexec" PYTHON="$python" \
     bash --noprofile --norc -euo pipefail -c '
 fail() { echo "FAIL: $*"; exit 1; }
+shows() { tr -s " \n" " " <out.txt | grep -qF "$1"; }  # Lmod wraps long lines
 source "$INIT"
+echo "== $INIT: $(module --version 2>&1 | grep -m1 .)"
+# Lmod, and not an Environment Modules function that came along some other way.
+if [ "$SYSTEM" = lmod ]; then
+  module --version 2>&1 | grep -q "Modules based on Lua" || fail "module is not Lmod after sourcing $INIT"
+fi
 module use "$PREFIX/share/modulefiles"
-echo "== module avail / whatis"
-module avail ddp_train 2>&1
-module whatis ddp_train 2>&1 | tee whatis.txt
-grep -q "ddp_train $VERSION" whatis.txt || fail "module whatis does not name ddp_train $VERSION"
-rm whatis.txt
+# Both systems list names in avail, and show the whatis line in whatis and keyword
+# searches (Lmod also in spider, as the Description).
+echo "== module avail / whatis / keyword"
+module avail ddp_train 2>&1 | tee out.txt
+shows "ddp_train/$VERSION" || fail "module avail does not list ddp_train/$VERSION"
+whatis="ddp_train $VERSION: data-parallel neural-network trainer"
+module whatis ddp_train 2>&1 | tee out.txt
+shows "$whatis" || fail "module whatis does not show \"$whatis\""
+module keyword neural-network 2>&1 | tee out.txt
+shows "$whatis" || fail "module keyword neural-network does not find ddp_train"
+if [ "$SYSTEM" = lmod ]; then
+  module spider "ddp_train/$VERSION" 2>&1 | tee out.txt
+  shows "Description: $whatis" ||
+    fail "module spider ddp_train/$VERSION shows no Description with \"$whatis\""
+fi
+rm out.txt
 module load ddp_train
 [ "$(command -v ddp_train)" = "$PREFIX/bin/ddp_train" ] || fail "ddp_train on PATH is $(command -v ddp_train)"
 [ "$DDP_TRAIN_ROOT" = "$PREFIX" ] || fail "DDP_TRAIN_ROOT=$DDP_TRAIN_ROOT"
@@ -78,6 +104,9 @@ ok = (len(records) == 3 and last["epoch"] == 3 and last["world_size"] == 2
       and math.isfinite(last["val_loss"]) and last["val_loss"] < records[0]["val_loss"])
 sys.exit(0 if ok else "FAIL: metrics " + repr(records))
 PY
+echo "== plot_metrics runs/module"
+plot_metrics runs/module -o module.png
+[ "$(stat -c %s module.png)" -gt 20000 ] || fail "plot_metrics wrote no plot"
 module unload ddp_train
 [ -z "${DDP_TRAIN_ROOT:-}" ] || fail "module unload left DDP_TRAIN_ROOT"
 ! command -v ddp_train >/dev/null || fail "module unload left ddp_train on PATH"

@@ -28,6 +28,14 @@ ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
           runs/ckpt_any_world_size 0.85)
 ddp_add_checkpoint_test(interop_pytorch FIXTURE fashion ckpt_fashion_run NP 1 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/interop.py runs/ckpt_exact_straight "data/fashion-mnist/test_*.h5")
+# io.init_from with a weights-only file made by tools/torch_to_h5 from a PyTorch
+# state_dict: the first step's loss equals PyTorch's; a missing or misshapen tensor is
+# one error line and exit 1 on every rank.
+if(DDP_TORCH_PYTHON)
+  ddp_add_checkpoint_test(init_from_pytorch_np2 NP 2 TIMEOUT 180
+    COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/torch_init.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+            ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/torch_init)
+endif()
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
 # Faults (issue 11): a disk that fills up (run_dir on a small tmpfs; skipped, exit

@@ -136,6 +136,12 @@ endfunction()
 # a while: the window's sum was read after its reset).
 ddp_add_train_test(tiny_np3 NP 3 RUN_DIR runs/tiny_np3 FIXTURE e2e_data CHECK "--epochs 2 --progress"
                    ARGS ${TINY} train.log_every=1)
+# Progress lines' epoch fraction, samples/s and time left, over a run and its resume.
+add_test(NAME e2e_progress_eta_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/progress.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
+                 ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml runs/progress_eta)
+set_tests_properties(e2e_progress_eta_np2 PROPERTIES FIXTURES_REQUIRED fashion LABELS e2e TIMEOUT 300
+                     PROCESSORS 2)
 # Streaming (prefetch thread, reads per batch) and preloading give the same run.
 ddp_add_train_test(tiny_stream NP 2 RUN_DIR runs/tiny_stream FIXTURE e2e_data CHECK "--epochs 2"
                    ARGS ${TINY} data.mode=stream data.prefetch_batches=2)

@@ -3,16 +3,7 @@
 ddp_add_test(layers_grad_test SOURCES layers/grad_test.cpp LABELS layers CAPPED_ISA_TOO)
 
 # Numbers against PyTorch: a fixture writes torch_reference.h5 with the python that
-# has torch (DDP_TORCH_PYTHON, found here); without torch these tests are left out.
-if(NOT DEFINED DDP_TORCH_PYTHON)
-  foreach(_py ${DDP_PYTHON} /usr/bin/python3)
-    execute_process(COMMAND ${_py} -c "import torch, h5py" RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
-    if(_rc EQUAL 0)
-      set(DDP_TORCH_PYTHON ${_py} CACHE FILEPATH "python3 with torch and h5py, for the PyTorch comparisons")
-      break()
-    endif()
-  endforeach()
-endif()
+# has torch (DDP_TORCH_PYTHON, tests/CMakeLists.txt); without torch these tests are left out.
 if(DDP_TORCH_PYTHON)
   set(_ref ${CMAKE_CURRENT_BINARY_DIR}/torch_reference.h5)
   add_test(NAME layers_torch_reference

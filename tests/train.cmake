@@ -7,3 +7,5 @@ if(NOT DDP_ENABLE_CUDA)
 endif()
 # Non-finite counts and the parameter hashes of comm.check_every (src/train/guards.hpp).
 ddp_add_mpi_test(test_guards SOURCES train/test_guards.cpp NP 1 2 3 LABELS train)
+# Progress lines' durations and time left (src/train/progress.hpp).
+ddp_add_test(test_progress SOURCES train/test_progress.cpp LABELS train)

@@ -111,6 +111,16 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
 // any optimizer.
 Checkpoint load_checkpoint(const std::string& path, const Model& model, const std::string& optimizer);
 
+// Any process. io.init_from: the weights of `path`, a checkpoint of ours (checked as
+// load_checkpoint does) or a weights-only file: /model/<name> datasets in PyTorch's
+// names and layouts and nothing else required (no /state, no /optimizer, no checksum;
+// any float or integer type). Names: ours, "layers.<i>.<param>", or a bare
+// nn.Sequential's "<i>.<param>". A missing, misshapen or non-finite tensor is an
+// InputError naming each (the tensor, the shape expected and the one found);
+// num_batches_tracked may be missing; tensors the model has no place for are ignored
+// with one warning. CheckpointError when the file cannot be read.
+Checkpoint load_initial_weights(const std::string& path, const Model& model);
+
 // The checkpoints of a run directory, the one `latest` names first, then the rest
 // newest first.
 std::vector<std::string> checkpoint_candidates(const std::string& run_dir);

@@ -166,6 +166,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   const std::int64_t batches = (sampler.num_samples() + B - 1) / B;
   steps_per_epoch_ = (batches + cfg_.train.accumulation_steps - 1) / cfg_.train.accumulation_steps;
   epoch_positions_ = sampler.total_size();
+  eta_ = RunEta(cfg_.train.epochs, epoch_positions_, val_ ? val_->size() : 0);
 
   loss_ = View1("Trainer::loss", std::size_t(B));
   loss_acc_ = Kokkos::View<double[3]>("Trainer::loss_acc");
@@ -430,6 +431,10 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const double prior_samples = comm_.rank() == 0 ? pos_.epoch_samples : 0.0;
 
   const double t0 = now();
+  // The span since the last progress line (or the epoch's start): its samples/s, and
+  // the rate behind the time left.
+  double mark = t0;
+  std::int64_t mark_consumed = start;
   Kokkos::deep_copy(loss_acc_, 0.0);
   // Samples trained (samples/s), and those of the steps taken (the loss's mean).
   std::int64_t samples = 0, loss_samples = 0, window_samples = 0, group_samples = 0;
@@ -497,11 +502,21 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     }
     if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) {
       const double window_loss = read_loss(loss_acc_, /*reset_window=*/true)[1];
-      char line[160];
+      const double t = now();
+      const double span_rate = t > mark ? double(pos_.consumed - mark_consumed) / (t - mark) : 0.0;
+      eta_.trained(t - mark, pos_.consumed - mark_consumed);
+      mark = t;
+      mark_consumed = pos_.consumed;
+      const double fraction = std::clamp(double(pos_.consumed) / double(epoch_positions_), 0.0, 1.0);
+      char line[256];
       std::snprintf(line, sizeof line,
-                    "  epoch %lld  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g",
-                    (long long)epoch + 1, (long long)step_, window_loss / double(window_samples),
-                    (long long)window_samples, learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_));
+                    "  epoch %lld/%d %d%%  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g  "
+                    "samples/s %.0f  eta epoch %s, run %s",
+                    (long long)epoch + 1, cfg_.train.epochs, int(std::floor(100.0 * fraction)),
+                    (long long)step_, window_loss / double(window_samples), (long long)window_samples,
+                    learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_), span_rate,
+                    duration_text(eta_.epoch_left(epoch, pos_.consumed)).c_str(),
+                    duration_text(eta_.run_left(epoch, pos_.consumed)).c_str());
       log::info(line);
       window_samples = 0;
     }
@@ -530,6 +545,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   }
   Kokkos::fence();  // a GPU may still be running the last step's kernels
   const double seconds = now() - t0;
+  eta_.trained(t0 + seconds - mark, pos_.consumed - mark_consumed);
   stats.data_wait_seconds = loader->wait_seconds();
   loader.reset();
   if (nonfinite) stop_nonfinite();
@@ -633,6 +649,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       const double t0 = now();
       v = validate(*val_);
       val_seconds = now() - t0;
+      eta_.validated(val_seconds);
     }
     char line[256];
     int len = std::snprintf(line, sizeof line, "epoch %lld/%d  step %lld  train_loss %.4f",
@@ -643,7 +660,10 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
                          e.train_seconds + val_seconds);
     const bool skips = scaler_ || cfg_.train.nonfinite == "skip";
     if (scaler_) len += std::snprintf(line + len, sizeof line - len, "  loss_scale %g", e.loss_scale);
-    if (skips) std::snprintf(line + len, sizeof line - len, "  skipped %lld", (long long)e.skipped_steps);
+    if (skips)
+      len += std::snprintf(line + len, sizeof line - len, "  skipped %lld", (long long)e.skipped_steps);
+    std::snprintf(line + len, sizeof line - len, "  eta run %s",
+                  duration_text(eta_.run_left(pos_.epoch, pos_.consumed)).c_str());
     log::info(line);
 
     if (metrics) {

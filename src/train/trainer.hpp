@@ -19,6 +19,7 @@
 #include "train/input_stage.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
+#include "train/progress.hpp"
 
 namespace ddp {
 
@@ -127,6 +128,7 @@ class Trainer {
   TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
   std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
+  RunEta eta_;  // progress lines' time left, from this process's measurements
   // This rank's view of the step that went non-finite, for stop_nonfinite().
   std::vector<std::int64_t> step_indices_;  // the global samples of its micro-batches
   bool loss_nonfinite_ = false;             // its loss sum of the step

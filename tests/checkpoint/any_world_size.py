@@ -31,7 +31,7 @@ args = [nml, f"train.epochs={EPOCHS}", "train.log_every=5", "io.trace_samples=.t
 N = 60000
 
 steps_per_epoch = [None]
-LR = re.compile(r"^\s+epoch \d+\s+step \d+\s.*\slr (\S+)$", re.M)
+LR = re.compile(r"^\s+epoch \d+/\d+ \d+%\s+step \d+\s.*\slr (\S+)  samples/s ", re.M)
 
 
 def stop_when(line):

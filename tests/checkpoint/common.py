@@ -50,8 +50,8 @@ def run_until(cmd, stop_when, timeout=600):
 
 
 def progress_step(line, epoch):
-    """Step of a progress line '  epoch E  step S ...' of epoch E, else None."""
-    m = re.match(r"\s+epoch (\d+)\s+step (\d+)\s", line)
+    """Step of a progress line '  epoch E/N P%  step S ...' of epoch E, else None."""
+    m = re.match(r"\s+epoch (\d+)/\d+ \d+%\s+step (\d+)\s", line)
     return int(m.group(2)) if m and int(m.group(1)) == epoch else None
 
 

@@ -36,7 +36,7 @@ prefix=$tmp/prefix
 echo "== cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
 modulefile=$prefix/share/modulefiles/ddp_train/$version
-for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics \
+for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/torch_to_h5 \
          share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
          share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }

@@ -4,6 +4,7 @@
 // was found at build time. One thread unless OMP_NUM_THREADS / DDP_DNNL_THREADS say
 // otherwise. A program that prints numbers, not a test:
 //   build/gemm_bench [batch] [repeats]
+#include <Kokkos_Core.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +32,7 @@ double seconds_per_call(int repeats, const std::function<void()>& f) {
 
 int main(int argc, char** argv) {
   using ddp::Precision;
+  Kokkos::ScopeGuard kokkos(argc, argv);  // the compute backend is made after Kokkos::initialize
   const int B = argc > 1 ? std::atoi(argv[1]) : 64;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 300;
   struct Shape {

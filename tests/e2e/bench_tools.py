@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""The benchmark programs still run and print their numbers (they are not tests of
+speed: nothing here is timed against a limit). gemm_bench and conv_bench on a few
+calls; ddp_bench on 2 ranks on one Fashion-MNIST shard of the CNN (its floor and its
+floor / actual); tools/torch_bench.py, PyTorch's side of `tools/bench_all --torch`,
+on the MLP on 2 ranks when a python with torch is given.
+
+usage: bench_tools.py BUILD_DIR SOURCE_DIR MPIEXEC [TORCH_PYTHON]
+(run in the test directory, where data/fashion-mnist is)
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+build, source, mpiexec = sys.argv[1:4]
+torch_python = sys.argv[4] if len(sys.argv) > 4 else ""
+env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+shard = "data.train_files=data/fashion-mnist/train_000.h5"
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def run(cmd):
+    print("$ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    print(p.stdout[-3000:])
+    if p.returncode != 0:
+        fail(f"{cmd[0]} exited {p.returncode}")
+    return p.stdout
+
+
+def positive(pattern, text, what):
+    m = re.search(pattern, text)
+    if not m:
+        fail(f"no {what} in the output")
+    values = [float(v) for v in m.groups()]
+    if not all(v > 0 for v in values):
+        fail(f"{what}: {values}")
+    return values
+
+
+if os.path.exists(os.path.join(build, "gemm_bench")):  # oneDNN's: not in the CUDA build
+    out = run([os.path.join(build, "gemm_bench"), "64", "3"])
+    positive(r"one MLP step's GEMMs: fp32 ([0-9.]+) us, bf16 ([0-9.]+) us, fp16 \(emulated\) ([0-9.]+) us", out,
+             "GEMM totals")
+out = run([os.path.join(build, "conv_bench"), "8", "3"])
+positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out, "convolution total")
+
+out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
+           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools"])
+line = [l for l in out.splitlines() if l.startswith("json: ")]
+if len(line) != 1:
+    fail("ddp_bench printed no json line")
+r = json.loads(line[0][6:])
+if r["world_size"] != 2 or r["steps"] != 79:  # 10000 samples, 5000 a rank, batch 64
+    fail(f"ddp_bench ran {r['world_size']} ranks, {r['steps']} steps; expected 2 and 79")
+for key in ("samples_per_s", "step_ms", "floor_kernels_ms", "floor_allreduce_ms", "efficiency"):
+    if not r[key] > 0:
+        fail(f"ddp_bench {key} = {r[key]}")
+if not r["floor_ms"] < 1.5 * r["step_ms"]:  # the floor is a part of the step, give or take noise
+    fail(f"floor {r['floor_ms']} ms against a step of {r['step_ms']} ms")
+print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}")
+
+if torch_python:
+    out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",
+               os.path.join(source, "inputs", "fashion_mlp.nml"), shard])
+    (rate, loss) = positive(r"torch_bench: .*, 2 rank\(s\), batch 64 per rank, 79 steps, samples/s ([0-9.]+), "
+                            r".*final loss ([0-9.]+)", out, "torch_bench's line")
+    if not loss < 1.5:  # one epoch of 10000 samples of the MLP trains (from ln 10 = 2.30)
+        fail(f"PyTorch's MLP did not train: final loss {loss}")
+else:
+    print("torch_bench: skipped (no python with torch)")
+print("PASS")

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""PyTorch's side of `tools/bench_all --torch`: trains the model of a ddp_train input
+file for one epoch under torch.distributed (gloo, DistributedDataParallel), one
+thread per rank, and prints the samples/s as ddp_bench does.
+
+usage: tools/torch_bench.py -n N INPUT.nml [group.key=value ...]
+       (or torchrun --nproc_per_node N tools/torch_bench.py INPUT.nml ...)
+
+With -n it starts its N ranks itself (RANK, WORLD_SIZE, MASTER_ADDR/PORT on
+127.0.0.1), one process each, as torchrun would.
+
+Overrides as ddp_train takes them (`data.train_files=data/x/train_000.h5`,
+`model.layers=flatten,linear(10)`), for the keys read here.
+
+The same model (model.layers, PyTorch's default initialisation), the same per-rank
+batch, optimizer (SGD with momentum and weight decay as in the input; the schedule's
+peak learning rate), the same training shards preloaded into memory as ddp_train's
+preload mode does (uint8 pixels scaled by 1/255), and DistributedSampler's
+shuffled, padded split of the epoch. The epoch is timed as ddp_train's is: from its
+first batch to the last optimizer step, no validation. Prints one line:
+  torch_bench: INPUT, N rank(s), batch B per rank, S steps, samples/s X, torch V, threads T
+"""
+import glob
+import os
+import re
+import sys
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def namelist_values(path):
+    """group.key -> raw value text, for the few keys read here. Comments (! outside
+    quotes) removed; a value runs to the next `key =` outside quotes (values span
+    lines, and quoted layer specs hold `pad=1`)."""
+    values = {}
+    group = None
+    key, value = None, ""
+    for line in open(path):
+        # drop a comment: the first ! outside quotes
+        out, quoted = "", False
+        for ch in line:
+            if ch == "'":
+                quoted = not quoted
+            if ch == "!" and not quoted:
+                break
+            out += ch
+        tokens = re.findall(r"'[^']*'|[^'\s=,]+|=|,", out)
+        for i, tok in enumerate(tokens):
+            if tok.startswith("&"):
+                group = tok[1:]
+            elif tok == "/" and not tok.startswith("'"):
+                if key:
+                    values[f"{group}.{key}"] = value.strip(" ,")
+                group, key, value = None, None, ""
+            elif i + 1 < len(tokens) and tokens[i + 1] == "=" and not tok.startswith("'"):
+                if key:
+                    values[f"{group}.{key}"] = value.strip(" ,")
+                key, value = tok, ""
+            elif tok != "=":
+                value += tok + " "
+    return values
+
+
+def strings(value):
+    """The items of a string array: quoted in the file; bare and comma-separated
+    (commas inside parentheses kept) in an override."""
+    quoted = re.findall(r"'([^']*)'", value)
+    return quoted if quoted else [v.strip() for v in re.findall(r"(?:[^,(]|\([^)]*\))+", value) if v.strip()]
+
+
+def build_model(specs, sample_shape):
+    layers, shape = [], list(sample_shape)
+    for spec in specs:
+        m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.strip())
+        name, args = m.group(1), [a.strip() for a in (m.group(2) or "").split(",") if a.strip()]
+        pos = [int(a) for a in args if "=" not in a]
+        kw = dict(a.split("=") for a in args if "=" in a)
+        if name == "flatten":
+            layers.append(nn.Flatten())
+            shape = [int(np.prod(shape))]
+        elif name == "linear":
+            layers.append(nn.Linear(shape[0], pos[0]))
+            shape = [pos[0]]
+        elif name == "relu":
+            layers.append(nn.ReLU())
+        elif name == "tanh":
+            layers.append(nn.Tanh())
+        elif name == "conv2d":
+            out, k = pos[0], pos[1]
+            stride, pad = int(kw.get("stride", 1)), int(kw.get("pad", 0))
+            layers.append(nn.Conv2d(shape[0], out, k, stride, pad, bias=kw.get("bias", "true") != "false"))
+            shape = [out] + [(d + 2 * pad - k) // stride + 1 for d in shape[1:]]
+        elif name == "maxpool":
+            k, stride = pos[0], int(kw.get("stride", pos[0]))
+            layers.append(nn.MaxPool2d(k, stride))
+            shape = [shape[0]] + [(d - k) // stride + 1 for d in shape[1:]]
+        else:
+            sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, conv2d, maxpool)")
+    return nn.Sequential(*layers)
+
+
+def launch(n, args):
+    """Start n ranks of this script on this host; the exit status is the worst one's."""
+    import socket
+    import subprocess
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__] + args,
+                              env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n),
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
+             for r in range(n)]
+    return max(abs(p.wait()) for p in procs)
+
+
+def main():
+    if sys.argv[1] == "-n":
+        sys.exit(launch(int(sys.argv[2]), sys.argv[3:]))
+    path = sys.argv[1]
+    v = namelist_values(path)
+    for override in sys.argv[2:]:
+        key, _, value = override.partition("=")
+        v[key] = value
+    files = sorted(f for g in strings(v["data.train_files"]) for f in glob.glob(g))
+    if not files:
+        sys.exit(f"torch_bench: {v['data.train_files']} matches no file")
+    xs, ys = [], []
+    for f in files:
+        with h5py.File(f, "r") as h:
+            xs.append(h["x"][()])
+            ys.append(h["y"][()])
+    x = np.concatenate(xs)
+    x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)
+    y = torch.from_numpy(np.concatenate(ys).astype(np.int64))
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(int(v.get("train.seed", "1")))
+    model = build_model(strings(v["model.layers"]), x.shape[1:])
+    ddp = nn.parallel.DistributedDataParallel(model)
+    batch = int(v.get("train.batch_size", "64"))
+    lr = float(v.get("train.lr", "0.01"))
+    momentum = float(v.get("train.momentum", "0"))
+    weight_decay = float(v.get("train.weight_decay", "0"))
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    loss_fn = nn.CrossEntropyLoss()
+
+    sampler = torch.utils.data.DistributedSampler(torch.arange(len(y)), num_replicas=world, rank=rank,
+                                                  shuffle=True, seed=1)
+    sampler.set_epoch(0)
+    indices = torch.tensor(list(sampler))
+    steps = (len(indices) + batch - 1) // batch
+    dist.barrier()
+    start = time.perf_counter()
+    for s in range(steps):
+        idx = indices[s * batch:(s + 1) * batch]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(ddp(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        samples = len(indices) * world
+        print(f"torch_bench: {path}, {world} rank(s), batch {batch} per rank, {steps} steps, "
+              f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+              f"final loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

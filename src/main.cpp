@@ -3,9 +3,10 @@
 #include "comm/context.hpp"   // MPI + Kokkos lifetime, ranks, the fatal path for uncaught exceptions
 #include "comm/watchdog.hpp"  // comm.timeout_s: a collective that never completes names the missing ranks
 #include "io/metrics.hpp"     // metrics.jsonl
-#include "train/setup.hpp"    // input file, data sets, model, run directory, checkpoint to start from
-#include "train/signals.hpp"  // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
-#include "train/trainer.hpp"  // the DDP loop
+#include "io/tensorboard_writer.hpp"  // <run_dir>/tb: TensorBoard scalars
+#include "train/setup.hpp"            // input file, data sets, model, run directory, checkpoint to start from
+#include "train/signals.hpp"          // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
+#include "train/trainer.hpp"          // the DDP loop
 
 // No try/catch: an exception nobody catches reaches the terminate handler that
 // Context installs, un-unwound, and ends the job in one line (comm/check.cpp says why).
@@ -24,5 +25,6 @@ int main(int argc, char** argv) {
   ddp::Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, data.val.get(), data.prefetch_batches);
   ddp::start_from_checkpoint(ctx, cfg, *net.model, data, trainer);
   ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);
-  return trainer.fit(&metrics);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
+  ddp::TensorBoardWriter tb(cfg.io.run_dir, ctx.rank() == 0 && cfg.io.tensorboard);
+  return trainer.fit(&metrics, &tb);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
 }

@@ -154,6 +154,8 @@ const std::vector<Key>& keys() {
        "resume although the training set's sample count changed since the checkpoint"},
       {"io", "trace_samples", field<&C::io, &I::trace_samples>, any(), false,
        "debug: write each rank's trained sample indices to run_dir"},
+      {"io", "tensorboard", field<&C::io, &I::tensorboard>, any(), false,
+       "TensorBoard scalars in run_dir/tb (tensorboard --logdir); F by default without protobuf"},
       {"comm", "backend", field<&C::comm, &K::backend>, one_of({"auto", "mpi", "nccl"}), false,
        "collectives: auto (NCCL with GPUs, else MPI), mpi or nccl"},
       {"comm", "overlap", field<&C::comm, &K::overlap>, one_of({"poll", "thread", "none"}), false,
@@ -164,7 +166,8 @@ const std::vector<Key>& keys() {
       {"comm", "timeout_s", field<&C::comm, &K::timeout_s>, at_least(0), false,
        "seconds in one collective before the watchdog names the missing ranks and aborts; 0: no watchdog"},
       {"comm", "check_every", field<&C::comm, &K::check_every>, at_least(0), false,
-       "steps between checks that every rank holds the same parameters (also before every checkpoint); 0: only at checkpoints"},
+       "steps between checks that every rank holds the same parameters (also before every checkpoint); 0: "
+       "only at checkpoints"},
   };
   return table;
 }
@@ -464,6 +467,10 @@ Config parse_config(const std::string& text, const std::string& path,
     set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");
   if (cfg.io.resume.empty())
     set_by[find_key("io", "resume")].value_error("expected 'auto', 'never' or a checkpoint file");
+  if (cfg.io.tensorboard && !kTensorBoardBuilt)
+    set_by[find_key("io", "tensorboard")].value_error(
+        "this ddp_train was built without protobuf (apt-get install libprotobuf-dev protobuf-compiler, "
+        "then configure again); set io.tensorboard = F");
   if (t.schedule == "cosine" && t.min_lr > t.lr)
     set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;

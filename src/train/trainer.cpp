@@ -61,7 +61,7 @@ std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[
   std::int64_t bad = 0;
   Kokkos::parallel_reduce(
       "Trainer::count_step_nonfinite", Range(0, n + 1),
-      KOKKOS_LAMBDA(std::size_t i, std::int64_t& count) {
+      KOKKOS_LAMBDA(std::size_t i, std::int64_t & count) {
         // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device.
         if (i < n) {
           const float g = grads(i);
@@ -518,6 +518,12 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
                     duration_text(eta_.epoch_left(epoch, pos_.consumed)).c_str(),
                     duration_text(eta_.run_left(epoch, pos_.consumed)).c_str());
       log::info(line);
+      if (tb_) {
+        tb_->scalar("train/loss", step_, window_loss / double(window_samples));
+        tb_->scalar("train/lr", step_, learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_));
+        tb_->scalar("train/samples_per_s", step_, span_rate);
+        tb_->flush();
+      }
       window_samples = 0;
     }
     if (!checkpoints) continue;
@@ -618,13 +624,36 @@ ValStats Trainer::validate(ShardDataset& data) {
   return stats;
 }
 
-int Trainer::fit(MetricsWriter* metrics) {
+int Trainer::fit(MetricsWriter* metrics, TensorBoardWriter* tb) {
+  tb_ = tb;
   try {
     return fit_epochs(metrics);
   } catch (const CheckpointWriteError& e) {
     // Every rank is here (checkpoint() agreed on it), past its epoch's loader thread.
     fatal_all(comm_.mpi_comm(), e.what());
   }
+}
+
+void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const ValStats& v, bool classify) {
+  const std::int64_t step = e.step;
+  tb_->scalar("epoch/train_loss", step, e.train_loss);
+  if (val_) {
+    tb_->scalar("epoch/val_loss", step, v.loss);
+    if (classify) tb_->scalar("epoch/val_acc", step, v.accuracy);
+  }
+  tb_->scalar("epoch/samples_per_s", step, e.samples_per_s);
+  tb_->scalar("epoch/lr", step, e.lr);
+  if (scaler_) tb_->scalar("epoch/loss_scale", step, e.loss_scale);
+  // Rank 0's seconds per optimizer step of this epoch, by phase (metrics.jsonl has the sums).
+  if (steps > 0) {
+    const double per_step = 1.0 / double(steps);
+    tb_->scalar("step_time/data_wait", step, e.data_wait_seconds * per_step);
+    tb_->scalar("step_time/forward", step, e.forward_seconds * per_step);
+    tb_->scalar("step_time/backward", step, e.backward_seconds * per_step);
+    tb_->scalar("step_time/comm", step, e.comm_seconds * per_step);
+    tb_->scalar("step_time/optimizer", step, e.optimizer_seconds * per_step);
+  }
+  tb_->flush();
 }
 
 int Trainer::fit_epochs(MetricsWriter* metrics) {
@@ -641,6 +670,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
   }
   while (pos_.epoch < cfg_.train.epochs) {
     Agreed last_step;
+    const std::int64_t first_step = step_;
     const EpochStats e = run_epoch(true, &last_step);
     if (!e.complete) return stop();
     ValStats v;
@@ -689,6 +719,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       if (skips) r.push_back({"skipped_steps", (long long)e.skipped_steps});
       metrics->write(r);
     }
+    if (tb_) write_tensorboard(e, e.step - first_step, v, classify);
 
     // A signal that came during validation counts too.
     const Agreed now_flags = poll();

@@ -13,6 +13,7 @@
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/shard_dataset.hpp"
+#include "io/tensorboard_writer.hpp"
 #include "model/loss.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
@@ -67,7 +68,8 @@ class Trainer {
   // a preemption signal made every rank stop at a step boundary and rank 0 write a
   // checkpoint. A checkpoint that cannot be written (disk full) ends every rank with
   // one line `error: cannot write checkpoint ...` and exit status 1 (fatal_all).
-  int fit(MetricsWriter* metrics);
+  // `tb` (may be null): TensorBoard scalars at every progress line and epoch end.
+  int fit(MetricsWriter* metrics, TensorBoardWriter* tb = nullptr);
 
   // One whole epoch (0-based), no checkpoints: the unit the equivalence tests use.
   EpochStats train_epoch(std::int64_t epoch);
@@ -91,6 +93,8 @@ class Trainer {
   // fit() but for the ending of a failed checkpoint: checkpoint() throws
   // CheckpointWriteError on every rank when rank 0 could not write (its text on rank 0).
   int fit_epochs(MetricsWriter* metrics);
+  // The epoch's scalars (val_ null: no validation) by global step, then flushed.
+  void write_tensorboard(const EpochStats& e, std::int64_t steps, const ValStats& v, bool classify);
   // Trains epoch pos_.epoch from position pos_.consumed. With `checkpoints`, writes
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
@@ -99,7 +103,7 @@ class Trainer {
   // Collective: why the state must not be saved ("" when it may): parameters that
   // differ between ranks, or are not finite.
   std::string unsafe_to_save();
-  int stop();  // after a preemption's checkpoint: kExitRequeue
+  int stop();                                     // after a preemption's checkpoint: kExitRequeue
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the step's flags
   // (preemption, time, non-finite values) agreed in one all-reduce, the scaling and
@@ -128,7 +132,8 @@ class Trainer {
   TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
   std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
-  RunEta eta_;  // progress lines' time left, from this process's measurements
+  RunEta eta_;                       // progress lines' time left, from this process's measurements
+  TensorBoardWriter* tb_ = nullptr;  // set by fit(); null: no TensorBoard events
   // This rank's view of the step that went non-finite, for stop_nonfinite().
   std::vector<std::int64_t> step_indices_;  // the global samples of its micro-batches
   bool loss_nonfinite_ = false;             // its loss sum of the step

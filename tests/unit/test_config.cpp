@@ -194,6 +194,20 @@ TEST(Config, CrossFieldChecksSeeFinalValues) {
             "x.nml:3: train.min_lr = 0.5: must be <= train.lr (0.1)");
 }
 
+// io.tensorboard: on by default where the build has protobuf; asking for it in a
+// build without is one error that says what to install.
+TEST(Config, TensorBoardNeedsProtobuf) {
+  EXPECT_EQ(parse(kRequired).io.tensorboard, ddp::kTensorBoardBuilt);
+  EXPECT_FALSE(parse(kRequired, {"io.tensorboard=false"}).io.tensorboard);
+  if (ddp::kTensorBoardBuilt) {
+    EXPECT_EQ(error_of(kRequired, {"io.tensorboard=true"}), "");
+  } else {
+    EXPECT_EQ(error_of(kRequired, {"io.tensorboard=true"}),
+              "command line: io.tensorboard=true: this ddp_train was built without protobuf (apt-get install "
+              "libprotobuf-dev protobuf-compiler, then configure again); set io.tensorboard = F");
+  }
+}
+
 TEST(Config, RequiredKeys) {
   EXPECT_EQ(error_of("&model layers = 'relu' /"), "x.nml: &data train_files is required");
   EXPECT_EQ(error_of("&data train_files = 'a' /"), "x.nml: &model layers is required");

@@ -78,6 +78,13 @@ add_test(NAME e2e_fault_hang_np3
          COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang)
 set_tests_properties(e2e_fault_hang_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
                      TIMEOUT 240 PROCESSORS 2)
+# The same where MPI cannot make the watchdog's window (as across hosts over TCP):
+# the job still ends, naming the collective and the step but not the ranks.
+add_test(NAME e2e_fault_hang_no_window_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang_no_window
+                 --np 2 --no-window)
+set_tests_properties(e2e_fault_hang_no_window_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
+                     LABELS "e2e;errors;faults;hosts" TIMEOUT 120 PROCESSORS 2)
 
 # train.nonfinite: NaN/inf pixels stop the run naming shard and row, with no
 # checkpoint from that step ('stop'), or the steps are skipped and counted ('skip');
@@ -152,6 +159,16 @@ add_test(NAME e2e_stream_equals_preload
          COMMAND ${DDP_PYTHON} ${E2E}/compare_metrics.py runs/tiny_stream runs/tiny_preload
                  train_loss val_loss val_acc val_correct step)
 set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stream_vs_preload LABELS e2e)
+
+# Several hosts: 2 "hosts" of 1 rank each, network namespaces joined by a veth pair,
+# Open MPI's TCP transport on that link, launched without ssh (plm_rsh_agent =
+# netns_agent.sh): the final checkpoint bitwise equals the single-host 2-rank run's.
+# Skips (77) without CAP_SYS_ADMIN.
+add_test(NAME e2e_two_hosts_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/two_hosts.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/two_hosts
+                 train.epochs=2)
+set_tests_properties(e2e_two_hosts_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;hosts" TIMEOUT 300
+                     PROCESSORS 2 SKIP_RETURN_CODE 77)
 
 ddp_add_train_test(regression_np2 NP 2 RUN_DIR runs/regression FIXTURE regression
                    CHECK "--epochs 20 --max-val-loss 0.005" ARGS ${PROJECT_SOURCE_DIR}/inputs/regression.nml)

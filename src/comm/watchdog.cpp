@@ -61,6 +61,7 @@ struct State {
   int rank = 0, size = 1;
   double timeout_s = 0;
   bool thread_multiple = false;
+  std::string no_window;  // why there is no window (win == MPI_WIN_NULL), for the hang report
   std::thread thread;
   std::mutex mutex;
   std::condition_variable wake;
@@ -116,6 +117,9 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
                 s.timeout_s, g_what.load(), phase_name(g_during.load()), (long long)step);
   if (!s.thread_multiple)
     fatal_as("hang", std::string(head) + "; which ranks have not arrived is unknown (MPI without MPI_THREAD_MULTIPLE)");
+  if (s.win == MPI_WIN_NULL)
+    fatal_as("hang", std::string(head) + "; which ranks have not arrived is unknown (no MPI one-sided window: " +
+                         s.no_window + ")");
 
   std::vector<std::int64_t> first, beats;
   const std::vector<bool> answered_first = read_heartbeats(s, first, 2.0);
@@ -184,14 +188,27 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_s, bool thread_multiple) {
   MPI_CHECK(MPI_Comm_size(s->comm, &s->size));
   s->timeout_s = timeout_s;
   s->thread_multiple = thread_multiple;
+  // Open MPI 4.1 across nodes over its TCP transport has no one-sided component for
+  // MPI_THREAD_MULTIPLE (osc/rdma wants RDMA hardware, osc/pt2pt refuses the thread
+  // level): there the heartbeats stay local and a hang is named without its ranks.
   std::int64_t* base = nullptr;
-  MPI_CHECK(MPI_Win_allocate(MPI_Aint(kFields * sizeof(std::int64_t)), int(sizeof(std::int64_t)), MPI_INFO_NULL,
-                             s->comm, &base, &s->win));
-  for (int f = 0; f < kFields; ++f) base[f] = g_fallback[f];
-  g_slot.store(base);
-  // One passive epoch for the whole run: reads need no lock round trip, and no
-  // target's help.
-  MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win));
+  const int rc = MPI_Win_allocate(MPI_Aint(kFields * sizeof(std::int64_t)), int(sizeof(std::int64_t)),
+                                  MPI_INFO_NULL, s->comm, &base, &s->win);
+  int ok = rc == MPI_SUCCESS, all_ok = 0;
+  MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, s->comm));
+  if (all_ok) {
+    for (int f = 0; f < kFields; ++f) base[f] = g_fallback[f];
+    g_slot.store(base);
+    // One passive epoch for the whole run: reads need no lock round trip, and no
+    // target's help.
+    MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win));
+  } else {
+    // A window that some ranks made is left, not freed: freeing is collective.
+    s->win = MPI_WIN_NULL;
+    s->no_window = rc == MPI_SUCCESS ? "another rank's MPI_Win_allocate failed" : mpi_error_string(rc);
+    log::info("watchdog: no MPI one-sided window across these ranks (" + s->no_window +
+              "): a hang will be named by its collective and step, not by the ranks that did not arrive");
+  }
   s->thread = std::thread(watch, std::ref(*s));
   g_state = s;
 }
@@ -200,8 +217,10 @@ Watchdog::~Watchdog() {
   State* s = g_state;
   if (!s) return;
   watchdog::stop();
-  MPI_Win_unlock_all(s->win);
-  MPI_Win_free(&s->win);
+  if (s->win != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(s->win);
+    MPI_Win_free(&s->win);
+  }
   MPI_Comm_free(&s->comm);
   g_state = nullptr;
   delete s;

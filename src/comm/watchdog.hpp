@@ -15,8 +15,9 @@
 // the same order, so a rank that has entered fewer collectives has not arrived.
 //
 // The lowest waiting rank reports; another waiting rank reports only if that one has
-// not ended the job a few seconds later. Without MPI_THREAD_MULTIPLE the watchdog
-// still ends the job, naming the collective and the step but not the ranks.
+// not ended the job a few seconds later. Without MPI_THREAD_MULTIPLE, or where MPI
+// cannot make the window (Open MPI 4.1 across nodes over TCP), the watchdog still
+// ends the job, naming the collective and the step but not the ranks.
 
 #include <mpi.h>
 

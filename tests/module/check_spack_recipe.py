@@ -63,6 +63,8 @@ def cmake_options():
         names = []
         names += [a.split()[0] for a in calls(text, "option")]
         names += [a.split()[0] for a in calls(text, "set") if re.search(r"\bCACHE\b", a)]
+        # tests/CMakeLists.txt's ddp_find_python(VAR ...) caches VAR
+        names += [a.split()[0] for a in calls(text, "ddp_find_python") if a.split()]
         for command in ("find_path", "find_library", "find_program", "find_file"):
             names += [a.split()[0] for a in calls(text, command)]
         for name in names:

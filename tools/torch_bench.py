@@ -53,7 +53,7 @@ def namelist_values(path):
         for i, tok in enumerate(tokens):
             if tok.startswith("&"):
                 group = tok[1:]
-            elif tok == "/" and not tok.startswith("'"):
+            elif tok == "/":
                 if key:
                     values[f"{group}.{key}"] = value.strip(" ,")
                 group, key, value = None, None, ""

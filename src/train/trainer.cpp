@@ -508,19 +508,20 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       mark = t;
       mark_consumed = pos_.consumed;
       const double fraction = std::clamp(double(pos_.consumed) / double(epoch_positions_), 0.0, 1.0);
+      const double loss = window_loss / double(window_samples);
+      const double lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
       char line[256];
       std::snprintf(line, sizeof line,
                     "  epoch %lld/%d %d%%  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g  "
                     "samples/s %.0f  eta epoch %s, run %s",
                     (long long)epoch + 1, cfg_.train.epochs, int(std::floor(100.0 * fraction)),
-                    (long long)step_, window_loss / double(window_samples), (long long)window_samples,
-                    learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_), span_rate,
+                    (long long)step_, loss, (long long)window_samples, lr, span_rate,
                     duration_text(eta_.epoch_left(epoch, pos_.consumed)).c_str(),
                     duration_text(eta_.run_left(epoch, pos_.consumed)).c_str());
       log::info(line);
       if (tb_) {
-        tb_->scalar("train/loss", step_, window_loss / double(window_samples));
-        tb_->scalar("train/lr", step_, learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_));
+        tb_->scalar("train/loss", step_, loss);
+        tb_->scalar("train/lr", step_, lr);
         tb_->scalar("train/samples_per_s", step_, span_rate);
         tb_->flush();
       }

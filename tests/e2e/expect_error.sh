@@ -3,7 +3,8 @@
 #
 # Passes when COMMAND (ddp_train under mpirun) fails the way a user should see it:
 # - it exits non-zero, within 60 s (a hang fails), and its output matches REGEX;
-# - one line tells what failed, and the job is gone within 10 s of that line:
+# - one line of standard error tells what failed, and the job is gone within 10 s
+#   of that line:
 #   default (an error every rank finds together, e.g. a bad input file): exactly
 #     one line starting with "error:", and no sign of MPI_Abort (its banner):
 #     the ranks leave through MPI_Finalize;
@@ -22,15 +23,23 @@ shift 2
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# Each output line with the time it arrived, to time the job's end from the error line.
+# Standard output to a file; each standard error line with the time it arrived, to
+# time the job's end from the error line. The error lines are counted in standard
+# error alone: mpirun forwards a rank's two streams separately, in chunks of a few
+# KB, so a line on stderr can land inside a long stdout write (the resolved input)
+# when both go to one pipe.
 (
-  timeout 60 "$@" 2>&1
+  timeout 60 "$@" 2>&1 >"$tmp/stdout"
   echo "$? $EPOCHREALTIME" >"$tmp/end"
 ) | while IFS= read -r line || [ -n "$line" ]; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done >"$tmp/stamped"
 rc=255 end=$EPOCHREALTIME
 [ -s "$tmp/end" ] && read -r rc end <"$tmp/end"
-out=$(cut -d' ' -f2- "$tmp/stamped")
-printf '%s\n' "$out"
+err=$(cut -d' ' -f2- "$tmp/stamped")
+out=$(cat "$tmp/stdout")$'\n'$err
+echo "--- standard output"
+cat "$tmp/stdout"
+echo "--- standard error"
+printf '%s\n' "$err"
 echo "--- exit status $rc"
 
 fail() {
@@ -47,12 +56,12 @@ if [ $mode = collective ]; then
   # mpirun has it (ORTE_ERROR_LOG from show_help.c); MPICH's line.
   grep -Eq 'MPI_ABORT was invoked|ORTE_ERROR_LOG|called MPI_Abort' <<<"$out" &&
     fail "MPI_Abort for an error every rank found: expected MPI_Finalize"
-  n=$(grep -Ec "^$line_re" <<<"$out")
-  [ "$n" -ne 1 ] && fail "$n lines start with 'error:', expected 1"
+  n=$(grep -Ec "^$line_re" <<<"$err")
+  [ "$n" -ne 1 ] && fail "$n lines of standard error start with 'error:', expected 1"
 else
   line_re='rank [0-9]+ \([^)]*\): [^ ].*: '
-  n=$(grep -Ec "^$line_re" <<<"$out")
-  [ "$n" -ne 1 ] && fail "$n lines look like 'rank N (host): what failed: message', expected 1"
+  n=$(grep -Ec "^$line_re" <<<"$err")
+  [ "$n" -ne 1 ] && fail "$n lines of standard error look like 'rank N (host): what failed: message', expected 1"
   n=$(grep -c '^error:' <<<"$out")
   [ "$n" -ne 0 ] && fail "$n lines start with 'error:', expected none"
 fi

@@ -35,9 +35,11 @@ def run(args, run_dir, *overrides):
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [args[0], "--oversubscribe", "--allow-run-as-root", "-n", "2", args[1], args[2],
            f"io.run_dir={run_dir}", "io.checkpoint_every_steps=1", "io.keep_checkpoints=100", *overrides]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    print(f"$ {' '.join(cmd)}\n{p.stdout}--- exit {p.returncode}")
-    return p.returncode, p.stdout
+    # The two streams apart: mpirun forwards them separately, in chunks, so one pipe
+    # for both could split a line.
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    print(f"$ {' '.join(cmd)}\n{p.stdout}--- standard error\n{p.stderr}--- exit {p.returncode}")
+    return p.returncode, p.stdout + p.stderr
 
 
 def fail(msg):

@@ -2,6 +2,7 @@
 #   bin/ddp_train                          the trainer (RPATH to the MPI/HDF5/oneDNN it was linked with)
 #   bin/prepare_fashion_mnist, bin/make_regression_data    data tools
 #   bin/plot_metrics                       plots of runs' metrics.jsonl (matplotlib)
+#   bin/merge_traces                       the ranks' timelines (io.trace) in one Chrome-trace file
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
 #   share/ddp_train/inputs/                ready input files
 #   share/ddp_train/jobs/                  Slurm job templates
@@ -26,7 +27,7 @@ set_target_properties(ddp_train PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 
 install(TARGETS ddp_train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist ${PROJECT_SOURCE_DIR}/tools/make_regression_data
-                 ${PROJECT_SOURCE_DIR}/tools/plot_metrics
+                 ${PROJECT_SOURCE_DIR}/tools/plot_metrics ${PROJECT_SOURCE_DIR}/tools/merge_traces
         DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/inputs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/inputs)

@@ -2,3 +2,5 @@
 ddp_add_mpi_test(test_gradient_reducer SOURCES comm/test_gradient_reducer.cpp NP 1 2 3 4 LABELS comm)
 # The hang watchdog does not fire on a busy run (its firing is e2e_fault_hang_np3).
 ddp_add_mpi_test(test_watchdog SOURCES comm/test_watchdog.cpp NP 1 2 3 LABELS comm)
+# The timeline recorder: its window of steps and its JSON (the timeline itself: e2e_trace_np2).
+ddp_add_mpi_test(test_trace SOURCES comm/test_trace.cpp NP 1 2 LABELS comm)

@@ -55,6 +55,8 @@ if(NOT DDP_ENABLE_CUDA)
   ddp_add_error_test(nccl_without_gpu NP 2 REGEX "comm.backend = 'nccl' but NCCL is not available"
                      ARGS ${TINY} comm.backend=nccl)
 endif()
+ddp_add_error_test(trace_steps_reversed NP 2 REGEX "io.trace_steps=9,3: the first step must not come after the last"
+                   ARGS ${TINY} --trace io.trace_steps=9,3)
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 
@@ -144,6 +146,14 @@ endfunction()
 ddp_add_train_test(tiny_np3 NP 3 RUN_DIR runs/tiny_np3 FIXTURE e2e_data CHECK "--epochs 2 --progress"
                    ARGS ${TINY} train.log_every=1)
 # Progress lines' epoch fraction, samples/s and time left, over a run and its resume.
+# io.trace: per-rank timelines of the Fashion-MNIST CNN and the tiny MLP (overlap poll,
+# none, thread), spans nested, a bucket's all-reduce overlapping backward, merged.
+add_test(NAME e2e_trace_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/trace.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
+                 ${PROJECT_SOURCE_DIR}/tools/merge_traces ${TINY} ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml
+                 runs/trace)
+set_tests_properties(e2e_trace_np2 PROPERTIES FIXTURES_REQUIRED "fashion;e2e_data" LABELS e2e TIMEOUT 300
+                     PROCESSORS 2)
 add_test(NAME e2e_progress_eta_np2
          COMMAND ${DDP_PYTHON} ${E2E}/progress.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
                  ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml runs/progress_eta)

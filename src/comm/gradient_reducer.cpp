@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "comm/check.hpp"
+#include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 
 namespace ddp {
@@ -46,6 +47,8 @@ GradientReducer::GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
+  completed_index_.assign(buckets_.size(), 0);
+  trace_begin_.assign(buckets_.size(), -1);
   if (progress_ == Progress::Thread && size_ > 1) {
     int level = MPI_THREAD_SINGLE;
     MPI_CHECK(MPI_Query_thread(&level));
@@ -76,6 +79,7 @@ void GradientReducer::start(std::size_t b) {
     // bucket, 2 ranks, 3 runs each: 118,000-136,000 against 89,000-108,000 samples/s),
     // so finish() reduces it blocking.
     if (b + 1 == buckets_.size()) return;
+    if (trace::recording()) trace_begin_[b] = trace::now_ns();
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_,
                              &requests_[b]));
     return;
@@ -94,8 +98,27 @@ void GradientReducer::mark_ready(std::int64_t offset) {
 
 void GradientReducer::poll() {
   if (progress_ != Progress::Poll || size_ == 1 || started_ == 0) return;
-  int done = 0;
-  MPI_CHECK(MPI_Testall(int(started_), requests_.data(), &done, MPI_STATUSES_IGNORE));
+  int count = 0;
+  MPI_CHECK(
+      MPI_Testsome(int(started_), requests_.data(), &count, completed_index_.data(), MPI_STATUSES_IGNORE));
+  traced_done(count);
+}
+
+void GradientReducer::traced_done(int count) {
+  if (count == MPI_UNDEFINED) return;
+  const std::int64_t t = trace::now_ns();
+  for (int i = 0; i < count; ++i) trace_bucket(std::size_t(completed_index_[std::size_t(i)]), t);
+}
+
+void GradientReducer::trace_bucket(std::size_t b, std::int64_t end_ns) {
+  if (trace_begin_[b] < 0) return;
+  if (trace::recording()) {
+    const Bucket& k = buckets_[b];
+    trace::record(
+        "all-reduce b" + std::to_string(b), "comm", trace::kBucketRow + int(b), trace_begin_[b], end_ns,
+        "\"bucket\": " + std::to_string(b) + ", \"bytes\": " + std::to_string((k.end - k.begin) * 4));
+  }
+  trace_begin_[b] = -1;
 }
 
 void GradientReducer::finish() {
@@ -104,10 +127,18 @@ void GradientReducer::finish() {
   while (started_ < buckets_.size()) start(started_++);
   if (size_ > 1) {
     if (progress_ == Progress::Poll) {
-      MPI_CHECK(MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
-      const Bucket& last = buckets_.back();
+      // One completion at a time, so the timeline has when each bucket finished.
+      for (int count = 0; count != MPI_UNDEFINED;) {
+        MPI_CHECK(MPI_Waitsome(int(requests_.size()), requests_.data(), &count, completed_index_.data(),
+                               MPI_STATUSES_IGNORE));
+        traced_done(count);
+      }
+      const std::size_t b = buckets_.size() - 1;
+      const Bucket& last = buckets_[b];
+      if (trace::recording()) trace_begin_[b] = trace::now_ns();
       MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + last.begin, int(last.end - last.begin), MPI_FLOAT,
                               MPI_SUM, comm_));
+      trace_bucket(b, trace::now_ns());
     } else {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return completed_ == buckets_.size(); });
@@ -129,7 +160,9 @@ void GradientReducer::run_thread() {
       queue_.pop_front();
     }
     const Bucket& k = buckets_[b];
+    if (trace::recording()) trace_begin_[b] = trace::now_ns();
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_));
+    trace_bucket(b, trace::now_ns());
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++completed_;

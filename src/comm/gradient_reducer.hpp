@@ -74,6 +74,8 @@ class GradientReducer final : public BucketReducer {
  private:
   void start(std::size_t bucket);
   void run_thread();
+  void traced_done(int count);  // completed_index_[0, count) just completed (MPI_UNDEFINED: none left)
+  void trace_bucket(std::size_t bucket, std::int64_t end_ns);  // its span in the timeline (io.trace)
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   float* grads_;
@@ -82,6 +84,8 @@ class GradientReducer final : public BucketReducer {
   int size_ = 1;
   std::size_t started_ = 0;  // buckets [0, started_) have been started this step
   std::vector<MPI_Request> requests_;
+  std::vector<int> completed_index_;       // MPI_Testsome/Waitsome's output
+  std::vector<std::int64_t> trace_begin_;  // per bucket: its all-reduce's start in the timeline; -1: none
   double finish_wait_ = 0.0;
 
   // Thread mode: the main thread queues bucket numbers, the thread reduces them.

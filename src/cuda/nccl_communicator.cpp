@@ -1,10 +1,12 @@
 #include "cuda/nccl_communicator.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "comm/backend.hpp"
+#include "comm/trace.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace ddp::cuda {
@@ -72,29 +74,65 @@ void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) {
 }
 
 namespace {
+// On the timeline (io.trace) a bucket's all-reduce runs from its start on the NCCL
+// stream's queue to the moment the host sees its event complete: at a later
+// mark_ready (each trained layer; the layers' spans wait for their kernels then) or
+// in finish(), which waits for the stream when the timeline records.
 class NcclBucketReducer final : public BucketReducer {
  public:
   NcclBucketReducer(NcclCommunicator& comm, float* grads, std::vector<Bucket> buckets)
-      : comm_(comm), grads_(grads), buckets_(std::move(buckets)) {}
+      : comm_(comm), grads_(grads), buckets_(std::move(buckets)), trace_begin_(buckets_.size(), -1) {}
+  ~NcclBucketReducer() override {
+    for (cudaEvent_t e : done_) cudaEventDestroy(e);
+  }
   void mark_ready(std::int64_t offset) override {
     while (started_ < buckets_.size() && buckets_[started_].begin >= offset) start(started_++);
+    for (std::size_t b = 0; b < started_; ++b) {
+      if (trace_begin_[b] < 0) continue;
+      const cudaError_t state = cudaEventQuery(done_[b]);
+      if (state == cudaErrorNotReady) continue;
+      CUDA_CHECK(state);
+      trace_bucket(b, trace::now_ns());
+    }
   }
   void finish() override {
     while (started_ < buckets_.size()) start(started_++);
     started_ = 0;
     comm_.join();
+    if (std::none_of(trace_begin_.begin(), trace_begin_.end(), [](std::int64_t t) { return t >= 0; })) return;
+    comm_.synchronize();  // under the communicator's watchdog
+    const std::int64_t t = trace::now_ns();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) trace_bucket(b, t);
   }
   const std::vector<Bucket>& buckets() const override { return buckets_; }
 
  private:
   void start(std::size_t b) {
     const Bucket& k = buckets_[b];
+    const bool traced = trace::recording();
+    if (traced) trace_begin_[b] = trace::now_ns();
     comm_.allreduce_sum_detached(grads_ + k.begin, std::size_t(k.end - k.begin));
+    if (!traced) return;
+    if (done_.empty()) {
+      done_.resize(buckets_.size());
+      for (cudaEvent_t& e : done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    CUDA_CHECK(cudaEventRecord(done_[b], comm_.stream()));
+  }
+  void trace_bucket(std::size_t b, std::int64_t end_ns) {
+    if (trace_begin_[b] < 0) return;
+    const Bucket& k = buckets_[b];
+    trace::record(
+        "all-reduce b" + std::to_string(b), "comm", trace::kBucketRow + int(b), trace_begin_[b], end_ns,
+        "\"bucket\": " + std::to_string(b) + ", \"bytes\": " + std::to_string((k.end - k.begin) * 4));
+    trace_begin_[b] = -1;
   }
   NcclCommunicator& comm_;
   float* grads_;
   std::vector<Bucket> buckets_;
   std::size_t started_ = 0;
+  std::vector<std::int64_t> trace_begin_;  // per bucket: its all-reduce's start on the timeline; -1: none
+  std::vector<cudaEvent_t> done_;          // per bucket, made at the first traced step
 };
 }  // namespace
 

@@ -7,39 +7,11 @@
 #include <cstring>
 
 #include "comm/check.hpp"
+#include "comm/json.hpp"
 
 namespace ddp {
 
 namespace {
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_value(const MetricValue& v) {
   if (auto* i = std::get_if<long long>(&v)) return std::to_string(*i);
   if (auto* d = std::get_if<double>(&v)) {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "comm/check.hpp"
+#include "comm/trace.hpp"
 #include "model/activation.hpp"
 #include "model/conv2d.hpp"
 #include "model/layer_registry.hpp"
@@ -31,6 +32,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   std::vector<std::int64_t> layer_buffers;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     specs_.push_back(trim(specs[i]));
+    trace_names_.push_back("layers." + std::to_string(i) + " " + specs_.back());
     try {
       layers_.push_back(make_layer(specs[i]));
       shapes_.push_back(layers_.back()->output_shape(shapes_.back()));
@@ -152,16 +154,23 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
     throw InputError("model input has shape " + shape_str(x.shape) + " but the model was built for (B, " +
                      shape_str(input_shape()).substr(1));
   input_ = x;
-  for (std::size_t i = 0; i < layers_.size(); ++i)
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    trace::Span span(trace_names_[i], "forward");
     layers_[i]->forward(i == 0 ? input_ : acts_[i - 1], acts_[i], training);
+    if (span.on()) Kokkos::fence();  // a GPU's kernels inside their layer's span
+  }
   return acts_.back();
 }
 
 void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready) {
   // Layer i reads the gradient w.r.t. its output: grad_[i + 1], or dout for the last.
   for (std::size_t i = layers_.size(); i-- > first_trained_;) {
-    layers_[i]->backward(i == 0 ? input_ : acts_[i - 1], acts_[i],
-                         i + 1 == layers_.size() ? dout : grad_[i + 1], grad_[i]);
+    {
+      trace::Span span(trace_names_[i], "backward");
+      layers_[i]->backward(i == 0 ? input_ : acts_[i - 1], acts_[i],
+                           i + 1 == layers_.size() ? dout : grad_[i + 1], grad_[i]);
+      if (span.on()) Kokkos::fence();
+    }
     if (on_ready && layer_params_[i] > 0) on_ready(layer_offset_[i]);
   }
 }

@@ -78,8 +78,9 @@ class Model {
 
   std::vector<Layout> layouts_;  // layouts_[i]: output_layout(i)
   Precision precision_ = Precision::fp32;
-  bool fuse_;                       // fusions and blocked layouts on (planned again by set_precision)
-  std::vector<std::string> specs_;  // as given, whitespace-trimmed
+  bool fuse_;                             // fusions and blocked layouts on (planned again by set_precision)
+  std::vector<std::string> specs_;        // as given, whitespace-trimmed
+  std::vector<std::string> trace_names_;  // "layers.<i> <spec>": layer i's spans in the timeline (io.trace)
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output
   std::vector<std::int64_t> layer_params_;  // parameter count per layer

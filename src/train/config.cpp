@@ -18,7 +18,7 @@ using nml::Value;
 
 // Where a key's value lives; the alternative held is the key's type.
 using Field = std::variant<int*, std::int64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                           std::vector<double>*>;
+                           std::vector<double>*, std::vector<std::int64_t>*>;
 
 template <auto Group, auto Member>
 Field field(Config& c) {
@@ -60,6 +60,11 @@ Rule one_of(std::vector<std::string> choices) {
 }
 Rule pair_in_unit_interval() {
   Rule r = unit_interval();
+  r.count = 2;
+  return r;
+}
+Rule pair_at_least(double lo) {
+  Rule r = at_least(lo);
   r.count = 2;
   return r;
 }
@@ -156,6 +161,10 @@ const std::vector<Key>& keys() {
        "debug: write each rank's trained sample indices to run_dir"},
       {"io", "tensorboard", field<&C::io, &I::tensorboard>, any(), false,
        "TensorBoard scalars in run_dir/tb (tensorboard --logdir); F by default without protobuf"},
+      {"io", "trace", field<&C::io, &I::trace>, any(), false,
+       "timeline of trace_steps per rank in run_dir/trace (Perfetto; tools/merge_traces); also --trace"},
+      {"io", "trace_steps", field<&C::io, &I::trace_steps>, pair_at_least(1), false,
+       "first and last optimizer step of the timeline"},
       {"comm", "backend", field<&C::comm, &K::backend>, one_of({"auto", "mpi", "nccl"}), false,
        "collectives: auto (NCCL with GPUs, else MPI), mpi or nccl"},
       {"comm", "overlap", field<&C::comm, &K::overlap>, one_of({"poll", "thread", "none"}), false,
@@ -319,6 +328,18 @@ void store(std::vector<double>& out, const std::vector<Value>& vs, const Rule& r
   out = std::move(list);
 }
 
+void store(std::vector<std::int64_t>& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  if (r.count != 0 && vs.size() != r.count)
+    site.value_error("expected " + std::to_string(r.count) + " values, got " + std::to_string(vs.size()));
+  std::vector<std::int64_t> list;
+  for (const Value& v : vs) {
+    if (v.kind != Kind::Int) site.type_error("a list of integers", v.text);
+    check_range(static_cast<double>(v.i), r, site, "every value must be");
+    list.push_back(v.i);
+  }
+  out = std::move(list);
+}
+
 std::string join_texts(const std::vector<Value>& vs) {
   std::string s;
   for (const Value& v : vs) s += (s.empty() ? "" : ", ") + v.text;
@@ -397,6 +418,11 @@ std::string format_field(const Field& f) {
       for (double e : *x) s += (s.empty() ? "" : ", ") + (*this)(&e);
       return s;
     }
+    std::string operator()(const std::vector<std::int64_t>* x) const {
+      std::string s;
+      for (std::int64_t e : *x) s += (s.empty() ? "" : ", ") + std::to_string(e);
+      return s;
+    }
   } fmt;
   return std::visit(fmt, f);
 }
@@ -471,6 +497,8 @@ Config parse_config(const std::string& text, const std::string& path,
     set_by[find_key("io", "tensorboard")].value_error(
         "this ddp_train was built without protobuf (apt-get install libprotobuf-dev protobuf-compiler, "
         "then configure again); set io.tensorboard = F");
+  if (cfg.io.trace_steps[0] > cfg.io.trace_steps[1])
+    set_by[find_key("io", "trace_steps")].value_error("the first step must not come after the last");
   if (t.schedule == "cosine" && t.min_lr > t.lr)
     set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;

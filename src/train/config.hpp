@@ -61,7 +61,9 @@ struct IoConfig {
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none
   bool allow_data_change = false;        // resume on training data of another sample count (warning)
   bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
-  bool tensorboard = kTensorBoardBuilt;  // <run_dir>/tb/events.out.tfevents.*; F without protobuf
+  bool trace = false;                    // Chrome-trace timeline: <run_dir>/trace/rank<r>.json
+  std::vector<std::int64_t> trace_steps = {20, 30};  // the optimizer steps it covers, first and last
+  bool tensorboard = kTensorBoardBuilt;              // <run_dir>/tb/events.out.tfevents.*; F without protobuf
 };
 
 struct CommConfig {

@@ -24,7 +24,7 @@ namespace ddp {
 namespace {
 
 const char* kUsage =
-    "usage: ddp_train [--help] [--version] [--check] input.nml [group.key=value ...]\n"
+    "usage: ddp_train [--help] [--version] [--check] [--trace] input.nml [group.key=value ...]\n"
     "\n"
     "Data-parallel training on MPI ranks, configured by a Fortran namelist file.\n"
     "Launch with srun or mpirun, e.g.  mpirun -np 2 ddp_train inputs/fashion_mlp.nml\n"
@@ -34,6 +34,8 @@ const char* kUsage =
     "                     io.run_dir=runs/try1 (strings need no quotes)\n"
     "  --check            validate the input, the data files and the model, then exit\n"
     "                     without training (exit status 0 when all is well)\n"
+    "  --trace            io.trace=T: a timeline of io.trace_steps per rank in\n"
+    "                     <run_dir>/trace (Perfetto; tools/merge_traces merges the ranks)\n"
     "  --help             this text\n"
     "  --version          version and build configuration\n";
 
@@ -56,6 +58,8 @@ CommandLine parse_command_line(const Context& ctx, int argc, char** argv) {
     }
     if (arg == "--check") {
       cli.check = true;
+    } else if (arg == "--trace") {
+      cli.overrides.push_back("io.trace=T");
     } else if (arg.rfind("-", 0) == 0) {
       problem = "unknown option '" + arg + "'";
     } else if (cli.input_file.empty() && arg.find('=') == std::string::npos) {
@@ -183,7 +187,8 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
 std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg) {
   CommChoice choice;
   auto comm = collective_input(ctx.world(), [&] {
-    return make_compute_communicator(ctx.world(), cfg.comm.backend, cfg.comm.timeout_s > 0 ? cfg.comm.timeout_s : 1e9, &choice);
+    return make_compute_communicator(ctx.world(), cfg.comm.backend,
+                                     cfg.comm.timeout_s > 0 ? cfg.comm.timeout_s : 1e9, &choice);
   });
   log::info("comm: " + choice.reason);
   return comm;

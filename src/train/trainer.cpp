@@ -1,5 +1,7 @@
 #include "train/trainer.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -10,7 +12,9 @@
 
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
+#include "comm/json.hpp"
 #include "comm/log.hpp"
+#include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 #include "io/sampler.hpp"
 #include "model/rng.hpp"
@@ -172,6 +176,72 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   loss_acc_ = Kokkos::View<double[3]>("Trainer::loss_acc");
   correct_ = View1("Trainer::correct", std::size_t(B));
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
+  if (cfg_.io.trace) open_trace();
+}
+
+void Trainer::open_trace() {
+  const std::string dir = cfg_.io.run_dir + "/trace";
+  std::string problem;
+  if (comm_.rank() == 0) problem = make_directories(dir);
+  fatal_if_any(comm_.mpi_comm(), !problem.empty(), "io.trace: " + problem);
+  char host[256] = "?";
+  gethostname(host, sizeof(host) - 1);
+  const std::string path = dir + "/rank" + std::to_string(comm_.rank()) + ".json";
+  std::string layers;
+  for (const std::string& l : cfg_.model.layers) layers += (layers.empty() ? "" : ", ") + json_string(l);
+  const std::string meta =
+      "\"world_size\": " + std::to_string(comm_.size()) + ", \"host\": " + json_string(host) +
+      ", \"backend\": " + json_string(cfg_.comm.backend) +
+      ", \"overlap\": " + json_string(cfg_.comm.overlap) +
+      ", \"batch_size\": " + std::to_string(cfg_.train.batch_size) +
+      ", \"precision\": " + json_string(cfg_.train.precision) + ", \"layers\": [" + layers + "]";
+  trace::open(comm_.mpi_comm(), path, cfg_.io.trace_steps[0], cfg_.io.trace_steps[1],
+              "rank " + std::to_string(comm_.rank()) + " (" + host + ")", meta);
+  if (!reducer_) return;
+  // A bucket's row says which tensors it carries, "all-reduce bucket 0: layers.6.bias
+  // (40 B)", "all-reduce bucket 1: layers.0-4 (1.27 MB)": buckets are contiguous
+  // ranges of whole tensors.
+  const auto& table = model_.parameter_table();
+  const auto& buckets = reducer_->buckets();
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    std::vector<const Model::ParamEntry*> in;
+    for (const Model::ParamEntry& p : table)
+      if (p.offset >= buckets[b].begin && p.offset < buckets[b].end) in.push_back(&p);
+    if (in.empty()) continue;
+    const auto layer = [](const std::string& name) { return name.substr(0, name.rfind('.')); };  // "layers.4"
+    const std::string first = layer(in.front()->name), last = layer(in.back()->name);
+    std::string tensors = in.size() == 1  ? in.front()->name
+                          : first == last ? first
+                                          : first + "-" + last.substr(last.find('.') + 1);
+    const double bytes = double(buckets[b].end - buckets[b].begin) * 4.0;
+    char size[32];
+    if (bytes < 1024.0)
+      std::snprintf(size, sizeof size, "%.0f B", bytes);
+    else if (bytes < 1024.0 * 1024.0)
+      std::snprintf(size, sizeof size, "%.1f KB", bytes / 1024.0);
+    else
+      std::snprintf(size, sizeof size, "%.2f MB", bytes / (1024.0 * 1024.0));
+    trace::name_row(trace::kBucketRow + int(b),
+                    "all-reduce bucket " + std::to_string(b) + ": " + tensors + " (" + size + ")");
+  }
+}
+
+void Trainer::trace_step_start() {
+  if (!cfg_.io.trace) return;
+  const std::string written = trace::begin_step(step_ + 1);
+  trace_step_begin_ = trace::recording() ? trace::now_ns() : -1;
+  if (!written.empty() && comm_.rank() == 0)
+    log::info("trace: steps " + std::to_string(cfg_.io.trace_steps[0]) + "-" +
+              std::to_string(cfg_.io.trace_steps[1]) + " of every rank in " + cfg_.io.run_dir +
+              "/trace (tools/merge_traces " + cfg_.io.run_dir + "/trace: one file, a row per rank)");
+}
+
+void Trainer::close_trace() {
+  if (!cfg_.io.trace) return;
+  const std::string written = trace::close();
+  if (!written.empty() && comm_.rank() == 0)
+    log::info("trace: the run ended inside io.trace_steps; steps " + std::to_string(cfg_.io.trace_steps[0]) +
+              "-" + std::to_string(step_) + " of every rank in " + cfg_.io.run_dir + "/trace");
 }
 
 void Trainer::use_inputs(int slot, const Batch& batch) {
@@ -190,12 +260,17 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   // global sample count of this step, so W ranks with batch B match one rank with
   // batch W*B (every rank has the same batch sizes: the sampler pads).
   const double t0 = now();
-  if (reducer_) {
-    reducer_->finish();  // the buckets started during backward; waits for the rest
-  } else {
-    comm_.allreduce_sum(grads.data(), std::size_t(n));
+  {
+    const trace::Span span(reducer_ ? "all-reduce wait" : "all-reduce", "comm");
+    if (reducer_) {
+      reducer_->finish();  // the buckets started during backward; waits for the rest
+    } else {
+      comm_.allreduce_sum(grads.data(), std::size_t(n));
+    }
+    if (span.on()) Kokkos::fence();
   }
   const double t1 = now();
+  std::unique_ptr<trace::Span> checks = std::make_unique<trace::Span>("step checks", "step");
   stats.comm_seconds += t1 - t0;
   // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
@@ -213,6 +288,8 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   a.preempt = flags[2] > 0;
   a.time_due = flags[3] > 0;
   a.stepped = !a.nonfinite;
+  checks.reset();
+  const trace::Span span("optimizer", "optimizer");
   // fp16: the loss gradient was multiplied by the scale; an overflow is the loss
   // scaler's to handle: skip and halve. fp32, bf16: train.nonfinite.
   double scale = 1.0;
@@ -237,6 +314,7 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
           "skipped steps");
   }
   close_step_loss(loss_acc_, a.stepped);
+  if (span.on()) Kokkos::fence();
   step_indices_.clear();
   stats.optimizer_seconds += now() - t1;
   ++step_;
@@ -368,6 +446,7 @@ std::string Trainer::checkpoint() {
   pos_.world_size = comm_.size();
   pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
+  const trace::Span span("checkpoint", "io");
   watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 in the agreement below
   if (comm_.rank() == 0) {
     try {
@@ -448,22 +527,37 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   // One batch ahead: batch b+1 is put before step b's kernels are queued, so on a GPU
   // its copy runs beside them; slot b is released once all of step b is queued.
   watchdog::set_phase(Phase::data);
-  int slot = loader->next(batch) ? stage_.put(batch) : -1, next_slot = -1;
+  trace_step_start();
+  int slot = -1, next_slot = -1;
+  {
+    const trace::Span span("data wait", "data");
+    slot = loader->next(batch) ? stage_.put(batch) : -1;
+  }
   for (std::int64_t b = 0; slot >= 0; ++b, slot = next_slot, std::swap(batch, next)) {
+    if (micro == 0 && b > 0) trace_step_start();
     use_inputs(slot, batch);
     watchdog::set_phase(Phase::data);
-    next_slot = loader->next(next) ? stage_.put(next) : -1;
+    {
+      const trace::Span span("data wait", "data");
+      next_slot = loader->next(next) ? stage_.put(next) : -1;
+    }
     watchdog::set_phase(Phase::compute);
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
+    std::unique_ptr<trace::Span> span = std::make_unique<trace::Span>("forward", "forward");
     const Tensor& out = model_.forward(x_, /*training=*/true);
+    span.reset();  // before the next span starts: they follow each other
+    span = std::make_unique<trace::Span>("loss", "forward");
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
     accumulate_loss(loss_, batch.size, loss_acc_);
     const double t_backward = now();
     dout_.shape = out.shape;
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
     loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_);
+    if (span->on()) Kokkos::fence();
+    span.reset();
+    span = std::make_unique<trace::Span>("backward", "backward");
     // Gradient accumulation: only the last micro-step of a group talks to the
     // other ranks; its buckets start as backward completes them.
     const bool last_micro = micro + 1 >= accumulation || b + 1 == batches;
@@ -472,6 +566,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     } else {
       model_.backward(dout_);
     }
+    span.reset();
     stage_.release(slot);
     stats.forward_seconds += t_backward - t_forward;
     stats.backward_seconds += now() - t_backward;
@@ -491,7 +586,16 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       loss_samples += group_samples;
       window_samples += group_samples;
     }
-    model_.zero_grad();
+    {
+      const trace::Span span("zero_grad", "optimizer");
+      model_.zero_grad();
+      if (span.on()) Kokkos::fence();
+    }
+    if (trace_step_begin_ >= 0 && trace::recording())
+      trace::record(
+          "step " + std::to_string(step_), "step", trace::kMainRow, trace_step_begin_, trace::now_ns(),
+          "\"epoch\": " + std::to_string(epoch + 1) + ", \"samples\": " + std::to_string(group_samples));
+    trace_step_begin_ = -1;
     group_samples = 0;
     micro = 0;
     // Every rank trains the same number of samples: positions of the global order done.
@@ -585,6 +689,7 @@ ValStats Trainer::validate(ShardDataset& data) {
   // sum is formed in a fixed order: the metrics are bitwise identical for any W,
   // and no sample is padded or counted twice.
   watchdog::set_phase(Phase::validation);
+  const trace::Span span("validation", "validation");
   const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t n = data.size();
   const std::int64_t chunks = (n + B - 1) / B;
@@ -628,7 +733,9 @@ ValStats Trainer::validate(ShardDataset& data) {
 int Trainer::fit(MetricsWriter* metrics, TensorBoardWriter* tb) {
   tb_ = tb;
   try {
-    return fit_epochs(metrics);
+    const int status = fit_epochs(metrics);
+    close_trace();
+    return status;
   } catch (const CheckpointWriteError& e) {
     // Every rank is here (checkpoint() agreed on it), past its epoch's loader thread.
     fatal_all(comm_.mpi_comm(), e.what());

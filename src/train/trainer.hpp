@@ -115,6 +115,13 @@ class Trainer {
   // step went non-finite and, where a batch is the cause, its shards and samples;
   // then every rank exits 1 without a checkpoint.
   [[noreturn]] void stop_nonfinite();
+  // io.trace: rank 0 makes <run_dir>/trace, every rank opens its timeline there and
+  // names the bucket rows by the layers they hold (collective).
+  void open_trace();
+  // The timeline at the start of optimizer step step_ + 1: recording on inside
+  // io.trace_steps; the files written (and said where) once past it.
+  void trace_step_start();
+  void close_trace();  // at the run's end or stop: a window cut short is written too
 
   const Config& cfg_;
   Communicator& comm_;
@@ -143,13 +150,14 @@ class Trainer {
   // double on the device; a step's sum joins the others when the step is taken.
   Kokkos::View<double[3]> loss_acc_;
 
-  InputStage stage_;  // batches to the compute space, one on its way while a step runs
-  Tensor x_;          // (B, sample...) the step's slot of stage_
-  LabelView labels_;  // (B)
-  View1 targets_;     // (B * target_numel)
-  View1 loss_;        // (B) per-sample loss
-  View1 correct_;     // (B) 1 where argmax == label
-  Tensor dout_;       // (B, out...)
+  InputStage stage_;                    // batches to the compute space, one on its way while a step runs
+  Tensor x_;                            // (B, sample...) the step's slot of stage_
+  LabelView labels_;                    // (B)
+  View1 targets_;                       // (B * target_numel)
+  View1 loss_;                          // (B) per-sample loss
+  View1 correct_;                       // (B) 1 where argmax == label
+  Tensor dout_;                         // (B, out...)
+  std::int64_t trace_step_begin_ = -1;  // io.trace: the current step's start (ns), -1 when not recording
 };
 
 }  // namespace ddp

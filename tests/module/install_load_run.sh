@@ -36,7 +36,7 @@ prefix=$tmp/prefix
 echo "== cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
 modulefile=$prefix/share/modulefiles/ddp_train/$version
-for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/torch_to_h5 \
+for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/merge_traces bin/torch_to_h5 \
          share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
          share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
@@ -92,9 +92,9 @@ grep -q "HDF5" version.txt || fail "--version: no HDF5"
 echo "== make_regression_data data/regression"
 make_regression_data data/regression
 cp "$DDP_TRAIN_INPUTS/regression.nml" .
-echo "== $MPIEXEC -n 2 ddp_train regression.nml train.epochs=3 io.run_dir=runs/module"
-timeout 120 "$MPIEXEC" -n 2 --oversubscribe ddp_train regression.nml train.epochs=3 io.run_dir=runs/module \
-  train.log_every=1000 | tail -n 3
+echo "== $MPIEXEC -n 2 ddp_train --trace regression.nml train.epochs=3 io.run_dir=runs/module io.trace_steps=1,2"
+timeout 120 "$MPIEXEC" -n 2 --oversubscribe ddp_train --trace regression.nml train.epochs=3 io.run_dir=runs/module \
+  train.log_every=1000 io.trace_steps=1,2 | tail -n 3
 "$PYTHON" - <<PY
 import json, math, sys
 records = [json.loads(l) for l in open("runs/module/metrics.jsonl")]
@@ -107,6 +107,15 @@ PY
 echo "== plot_metrics runs/module"
 plot_metrics runs/module -o module.png
 [ "$(stat -c %s module.png)" -gt 20000 ] || fail "plot_metrics wrote no plot"
+echo "== merge_traces runs/module/trace"
+merge_traces runs/module/trace || fail "merge_traces failed"
+"$PYTHON" - <<PY
+import json, sys
+events = json.load(open("runs/module/trace/merged.json"))["traceEvents"]
+procs = sorted(e["pid"] for e in events if e["name"] == "process_name")
+steps = sorted({e["name"] for e in events if e["name"] in ("step 1", "step 2", "step 3")})
+sys.exit(0 if procs == [0, 1] and steps == ["step 1", "step 2"] else f"FAIL: merged.json: {procs} {steps}")
+PY
 module unload ddp_train
 [ -z "${DDP_TRAIN_ROOT:-}" ] || fail "module unload left DDP_TRAIN_ROOT"
 ! command -v ddp_train >/dev/null || fail "module unload left ddp_train on PATH"

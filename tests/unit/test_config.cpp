@@ -208,6 +208,26 @@ TEST(Config, TensorBoardNeedsProtobuf) {
   }
 }
 
+// io.trace_steps: the first and the last optimizer step of the timeline.
+TEST(Config, TraceSteps) {
+  const ddp::Config d = parse(kRequired);
+  EXPECT_FALSE(d.io.trace);
+  EXPECT_EQ(d.io.trace_steps, (std::vector<std::int64_t>{20, 30}));
+  const ddp::Config c = parse(kRequired + "&io trace = T, trace_steps = 5, 5 /\n");
+  EXPECT_TRUE(c.io.trace);
+  EXPECT_EQ(c.io.trace_steps, (std::vector<std::int64_t>{5, 5}));
+  EXPECT_EQ(parse(kRequired, {"io.trace_steps=100,200"}).io.trace_steps,
+            (std::vector<std::int64_t>{100, 200}));
+  EXPECT_EQ(error_of(kRequired + "&io trace_steps = 5 /\n"),
+            "x.nml:3: io.trace_steps = 5: expected 2 values, got 1");
+  EXPECT_EQ(error_of(kRequired + "&io trace_steps = 0, 3 /\n"),
+            "x.nml:3: io.trace_steps = 0, 3: every value must be >= 1");
+  EXPECT_EQ(error_of(kRequired + "&io trace_steps = 2.5, 3 /\n"),
+            "x.nml:3: io.trace_steps: expected a list of integers, got 2.5");
+  EXPECT_EQ(error_of(kRequired, {"io.trace_steps=9,3"}),
+            "command line: io.trace_steps=9,3: the first step must not come after the last");
+}
+
 TEST(Config, RequiredKeys) {
   EXPECT_EQ(error_of("&model layers = 'relu' /"), "x.nml: &data train_files is required");
   EXPECT_EQ(error_of("&data train_files = 'a' /"), "x.nml: &model layers is required");

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""io.trace: per-rank Chrome-trace timelines, merged by tools/merge_traces.
+
+usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
+
+1. The Fashion-MNIST CNN (1024 training samples, no validation) on 2 ranks with
+   --trace, io.trace_steps = 3, 6, comm.overlap = 'poll' and the default buckets
+   (a 1 MB first bucket, so the CNN's 0.4 M parameters make two):
+   - each rank's file parses, names its process "rank N (host)" under pid N, and
+     covers exactly steps 3-6 ("step N" spans);
+   - on every row the spans nest: each one lies inside the one that is open when it
+     starts, or starts after it ends;
+   - every step holds data wait, forward (one span per layer, in order), loss,
+     backward (layers in reverse order), the all-reduce wait, step checks,
+     optimizer, zero_grad;
+   - every bucket has its own row and one all-reduce span per step; in every step
+     the first bucket's all-reduce starts inside backward and a later layer's
+     backward starts while it is in flight (the overlap), while the last bucket,
+     reduced blocking in finish(), starts after backward;
+   - merge_traces makes one file with a process per rank, all spans kept.
+2. The tiny MLP with comm.overlap = 'none': no bucket rows, and each step's one
+   all-reduce starts after its backward ends (the check of 1 can tell the two apart).
+3. The tiny MLP with comm.overlap = 'thread' and a bucket per tensor: each
+   bucket's all-reduce, run by the communication thread, has its row.
+4. A window past the run's end (steps 8-100 of a 10-step run): the files are
+   written when the run ends, with steps 8-10, and the run says so.
+5. Without io.trace: no trace directory.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+EPS = 1e-6  # microseconds; the files hold integer nanoseconds
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def run(args, run_dir, *extra):
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [args.mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", args.ddp_train, *extra,
+           f"io.run_dir={run_dir}"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=240)
+    lines = [l for l in p.stdout.splitlines() if l.startswith(("trace:", "gradients:", "epoch "))]
+    print(f"$ {' '.join(cmd)}\n" + "\n".join(lines) + f"\n--- exit {p.returncode}")
+    if p.returncode != 0:
+        print(p.stdout[-3000:] + p.stderr[-3000:])
+        fail(f"ddp_train exited {p.returncode}")
+    return p.stdout
+
+
+def load(run_dir, rank):
+    path = os.path.join(run_dir, "trace", f"rank{rank}.json")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{path}: {e}")
+    return path, doc
+
+
+def spans(doc, tid=None):
+    return [e for e in doc["traceEvents"] if e["ph"] == "X" and (tid is None or e["tid"] == tid)]
+
+
+def end(e):
+    return e["ts"] + e["dur"]
+
+
+def inside(child, parent):
+    return child["ts"] >= parent["ts"] - EPS and end(child) <= end(parent) + EPS
+
+
+def check_nesting(path, doc):
+    rows = {}
+    for e in spans(doc):
+        rows.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, es in rows.items():
+        es.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []
+        for e in es:
+            while stack and e["ts"] >= end(stack[-1]) - EPS:
+                stack.pop()
+            if stack and not inside(e, stack[-1]):
+                fail(f"{path} row {key}: '{e['name']}' at {e['ts']} ({e['dur']} us) overlaps "
+                     f"'{stack[-1]['name']}' at {stack[-1]['ts']} ({stack[-1]['dur']} us) without nesting")
+            stack.append(e)
+    return rows
+
+
+def row_names(doc):
+    return {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+def steps_of(doc):
+    out = {}
+    for e in spans(doc, 0):
+        m = re.fullmatch(r"step (\d+)", e["name"])
+        if m:
+            out[int(m.group(1))] = e
+    return out
+
+
+def children(doc, parent, tid=0):
+    """Spans of row tid directly or indirectly inside parent, in time order."""
+    return sorted((e for e in spans(doc, tid) if e is not parent and inside(e, parent)), key=lambda e: e["ts"])
+
+
+def check_common(path, doc, rank, first, last):
+    if doc.get("otherData", {}).get("rank") != rank:
+        fail(f"{path}: otherData.rank is {doc.get('otherData', {}).get('rank')}, expected {rank}")
+    procs = [e for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
+    if len(procs) != 1 or not re.fullmatch(rf"rank {rank} \(.+\)", procs[0]["args"]["name"]) or procs[0]["pid"] != rank:
+        fail(f"{path}: process_name {procs}, expected one 'rank {rank} (host)' under pid {rank}")
+    if any(e["pid"] != rank for e in doc["traceEvents"]):
+        fail(f"{path}: events of another pid than {rank}")
+    check_nesting(path, doc)
+    steps = steps_of(doc)
+    if sorted(steps) != list(range(first, last + 1)):
+        fail(f"{path}: step spans {sorted(steps)}, expected {first}-{last}")
+    return steps
+
+
+def subset_shard(path, n):
+    """The first n samples of Fashion-MNIST's first training shard: 8 steps of 64 per rank."""
+    import h5py
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with h5py.File("data/fashion-mnist/train_000.h5", "r") as src, h5py.File(path, "w") as dst:
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+        dst.create_dataset("x", data=src["x"][:n])
+        dst.create_dataset("y", data=src["y"][:n])
+
+
+def check_cnn(args, layers):
+    run_dir = args.prefix + "_cnn"
+    shard = args.prefix + "_cnn_train.h5"
+    subset_shard(shard, 1024)
+    run(args, run_dir, args.cnn, "--trace", "io.trace_steps=3,6", "comm.overlap=poll",
+        f"data.train_files={shard}", "data.val_files=", "train.epochs=1", "io.checkpoint_every=0")
+    trained = [i for i, l in enumerate(layers) if l.startswith(("conv2d", "linear"))]
+    first_trained = trained[0]
+    for rank in (0, 1):
+        path, doc = load(run_dir, rank)
+        steps = check_common(path, doc, rank, 3, 6)
+        names = row_names(doc)
+        buckets = sorted(t for t in names if t >= 100)
+        if len(buckets) < 2:
+            fail(f"{path}: bucket rows {[names[t] for t in buckets]}, expected at least 2 (1 MB first bucket)")
+        for t in buckets:
+            if not re.fullmatch(rf"all-reduce bucket {t - 100}: layers\.\S+ \([\d.]+ (B|KB|MB)\)", names[t]):
+                fail(f"{path}: row {t} is named '{names[t]}'")
+        for n, step in sorted(steps.items()):
+            inner = children(doc, step)
+            top = [e["name"] for e in inner if not e["name"].startswith("layers.")]
+            want = ["data wait", "forward", "loss", "backward", "all-reduce wait", "step checks", "optimizer",
+                    "zero_grad"]
+            if top != want:
+                fail(f"{path}: step {n} holds {top}, expected {want}")
+            fwd = next(e for e in inner if e["name"] == "forward")
+            bwd = next(e for e in inner if e["name"] == "backward")
+            f_layers = [e["name"] for e in children(doc, fwd)]
+            b_layers = [e["name"] for e in children(doc, bwd)]
+            want_f = [f"layers.{i} {l}" for i, l in enumerate(layers)]
+            want_b = [f"layers.{i} {layers[i]}" for i in reversed(range(first_trained, len(layers)))]
+            if f_layers != want_f:
+                fail(f"{path}: step {n}'s forward holds {f_layers}, expected {want_f}")
+            if b_layers != want_b:
+                fail(f"{path}: step {n}'s backward holds {b_layers}, expected {want_b}")
+            ar = {t: [e for e in spans(doc, t) if inside(e, step)] for t in buckets}
+            if any(len(v) != 1 for v in ar.values()):
+                fail(f"{path}: step {n}: all-reduce spans per bucket {[len(v) for v in ar.values()]}, expected 1 each")
+            b0 = ar[buckets[0]][0]
+            later = [e for e in children(doc, bwd) if e["ts"] > b0["ts"]]
+            if not (bwd["ts"] < b0["ts"] < end(bwd)) or not later:
+                fail(f"{path}: step {n}: bucket 0's all-reduce [{b0['ts']}, {end(b0)}] does not overlap backward "
+                     f"[{bwd['ts']}, {end(bwd)}] (no layer's backward starts while it is in flight)")
+            last = ar[buckets[-1]][0]
+            if last["ts"] < end(bwd) - EPS:
+                fail(f"{path}: step {n}: the last bucket (reduced in finish()) starts inside backward")
+            if n == 3:
+                print(f"{path}: step 3: backward {bwd['dur']:.0f} us; bucket 0 ({names[buckets[0]]}) in flight "
+                      f"from {b0['ts'] - bwd['ts']:.0f} us into backward for {b0['dur']:.0f} us, during "
+                      f"{len(later)} later layers' backward; the last bucket {last['dur']:.0f} us after it")
+    merged = os.path.join(run_dir, "merged.json")
+    p = subprocess.run([sys.executable, args.merge, os.path.join(run_dir, "trace"), "-o", merged],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(p.stdout.strip())
+    if p.returncode != 0:
+        fail(f"merge_traces exited {p.returncode}")
+    with open(merged) as f:
+        m = json.load(f)
+    procs = sorted((e["pid"], e["args"]["name"]) for e in m["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name")
+    if [pid for pid, _ in procs] != [0, 1]:
+        fail(f"merged: processes {procs}, expected ranks 0 and 1")
+    n_in = sum(len(spans(load(run_dir, r)[1])) for r in (0, 1))
+    if len(spans(m)) != n_in:
+        fail(f"merged: {len(spans(m))} spans, the rank files hold {n_in}")
+    check_nesting(merged, m)
+    print(f"merged: {procs}, {n_in} spans")
+
+
+def check_none(args):
+    run_dir = args.prefix + "_none"
+    run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.overlap=none")
+    for rank in (0, 1):
+        path, doc = load(run_dir, rank)
+        steps = check_common(path, doc, rank, 2, 4)
+        if any(t >= 100 for t in row_names(doc)):
+            fail(f"{path}: bucket rows with comm.overlap = 'none'")
+        for n, step in steps.items():
+            inner = children(doc, step)
+            bwd = next(e for e in inner if e["name"] == "backward")
+            ar = [e for e in inner if e["name"] == "all-reduce"]
+            if len(ar) != 1 or ar[0]["ts"] < end(bwd) - EPS:
+                fail(f"{path}: step {n}: expected one all-reduce after backward, got {ar}")
+
+
+def check_thread(args):
+    run_dir = args.prefix + "_thread"
+    run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.overlap=thread",
+        "comm.first_bucket_mb=1e-5", "comm.bucket_mb=1e-5")
+    for rank in (0, 1):
+        path, doc = load(run_dir, rank)
+        steps = check_common(path, doc, rank, 2, 4)
+        buckets = sorted(t for t in row_names(doc) if t >= 100)
+        if len(buckets) != 4:  # a bucket per tensor: 2 weights, 2 biases
+            fail(f"{path}: {len(buckets)} bucket rows, expected 4")
+        for t in buckets:
+            got = [n for n, s in steps.items() if any(inside(e, s) for e in spans(doc, t))]
+            if sorted(got) != sorted(steps):
+                fail(f"{path}: bucket row {t} has all-reduce spans in steps {got}, expected {sorted(steps)}")
+
+
+def check_cut_short(args):
+    run_dir = args.prefix + "_cut"
+    out = run(args, run_dir, args.tiny, "--trace", "io.trace_steps=8,100")
+    if "trace: the run ended inside io.trace_steps; steps 8-10" not in out:
+        fail("no line saying the run ended inside io.trace_steps (steps 8-10)")
+    for rank in (0, 1):
+        path, doc = load(run_dir, rank)
+        check_common(path, doc, rank, 8, 10)
+
+
+def check_off(args):
+    run_dir = args.prefix + "_off"
+    run(args, run_dir, args.tiny)
+    if os.path.exists(os.path.join(run_dir, "trace")):
+        fail("a trace directory without io.trace")
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    for a in ("mpiexec", "ddp_train", "merge", "tiny", "cnn", "prefix"):
+        ap.add_argument(a)
+    args = ap.parse_args()
+    layers = None
+    with open(args.cnn) as f:
+        text = f.read()
+    m = re.search(r"layers\s*=\s*(.*?)\n/", text, re.S)
+    layers = [re.sub(r"\s+", " ", s) for s in re.findall(r"'([^']*)'", m.group(1))]
+    check_cnn(args, layers)
+    check_none(args)
+    check_thread(args)
+    check_cut_short(args)
+    check_off(args)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

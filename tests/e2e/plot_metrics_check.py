@@ -7,7 +7,8 @@ Trains two short 2-rank runs (other learning rates, so other curves), renders th
 first alone and both together, then checks each PNG: its size and dimensions, that
 it is not blank (ink and many colours), that the first run's colour (matplotlib's
 C0) is drawn in both, and that the second run's (C1) appears only in the overlay.
-Also: a run directory without metrics.jsonl is one error line and exit status 2.
+Also: a run directory without metrics.jsonl is one error line and exit status 2, and
+the top axis maps steps to epochs through the epoch ends, straight on past the last.
 """
 import os
 import re
@@ -102,6 +103,20 @@ check(r.returncode == 2, f"no metrics.jsonl: exit status {r.returncode} (2)")
 check(len(lines) == 1 and "runs/plot_empty/metrics.jsonl: no such file" in lines[0],
       "no metrics.jsonl: one error line naming the file")
 check(not os.path.exists("plot_empty.png"), "no metrics.jsonl: no PNG written")
+
+# The top axis: step -> epoch through the epoch ends, and straight on past the last one
+# into the axes' margin (a clamped map put epoch 3 at the right edge, not over its point).
+import importlib.machinery  # noqa: E402
+import importlib.util  # noqa: E402
+
+loader = importlib.machinery.SourceFileLoader("plot_metrics", plot)
+tool = importlib.util.module_from_spec(importlib.util.spec_from_loader("plot_metrics", loader))
+loader.exec_module(tool)
+steps, epochs = [0, 469, 938, 1407], [0, 1, 2, 3]
+got = tool.extrapolated([469, 703.5, 938, 1407, 1500, -46.9], steps, epochs)
+check(bool(np.allclose(got, [1, 1.5, 2, 3, 3 + 93 / 469, -0.1])), f"step -> epoch {list(got)}")
+back = tool.extrapolated(got, epochs, steps)
+check(bool(np.allclose(back, [469, 703.5, 938, 1407, 1500, -46.9])), "epoch -> step inverts it")
 
 if failures:
     sys.exit(f"FAIL: {len(failures)} check(s)")

@@ -105,19 +105,15 @@ void GradientReducer::poll() {
 }
 
 void GradientReducer::traced_done(int count) {
-  if (count == MPI_UNDEFINED) return;
+  if (count == MPI_UNDEFINED || count == 0) return;
   const std::int64_t t = trace::now_ns();
   for (int i = 0; i < count; ++i) trace_bucket(std::size_t(completed_index_[std::size_t(i)]), t);
 }
 
 void GradientReducer::trace_bucket(std::size_t b, std::int64_t end_ns) {
   if (trace_begin_[b] < 0) return;
-  if (trace::recording()) {
-    const Bucket& k = buckets_[b];
-    trace::record(
-        "all-reduce b" + std::to_string(b), "comm", trace::kBucketRow + int(b), trace_begin_[b], end_ns,
-        "\"bucket\": " + std::to_string(b) + ", \"bytes\": " + std::to_string((k.end - k.begin) * 4));
-  }
+  if (trace::recording())
+    trace::record_bucket(b, (buckets_[b].end - buckets_[b].begin) * 4, trace_begin_[b], end_ns);
   trace_begin_[b] = -1;
 }
 

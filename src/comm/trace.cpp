@@ -154,4 +154,9 @@ void record(const std::string& name, const char* category, int row, std::int64_t
   s.events.push_back({name, category, row, begin_ns, std::max(end_ns, begin_ns), args});
 }
 
+void record_bucket(std::size_t bucket, std::int64_t bytes, std::int64_t begin_ns, std::int64_t end_ns) {
+  record("all-reduce b" + std::to_string(bucket), "comm", kBucketRow + int(bucket), begin_ns, end_ns,
+         "\"bucket\": " + std::to_string(bucket) + ", \"bytes\": " + std::to_string(bytes));
+}
+
 }  // namespace ddp::trace

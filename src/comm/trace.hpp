@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -50,6 +51,10 @@ std::int64_t now_ns();  // nanoseconds since the origin
 // or "". Thread-safe.
 void record(const std::string& name, const char* category, int row, std::int64_t begin_ns,
             std::int64_t end_ns, const std::string& args = "");
+
+// Bucket `bucket`'s all-reduce of `bytes` on its row (kBucketRow + bucket): what every
+// bucket reducer, MPI or NCCL, records.
+void record_bucket(std::size_t bucket, std::int64_t bytes, std::int64_t begin_ns, std::int64_t end_ns);
 
 // A span from construction to destruction on the main row, when recording.
 class Span {

@@ -121,12 +121,10 @@ class NcclBucketReducer final : public BucketReducer {
   }
   void trace_bucket(std::size_t b, std::int64_t end_ns) {
     if (trace_begin_[b] < 0) return;
-    const Bucket& k = buckets_[b];
-    trace::record(
-        "all-reduce b" + std::to_string(b), "comm", trace::kBucketRow + int(b), trace_begin_[b], end_ns,
-        "\"bucket\": " + std::to_string(b) + ", \"bytes\": " + std::to_string((k.end - k.begin) * 4));
+    trace::record_bucket(b, (buckets_[b].end - buckets_[b].begin) * 4, trace_begin_[b], end_ns);
     trace_begin_[b] = -1;
   }
+
   NcclCommunicator& comm_;
   float* grads_;
   std::vector<Bucket> buckets_;

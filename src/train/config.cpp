@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 #include <variant>
 
 #include "comm/check.hpp"
@@ -316,26 +317,19 @@ void store(std::vector<std::string>& out, const std::vector<Value>& vs, const Ru
   out = std::move(list);
 }
 
-void store(std::vector<double>& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+// Lists of numbers (train.betas, io.trace_steps): each element typed and in range.
+template <class T>
+void store(std::vector<T>& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
+  constexpr bool integers = std::is_integral_v<T>;
   if (r.count != 0 && vs.size() != r.count)
     site.value_error("expected " + std::to_string(r.count) + " values, got " + std::to_string(vs.size()));
-  std::vector<double> list;
+  std::vector<T> list;
   for (const Value& v : vs) {
-    if (!is_number(v)) site.type_error("a list of reals", v.text);
-    check_range(v.r, r, site, "every value must be");
-    list.push_back(v.r);
-  }
-  out = std::move(list);
-}
-
-void store(std::vector<std::int64_t>& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
-  if (r.count != 0 && vs.size() != r.count)
-    site.value_error("expected " + std::to_string(r.count) + " values, got " + std::to_string(vs.size()));
-  std::vector<std::int64_t> list;
-  for (const Value& v : vs) {
-    if (v.kind != Kind::Int) site.type_error("a list of integers", v.text);
-    check_range(static_cast<double>(v.i), r, site, "every value must be");
-    list.push_back(v.i);
+    if (integers ? v.kind != Kind::Int : !is_number(v))
+      site.type_error(integers ? "a list of integers" : "a list of reals", v.text);
+    const double x = integers ? static_cast<double>(v.i) : v.r;
+    check_range(x, r, site, "every value must be");
+    list.push_back(integers ? static_cast<T>(v.i) : static_cast<T>(v.r));
   }
   out = std::move(list);
 }
@@ -397,35 +391,30 @@ std::string trim(const std::string& s) {
 }
 
 // Namelist text of a field's current value; "" for an empty list.
-std::string format_field(const Field& f) {
-  struct {
-    std::string operator()(const int* x) const { return std::to_string(*x); }
-    std::string operator()(const std::int64_t* x) const { return std::to_string(*x); }
-    std::string operator()(const double* x) const {
-      std::string s = format_number(*x);
-      // keep it a real literal so the echo reads as the type it is
-      return s.find_first_of(".e") == std::string::npos ? s + ".0" : s;
-    }
-    std::string operator()(const bool* x) const { return *x ? ".true." : ".false."; }
-    std::string operator()(const std::string* x) const { return nml::quote(*x); }
-    std::string operator()(const std::vector<std::string>* x) const {
-      std::string s;
-      for (const auto& e : *x) s += (s.empty() ? "" : ", ") + nml::quote(e);
-      return s;
-    }
-    std::string operator()(const std::vector<double>* x) const {
-      std::string s;
-      for (double e : *x) s += (s.empty() ? "" : ", ") + (*this)(&e);
-      return s;
-    }
-    std::string operator()(const std::vector<std::int64_t>* x) const {
-      std::string s;
-      for (std::int64_t e : *x) s += (s.empty() ? "" : ", ") + std::to_string(e);
-      return s;
-    }
-  } fmt;
-  return std::visit(fmt, f);
-}
+struct FieldText {
+  std::string operator()(const int* x) const { return std::to_string(*x); }
+  std::string operator()(const std::int64_t* x) const { return std::to_string(*x); }
+  std::string operator()(const double* x) const {
+    std::string s = format_number(*x);
+    // keep it a real literal so the echo reads as the type it is
+    return s.find_first_of(".e") == std::string::npos ? s + ".0" : s;
+  }
+  std::string operator()(const bool* x) const { return *x ? ".true." : ".false."; }
+  std::string operator()(const std::string* x) const { return nml::quote(*x); }
+  std::string operator()(const std::vector<std::string>* x) const {
+    std::string s;
+    for (const auto& e : *x) s += (s.empty() ? "" : ", ") + nml::quote(e);
+    return s;
+  }
+  template <class T>
+  std::string operator()(const std::vector<T>* x) const {  // numbers, each as its scalar is written
+    std::string s;
+    for (const T& e : *x) s += (s.empty() ? "" : ", ") + (*this)(&e);
+    return s;
+  }
+};
+
+std::string format_field(const Field& f) { return std::visit(FieldText{}, f); }
 
 }  // namespace
 

@@ -61,9 +61,10 @@ struct IoConfig {
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none
   bool allow_data_change = false;        // resume on training data of another sample count (warning)
   bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
+  bool tensorboard = kTensorBoardBuilt;  // <run_dir>/tb/events.out.tfevents.*; F without protobuf
   bool trace = false;                    // Chrome-trace timeline: <run_dir>/trace/rank<r>.json
-  std::vector<std::int64_t> trace_steps = {20, 30};  // the optimizer steps it covers, first and last
-  bool tensorboard = kTensorBoardBuilt;              // <run_dir>/tb/events.out.tfevents.*; F without protobuf
+  // The optimizer steps the timeline covers, first and last (1-based, as the progress lines).
+  std::vector<std::int64_t> trace_steps = {20, 30};
 };
 
 struct CommConfig {
@@ -71,9 +72,8 @@ struct CommConfig {
   std::string overlap = "poll";  // gradient all-reduce during backward: 'poll' | 'thread' | 'none'
   double bucket_mb = 25.0;       // gradient bucket size, as DDP's bucket_cap_mb
   double first_bucket_mb = 1.0;  // the first (last layers') bucket, small so it starts early
-  double timeout_s =
-      600.0;               // a collective waited in longer than this is a hang: name the missing ranks, abort
-  int check_every = 1000;  // steps between replica consistency checks (and at checkpoints); 0: those
+  double timeout_s = 600.0;      // seconds in one collective that make a hang: name the missing ranks, abort
+  int check_every = 1000;        // steps between replica consistency checks (and at checkpoints); 0: those
 };
 
 struct Config {

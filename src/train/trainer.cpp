@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "comm/check.hpp"
@@ -270,7 +271,7 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
     if (span.on()) Kokkos::fence();
   }
   const double t1 = now();
-  std::unique_ptr<trace::Span> checks = std::make_unique<trace::Span>("step checks", "step");
+  std::optional<trace::Span> checks(std::in_place, "step checks", "step");
   stats.comm_seconds += t1 - t0;
   // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
@@ -545,10 +546,10 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
-    std::unique_ptr<trace::Span> span = std::make_unique<trace::Span>("forward", "forward");
+    // One span after the other (emplace ends the previous one first); no heap on the hot path.
+    std::optional<trace::Span> span(std::in_place, "forward", "forward");
     const Tensor& out = model_.forward(x_, /*training=*/true);
-    span.reset();  // before the next span starts: they follow each other
-    span = std::make_unique<trace::Span>("loss", "forward");
+    span.emplace("loss", "forward");
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
     accumulate_loss(loss_, batch.size, loss_acc_);
     const double t_backward = now();
@@ -556,8 +557,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
     loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_);
     if (span->on()) Kokkos::fence();
-    span.reset();
-    span = std::make_unique<trace::Span>("backward", "backward");
+    span.emplace("backward", "backward");
     // Gradient accumulation: only the last micro-step of a group talks to the
     // other ranks; its buckets start as backward completes them.
     const bool last_micro = micro + 1 >= accumulation || b + 1 == batches;

@@ -150,14 +150,15 @@ class Trainer {
   // double on the device; a step's sum joins the others when the step is taken.
   Kokkos::View<double[3]> loss_acc_;
 
-  InputStage stage_;                    // batches to the compute space, one on its way while a step runs
-  Tensor x_;                            // (B, sample...) the step's slot of stage_
-  LabelView labels_;                    // (B)
-  View1 targets_;                       // (B * target_numel)
-  View1 loss_;                          // (B) per-sample loss
-  View1 correct_;                       // (B) 1 where argmax == label
-  Tensor dout_;                         // (B, out...)
-  std::int64_t trace_step_begin_ = -1;  // io.trace: the current step's start (ns), -1 when not recording
+  InputStage stage_;  // batches to the compute space, one on its way while a step runs
+  Tensor x_;          // (B, sample...) the step's slot of stage_
+  LabelView labels_;  // (B)
+  View1 targets_;     // (B * target_numel)
+  View1 loss_;        // (B) per-sample loss
+  View1 correct_;     // (B) 1 where argmax == label
+  Tensor dout_;       // (B, out...)
+  // io.trace: the current step's start (ns on the timeline); -1 when not recording.
+  std::int64_t trace_step_begin_ = -1;
 };
 
 }  // namespace ddp

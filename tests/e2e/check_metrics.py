@@ -149,9 +149,13 @@ def progress_errors(log, records, eta_decreases=False):
     ends = epoch_lines(text)
     if len(ends) != len(records):
         errors.append(f"{len(ends)} epoch lines with a run ETA, {len(records)} records")
+    seconds = {r["epoch"]: r.get("train_seconds", 0.0) + r.get("val_seconds", 0.0) for r in records}
     for epoch, epochs, eta in ends:
-        if eta is None or (epoch == epochs and eta != 0) or (epoch < epochs and not eta > 0):
-            errors.append(f"epoch {epoch}/{epochs}: run ETA {eta}")
+        # Before the last epoch the run ETA is above 0, unless what is left is under the
+        # line's 0.1 s resolution (a tiny epoch takes a few ms: "eta run 0.0s" is right).
+        left = seconds.get(epoch, 0.0) * (epochs - epoch)
+        if eta is None or (epoch == epochs and eta != 0) or (epoch < epochs and not (eta > 0 or left < 0.1)):
+            errors.append(f"epoch {epoch}/{epochs}: run ETA {eta} with about {left:.3f} s left")
     if reports:
         first, last = reports[0], reports[-1]
         print(f"run ETA {first['eta_run']} s at the first report ({first['line']}), "

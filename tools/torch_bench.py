@@ -18,7 +18,8 @@ peak learning rate), the same training shards preloaded into memory as ddp_train
 preload mode does (uint8 pixels scaled by 1/255), and DistributedSampler's
 shuffled, padded split of the epoch. The epoch is timed as ddp_train's is: from its
 first batch to the last optimizer step, no validation. Prints one line:
-  torch_bench: INPUT, N rank(s), batch B per rank, S steps, samples/s X, torch V, threads T
+  torch_bench: INPUT, N rank(s), batch B per rank, S steps, samples/s X, torch V, threads T,
+               parameters P, final loss L
 """
 import glob
 import os
@@ -73,6 +74,27 @@ def strings(value):
     return quoted if quoted else [v.strip() for v in re.findall(r"(?:[^,(]|\([^)]*\))+", value) if v.strip()]
 
 
+class BasicBlock(nn.Module):
+    """resblock(planes[, stride=s]): torchvision's BasicBlock, as ddp_train's."""
+
+    def __init__(self, inplanes, planes, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
 def build_model(specs, sample_shape):
     layers, shape = [], list(sample_shape)
     for spec in specs:
@@ -99,8 +121,22 @@ def build_model(specs, sample_shape):
             k, stride = pos[0], int(kw.get("stride", pos[0]))
             layers.append(nn.MaxPool2d(k, stride))
             shape = [shape[0]] + [(d - k) // stride + 1 for d in shape[1:]]
+        elif name == "batchnorm2d":
+            if "sync" in args:
+                sys.exit(f"torch_bench: layer '{spec}' is not built here (SyncBatchNorm)")
+            layers.append(nn.BatchNorm2d(shape[0]))
+        elif name == "resblock":
+            out, stride = pos[0], int(kw.get("stride", 1))
+            if "sync" in args:
+                sys.exit(f"torch_bench: layer '{spec}' is not built here (SyncBatchNorm)")
+            layers.append(BasicBlock(shape[0], out, stride))
+            shape = [out] + [(d + 2 - 3) // stride + 1 for d in shape[1:]]
+        elif name == "globalavgpool":
+            layers.append(nn.AdaptiveAvgPool2d(1))
+            shape = [shape[0], 1, 1]
         else:
-            sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, conv2d, maxpool)")
+            sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, conv2d, "
+                     "maxpool, batchnorm2d, resblock, globalavgpool)")
     return nn.Sequential(*layers)
 
 
@@ -170,7 +206,7 @@ def main():
         samples = len(indices) * world
         print(f"torch_bench: {path}, {world} rank(s), batch {batch} per rank, {steps} steps, "
               f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-              f"final loss {loss.item():.4f}", flush=True)
+              f"parameters {sum(p.numel() for p in model.parameters())}, final loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -19,9 +19,10 @@
 namespace ddp {
 
 // How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
-// between a convolution and a max-pool, where both sides work in the channel-blocked
+// from a convolution (or resblock) to the next layer that reads the channel-blocked
 // layout the backend's kernels chose on this CPU (oneDNN: nChw8c with AVX2, nChw16c
-// with AVX-512), so no reorder runs there.
+// with AVX-512): a convolution, resblock, max-pool or global pool, through relu,
+// tanh and batch norm (Model::plan_layouts), so no reorder runs there.
 enum class Layout {
   nchw,     // PyTorch's
   nChw8c,   // (B, ceil(C/8), H, W, 8), padding channels zero

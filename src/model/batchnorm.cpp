@@ -4,6 +4,7 @@
 
 #include "comm/check.hpp"
 #include "comm/communicator.hpp"
+#include "model/planes.hpp"
 
 namespace ddp {
 
@@ -15,51 +16,6 @@ using Kokkos::Experimental::sqrt;
 #endif
 }  // namespace
 
-// sums(c) = sum of f(c, e), sums(C + c) = sum of g(c, e) over the elements e of channel c
-// in a (B, C, HW) tensor: one team per channel, its threads over the batch, their
-// vector lanes over the plane. (A thread per channel summing B * HW values in turn,
-// as this was, left a GPU all but idle.) In double, so E[x^2] - E[x]^2 stays exact
-// enough for any batch; a fixed order per launch shape, so runs repeat bit for bit.
-namespace {
-template <class F, class G>
-void channel_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
-                  Kokkos::View<double*> sums, F f, G g) {
-  using Team = Kokkos::TeamPolicy<ExecSpace>;
-  const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
-  Kokkos::parallel_for(
-      label, Team(C, Kokkos::AUTO, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-        const std::int64_t c = team.league_rank();
-        double sf = 0.0, sg = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, B),
-            [&](std::int64_t b, double& acc) {
-              const std::int64_t base = (b * C + c) * hw;
-              double part = 0.0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, hw),
-                  [&](std::int64_t i, double& v) { v += f(c, base + i); }, part);
-              acc += part;
-            },
-            sf);
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, B),
-            [&](std::int64_t b, double& acc) {
-              const std::int64_t base = (b * C + c) * hw;
-              double part = 0.0;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, hw),
-                  [&](std::int64_t i, double& v) { v += g(c, base + i); }, part);
-              acc += part;
-            },
-            sg);
-        Kokkos::single(Kokkos::PerTeam(team), [&] {
-          sums(c) = sf;
-          sums(C + c) = sg;
-        });
-      });
-}
-}  // namespace
-
 Shape BatchNorm2d::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 3)
     throw InputError("batchnorm2d needs an image input (channels, height, width) but gets " +
@@ -69,8 +25,14 @@ Shape BatchNorm2d::output_shape(const Shape& in_sample) {
   sample_ = in_sample;
   sums_ = Kokkos::View<double*>("BatchNorm2d::sums", 2 * c_ + 1);
   sums_host_ = Kokkos::create_mirror_view(sums_);
-  mean_ = Kokkos::View<float*>("BatchNorm2d::mean", c_);
-  invstd_ = Kokkos::View<float*>("BatchNorm2d::invstd", c_);
+  // Padded to a block with zeros: a blocked layout's padding channels stay zero.
+  const std::int64_t cp = padded_channels(c_);
+  mean_ = Kokkos::View<float*>("BatchNorm2d::mean", cp);
+  invstd_ = Kokkos::View<float*>("BatchNorm2d::invstd", cp);
+  gamma_ = Kokkos::View<float*>("BatchNorm2d::gamma", cp);
+  beta_ = Kokkos::View<float*>("BatchNorm2d::beta", cp);
+  mean_dy_ = Kokkos::View<float*>("BatchNorm2d::mean_dy", cp);
+  mean_dy_xhat_ = Kokkos::View<float*>("BatchNorm2d::mean_dy_xhat", cp);
   return in_sample;
 }
 
@@ -114,20 +76,31 @@ void BatchNorm2d::allreduce(Kokkos::View<double*> sums, std::size_t n) {
   if (comm_) comm_->allreduce_sum(sums.data(), n);
 }
 
-// x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta
+// The planes' partial sums for B samples: 2 B Cp doubles, grown when B is larger.
+void BatchNorm2d::reserve_partial(std::int64_t B) {
+  const std::int64_t n = 2 * B * padded_channels(c_);
+  if (static_cast<std::int64_t>(partial_.extent(0)) < n)
+    partial_ =
+        Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "BatchNorm2d::partial"), n);
+}
+
+// x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta, in x's
+// layout (NCHW, or a convolution's blocked layout where the model keeps it).
 void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
-  resize(y, B, sample_, "BatchNorm2d::y");
+  resize(y, B, sample_, "BatchNorm2d::y", x.layout);
   ConstView1 xv = x.data;
   View1 yv = y.data;
-  auto mean = mean_, invstd = invstd_;
+  auto mean = mean_, invstd = invstd_, gamma = gamma_, beta = beta_;
   const float eps = eps_;
   normalised_by_batch_ = training;
+  const float *w = weight_, *b = bias_;
   if (training) {
     // Per-channel sums in double: E[x^2] - E[x]^2 stays accurate for any batch.
     auto sums = sums_;
+    reserve_partial(B);
     channel_sums(
-        "BatchNorm2d::forward_sums", B, C, hw, sums,
+        "BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); },
         KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); });
     Kokkos::parallel_for(
@@ -148,6 +121,8 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
           const double mu = sums(c) / n, d = sums(C + c) / n - mu * mu, var = d > 0.0 ? d : 0.0;
           mean(c) = static_cast<float>(mu);
           invstd(c) = static_cast<float>(1.0 / sqrt(var + eps));
+          gamma(c) = w[c];
+          beta(c) = b[c];
           rm[c] = static_cast<float>((1.0 - m) * rm[c] + m * mu);
           rv[c] = static_cast<float>((1.0 - m) * rv[c] + m * var * unbias);
           if (c == 0) *nb += 1.0f;
@@ -158,27 +133,32 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
         "BatchNorm2d::forward_running_stats", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
           mean(c) = rm[c];
           invstd(c) = 1.0f / sqrt(rv[c] + eps);
+          gamma(c) = w[c];
+          beta(c) = b[c];
         });
   }
-  const float *w = weight_, *b = bias_;
-  Kokkos::parallel_for(
-      "BatchNorm2d::forward", Range(0, B * C * hw), KOKKOS_LAMBDA(std::int64_t e) {
-        const std::int64_t c = (e / hw) % C;
-        yv(e) = (xv(e) - mean(c)) * invstd(c) * w[c] + b[c];
+  // Padding channels: mean, invstd, gamma and beta are 0 there, so y is too.
+  for_each_element(
+      "BatchNorm2d::forward", x.layout, B, C, hw,
+      KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+        yv(e) = (xv(e) - mean(c)) * invstd(c) * gamma(c) + beta(c);
       });
 }
 
 // dy: (B, C, H, W) -> dgamma += sum dy xhat, dbeta += sum dy (this rank's samples);
 // dx = gamma invstd (dy - sum(dy)/N - xhat sum(dy xhat)/N) with the sums over all N
 // values of the channel (all ranks when synchronised); in eval dx = gamma invstd dy.
+// dy and dx in x's layout.
 void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  DDP_REQUIRE(dy.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
   ConstView1 xv = x.data, dyv = dy.data;
-  auto mean = mean_, invstd = invstd_;
+  auto mean = mean_, invstd = invstd_, gamma = gamma_;
   auto sums = sums_;
   float *dw = dweight_, *db = dbias_;
+  reserve_partial(B);
   channel_sums(
-      "BatchNorm2d::backward_sums", B, C, hw, sums,
+      "BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums,
       KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(dyv(e)); },
       KOKKOS_LAMBDA(std::int64_t c, std::int64_t e) {
         return double(dyv(e)) * ((xv(e) - mean(c)) * invstd(c));
@@ -189,25 +169,29 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& d
         dw[c] += static_cast<float>(sums(C + c));
       });
   if (!needs_input_grad()) return;
-  resize(dx, B, sample_, "BatchNorm2d::dx");
+  resize(dx, B, sample_, "BatchNorm2d::dx", x.layout);
   View1 dxv = dx.data;
-  const float* w = weight_;
   if (!normalised_by_batch_) {
-    Kokkos::parallel_for(
-        "BatchNorm2d::backward_eval", Range(0, B * C * hw), KOKKOS_LAMBDA(std::int64_t e) {
-          const std::int64_t c = (e / hw) % C;
-          dxv(e) = dyv(e) * w[c] * invstd(c);
+    for_each_element(
+        "BatchNorm2d::backward_eval", x.layout, B, C, hw,
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+          dxv(e) = dyv(e) * gamma(c) * invstd(c);
         });
     return;
   }
   allreduce(sums_, 2 * C);
   const float inv_n = 1.0f / static_cast<float>(count_);
+  auto mdy = mean_dy_, mdyx = mean_dy_xhat_;
   Kokkos::parallel_for(
-      "BatchNorm2d::backward", Range(0, B * C * hw), KOKKOS_LAMBDA(std::int64_t e) {
-        const std::int64_t c = (e / hw) % C;
+      "BatchNorm2d::backward_means", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        mdy(c) = static_cast<float>(sums(c)) * inv_n;
+        mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
+      });
+  for_each_element(
+      "BatchNorm2d::backward", x.layout, B, C, hw,
+      KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
         const float xhat = (xv(e) - mean(c)) * invstd(c);
-        const float mdy = static_cast<float>(sums(c)) * inv_n, mdyx = static_cast<float>(sums(C + c)) * inv_n;
-        dxv(e) = w[c] * invstd(c) * (dyv(e) - mdy - xhat * mdyx);
+        dxv(e) = gamma(c) * invstd(c) * (dyv(e) - mdy(c) - xhat * mdyx(c));
       });
 }
 

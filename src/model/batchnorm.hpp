@@ -7,6 +7,8 @@
 // squares) and of backward (sum dy, sum dy*xhat) are all-reduced over the ranks of
 // the communicator, so W ranks with B samples each normalise as one batch of W*B.
 // Parameter gradients stay per-rank sums (the trainer reduces them like any other).
+// Any layout: NCHW, or the blocked layout of the convolutions around it, which the
+// model keeps through it (y and dx in x's layout).
 
 #include "model/layer.hpp"
 
@@ -31,6 +33,7 @@ class BatchNorm2d : public Layer {
  private:
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
   void allreduce(Kokkos::View<double*> sums, std::size_t n);
+  void reserve_partial(std::int64_t B);
 
   bool sync_;
   float momentum_, eps_;
@@ -46,9 +49,12 @@ class BatchNorm2d : public Layer {
   float* batches_tracked_ = nullptr;             // () PyTorch's int64 num_batches_tracked, kept as a float
   bool normalised_by_batch_ = false;             // the last forward used batch statistics (training)
   Kokkos::View<double*>::HostMirror sums_host_;  // sums_ on the host: the count
-  Kokkos::View<double*> sums_;  // (2C + 1) forward: sum x, sum x^2, count; backward: sum dy, sum dy xhat
-  Kokkos::View<float*> mean_, invstd_;  // (C) of the last forward
-  std::int64_t count_ = 0;              // samples per channel in the last forward, over all ranks
+  Kokkos::View<double*> sums_;     // (2C + 1) forward: sum x, sum x^2, count; backward: sum dy, sum dy xhat
+  Kokkos::View<double*> partial_;  // (2, B, Cp) per-plane sums (model/planes.hpp)
+  // (Cp: C padded to a block, zeros past C) of the last forward: mean, 1/std and the
+  // affine parameters; of the last backward: mean of dy, of dy * xhat
+  Kokkos::View<float*> mean_, invstd_, gamma_, beta_, mean_dy_, mean_dy_xhat_;
+  std::int64_t count_ = 0;  // samples per channel in the last forward, over all ranks
 };
 
 }  // namespace ddp

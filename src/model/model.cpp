@@ -7,9 +7,11 @@
 #include "comm/check.hpp"
 #include "comm/trace.hpp"
 #include "model/activation.hpp"
+#include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/layer_registry.hpp"
 #include "model/pool.hpp"
+#include "model/resblock.hpp"
 
 namespace ddp {
 
@@ -104,47 +106,61 @@ void Model::fuse_layers() {
 }
 
 // A convolution's kernels read and write a channel-blocked layout of their own
-// choosing (oneDNN: nChw8c with AVX2, nChw16c with AVX-512). From a convolution that
-// writes one, the activation (and, backward, its gradient) stays in that layout
-// through element-wise activations (relu, tanh: any layout) up to the next
-// convolution that reads the same layout, or up to a 2x2 max-pool, which reads it,
-// and writes it too when such a convolution follows (through activations again).
-// So no reorder to NCHW and back runs around a convolution that feeds a pool or
-// another convolution, forward or backward. Anything else gets NCHW (from the pool,
-// or from the convolution's own reorder), so flatten keeps PyTorch's order.
+// choosing (oneDNN: nChw8c with AVX2, nChw16c with AVX-512), and a resblock computes
+// in its convolutions' one. From such a layer, the activation (and, backward, its
+// gradient) stays in that layout through the layers that work in any layout (relu,
+// tanh, batchnorm2d) up to the next layer that reads it: a convolution or a resblock
+// whose kernels read that layout, a 2x2 max-pool, or globalavgpool. A max-pool there
+// writes it too when such a reader follows (through the any-layout layers again).
+// So no reorder to NCHW and back runs around a convolution that feeds a pool, a batch
+// norm or another convolution, forward or backward. Anything else gets NCHW (from the
+// pool, from the convolution's own reorder, or from the resblock's), so flatten keeps
+// PyTorch's order.
 void Model::plan_layouts() {
   const std::size_t n = layers_.size();
   std::vector<Layout> out(n, Layout::nchw);  // out[i]: the layout of layer i's output
   auto conv_at = [&](std::size_t i) { return i < n ? dynamic_cast<Conv2d*>(layers_[i].get()) : nullptr; };
-  auto elementwise = [&](std::size_t i) {
-    return dynamic_cast<ReLU*>(layers_[i].get()) || dynamic_cast<Tanh*>(layers_[i].get());
+  auto block_at = [&](std::size_t i) { return i < n ? dynamic_cast<ResBlock*>(layers_[i].get()) : nullptr; };
+  auto pool_at = [&](std::size_t i) { return i < n ? dynamic_cast<Pool2d*>(layers_[i].get()) : nullptr; };
+  auto any_layout = [&](std::size_t i) {
+    Layer* l = layers_[i].get();
+    return dynamic_cast<ReLU*>(l) || dynamic_cast<Tanh*>(l) || dynamic_cast<BatchNorm2d*>(l);
   };
-  // The first layer from i on that is not element-wise (n if none).
-  auto past_activations = [&](std::size_t i) {
-    while (i < n && elementwise(i)) ++i;
+  // The first layer from i on that does not work in any layout (n if none).
+  auto past_any_layout = [&](std::size_t i) {
+    while (i < n && any_layout(i)) ++i;
     return i;
   };
+  // The blocked layout layer i writes natively (nchw: none).
+  auto writes = [&](std::size_t i) {
+    if (Conv2d* conv = conv_at(i)) return conv->native_output_layout();
+    if (ResBlock* block = block_at(i)) return block->native_layout();
+    return Layout::nchw;
+  };
+  // Whether layer i reads `layout` with no reorder.
+  auto reads = [&](std::size_t i, Layout layout) {
+    if (Conv2d* conv = conv_at(i)) return conv->native_input_layout() == layout;
+    if (ResBlock* block = block_at(i)) return block->native_layout() == layout;
+    if (Pool2d* pool = pool_at(i)) return pool->takes_blocked();
+    return i < n && dynamic_cast<GlobalAvgPool*>(layers_[i].get()) != nullptr;
+  };
   for (std::size_t c = 0; c < n; ++c) {
-    Conv2d* conv = conv_at(c);
-    const Layout blocked = conv ? conv->native_output_layout() : Layout::nchw;
+    const Layout blocked = writes(c);
     if (blocked == Layout::nchw) continue;
-    const std::size_t j = past_activations(c + 1);
-    Conv2d* next = conv_at(j);
-    auto* pool = j < n ? dynamic_cast<Pool2d*>(layers_[j].get()) : nullptr;
-    if (next && next->native_input_layout() == blocked) {
-      std::fill(out.begin() + c, out.begin() + j, blocked);
-    } else if (pool && pool->takes_blocked()) {
-      std::fill(out.begin() + c, out.begin() + j, blocked);
-      const std::size_t k = past_activations(j + 1);
-      Conv2d* after = conv_at(k);
-      if (after && after->native_input_layout() == blocked)
-        std::fill(out.begin() + j, out.begin() + k, blocked);
+    const std::size_t j = past_any_layout(c + 1);
+    if (!reads(j, blocked)) continue;
+    std::fill(out.begin() + c, out.begin() + j, blocked);
+    if (pool_at(j)) {
+      const std::size_t k = past_any_layout(j + 1);
+      if (reads(k, blocked)) std::fill(out.begin() + j, out.begin() + k, blocked);
     }
   }
   layouts_ = out;
   for (std::size_t i = 0; i < n; ++i) {
-    if (Conv2d* conv = conv_at(i)) conv->set_layouts(i > 0 ? out[i - 1] : Layout::nchw, out[i]);
-    if (auto* pool = dynamic_cast<Pool2d*>(layers_[i].get())) pool->set_output_layout(out[i]);
+    const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
+    if (Conv2d* conv = conv_at(i)) conv->set_layouts(in, out[i]);
+    if (Pool2d* pool = pool_at(i)) pool->set_output_layout(out[i]);
+    if (ResBlock* block = block_at(i)) block->set_layouts(in, block->native_layout(), out[i]);
   }
 }
 

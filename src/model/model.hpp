@@ -19,9 +19,9 @@ class Model {
   // seed: initialisation (and the default dropout streams). Throws InputError for a
   // bad spec or a layer that does not fit its input, naming model.layers(i), 1-based.
   // fuse: let neighbouring layers share passes over the activations (conv2d -> relu
-  // forward, relu -> maxpool backward) and keep the activations between convolutions
-  // and max-pools in oneDNN's blocked layout; same results up to float rounding, off
-  // for tests.
+  // forward, relu -> maxpool backward) and keep the activations between convolutions,
+  // resblocks, batch norms and max-pools in oneDNN's blocked layout; same results up
+  // to float rounding, off for tests.
   Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
         bool fuse = true);
 
@@ -63,8 +63,8 @@ class Model {
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   // How layer i's output (and the gradient flowing back into it) lies in memory, as
-  // planned: the convolutions' blocked layout (nChw8c, nChw16c) between a convolution
-  // and its max-pool where the kernels take one, else nchw.
+  // planned: the convolutions' blocked layout (nChw8c, nChw16c) from a convolution or
+  // resblock to the next layer that reads it (plan_layouts), else nchw.
   Layout output_layout(std::size_t i) const { return layouts_[i]; }
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);

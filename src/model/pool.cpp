@@ -1,6 +1,7 @@
 #include "model/pool.hpp"
 
 #include "comm/check.hpp"
+#include "model/planes.hpp"
 #include "model/select.hpp"
 
 namespace ddp {
@@ -297,32 +298,58 @@ Shape GlobalAvgPool::output_shape(const Shape& in_sample) {
   return out_sample_;
 }
 
-// x: (B, C, H, W) -> y: (B, C, 1, 1), the mean of each plane
+// x: (B, C, H, W) -> y: (B, C, 1, 1), the mean of each plane. x in NCHW or a
+// convolution's blocked layout (a thread per channel block, its channels' sums
+// side by side: the same order of additions as NCHW's thread per plane).
 void GlobalAvgPool::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  const std::int64_t B = x.batch(), hw = hw_;
+  const std::int64_t B = x.batch(), C = c_, hw = hw_;
   resize(y, B, out_sample_, "GlobalAvgPool::y");
   ConstView1 xv = x.data;
   View1 yv = y.data;
   const float inv = 1.0f / static_cast<float>(hw);
+  switch (x.layout) {
+    case Layout::nChw8c:
+      return forward_blocked<8>(B, xv, yv);
+    case Layout::nChw16c:
+      return forward_blocked<16>(B, xv, yv);
+    case Layout::nchw:
+      break;
+  }
   Kokkos::parallel_for(
-      "GlobalAvgPool::forward", Range(0, B * c_), KOKKOS_LAMBDA(std::int64_t p) {
+      "GlobalAvgPool::forward", Range(0, B * C), KOKKOS_LAMBDA(std::int64_t p) {
         float sum = 0.0f;
         for (std::int64_t i = 0; i < hw; ++i) sum += xv(p * hw + i);
         yv(p) = sum * inv;
       });
 }
 
-// dy: (B, C, 1, 1) -> dx: (B, C, H, W) = dy / (H W) everywhere in the plane
-void GlobalAvgPool::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  if (!needs_input_grad()) return;
-  const std::int64_t hw = hw_;
-  resize(dx, x.batch(), in_sample_, "GlobalAvgPool::dx");
-  ConstView1 dyv = dy.data;
-  View1 dxv = dx.data;
+template <int BS>
+void GlobalAvgPool::forward_blocked(std::int64_t B, ConstView1 xv, View1 yv) {
+  const std::int64_t C = c_, hw = hw_, CB = (C + BS - 1) / BS;
   const float inv = 1.0f / static_cast<float>(hw);
   Kokkos::parallel_for(
-      "GlobalAvgPool::backward", Range(0, x.batch() * c_ * hw),
-      KOKKOS_LAMBDA(std::int64_t e) { dxv(e) = dyv(e / hw) * inv; });
+      "GlobalAvgPool::forward", Range(0, B * CB), KOKKOS_LAMBDA(std::int64_t p) {
+        float sum[BS] = {};
+        for (std::int64_t i = 0; i < hw; ++i)
+          for (int l = 0; l < BS; ++l) sum[l] += xv((p * hw + i) * BS + l);
+        const std::int64_t b = p / CB, c0 = (p - b * CB) * BS;
+        for (int l = 0; l < BS && c0 + l < C; ++l) yv(b * C + c0 + l) = sum[l] * inv;
+      });
+}
+
+// dy: (B, C, 1, 1) -> dx: (B, C, H, W) = dy / (H W) everywhere in the plane, in x's layout
+void GlobalAvgPool::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  if (!needs_input_grad()) return;
+  const std::int64_t C = c_;
+  resize(dx, x.batch(), in_sample_, "GlobalAvgPool::dx", x.layout);
+  ConstView1 dyv = dy.data;
+  View1 dxv = dx.data;
+  const float inv = 1.0f / static_cast<float>(hw_);
+  for_each_element(
+      "GlobalAvgPool::backward", x.layout, x.batch(), C, hw_,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t, std::int64_t e) {
+        dxv(e) = c < C ? dyv(b * C + c) * inv : 0.0f;
+      });
 }
 
 }  // namespace ddp

@@ -1,7 +1,8 @@
 #pragma once
 // maxpool(k[, stride=s]), avgpool(k[, stride=s]): nn.MaxPool2d / nn.AvgPool2d with
 // no padding and floor rounding (PyTorch's defaults); stride defaults to k.
-// globalavgpool: nn.AdaptiveAvgPool2d(1), (C, H, W) -> (C, 1, 1).
+// globalavgpool: nn.AdaptiveAvgPool2d(1), (C, H, W) -> (C, 1, 1); its x in NCHW or a
+// convolution's blocked layout (then dx too), y NCHW.
 // Plain Kokkos kernels: these are memory-bound and small next to the convolutions.
 // NCHW, and for the 2x2 max-pool also the convolutions' blocked layouts (nChw8c,
 // nChw16c), where the model sets them.
@@ -58,6 +59,10 @@ class GlobalAvgPool : public Layer {
   Shape output_shape(const Shape& in_sample) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+  // forward for an x in BS-channel blocks (public for CUDA's extended lambdas)
+  template <int BS>
+  void forward_blocked(std::int64_t B, ConstView1 xv, View1 yv);
 
  private:
   std::int64_t c_ = 0, hw_ = 0;

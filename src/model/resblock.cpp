@@ -2,6 +2,7 @@
 
 #include "comm/check.hpp"
 #include "model/activation.hpp"
+#include "model/planes.hpp"
 #include "model/select.hpp"
 
 namespace ddp {
@@ -86,12 +87,34 @@ void ResBlock::set_precision(Precision p) {
   for (const Part& part : parts()) part.layer->set_precision(p);
 }
 
+Layout ResBlock::native_layout() const {
+  std::vector<const Conv2d*> convs = {conv1_.get(), conv2_.get()};
+  if (projection_) convs.push_back(down_conv_.get());
+  const Layout layout = conv1_->native_input_layout();
+  for (const Conv2d* conv : convs)
+    if (conv->native_input_layout() != layout || conv->native_output_layout() != layout) return Layout::nchw;
+  return layout;
+}
+
+void ResBlock::set_layouts(Layout in, Layout inside, Layout out) {
+  in_ = in;
+  inside_ = inside;
+  out_ = out;
+  for (Conv2d* conv : {conv1_.get(), conv2_.get(), down_conv_.get()})
+    if (conv) conv->set_layouts(inside, inside);
+}
+
 // x: (B, C_in, H, W) -> y: (B, channels, Ho, Wo)
-void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
+void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
+  DDP_REQUIRE(x_given.layout == in_, "resblock input in another layout than the model set");
+  const bool convert_in = in_ != inside_, convert_out = out_ != inside_;
+  if (convert_in) convert_layout(x_given, x_in_, inside_, "ResBlock::x_in");
+  const Tensor& x = convert_in ? x_in_ : x_given;
+  Tensor& y = convert_out ? y_in_ : y_given;
   conv1_->forward(x, a1_, training);
   bn1_->forward(a1_, b1_, training);
   resize_like(r1_, b1_, "ResBlock::r1");
-  relu_forward(b1_.data, r1_.data, b1_.numel());
+  relu_forward(b1_.data, r1_.data, b1_.storage_numel());
   conv2_->forward(r1_, a2_, training);
   bn2_->forward(a2_, b2_, training);
   const Tensor* shortcut = &x;
@@ -104,20 +127,27 @@ void ResBlock::forward(const Tensor& x, Tensor& y, bool training) {
   ConstView1 b2 = b2_.data, sc = shortcut->data;
   View1 yv = y.data;
   Kokkos::parallel_for(
-      "ResBlock::add_relu", Range(0, y.numel()), KOKKOS_LAMBDA(std::int64_t i) {
+      "ResBlock::add_relu", Range(0, y.storage_numel()), KOKKOS_LAMBDA(std::int64_t i) {
         const float v = b2(i) + sc(i);
         yv(i) = select_or_zero(relu_passes(v), v);
       });
+  if (convert_out) convert_layout(y_in_, y_given, out_, "ResBlock::y");
 }
 
 // dy: (B, channels, Ho, Wo) -> parameter gradients +=, dx: (B, C_in, H, W)
-void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tensor& dy_given,
+                        Tensor& dx_given) {
+  const bool convert_in = in_ != inside_, convert_out = out_ != inside_;
+  if (convert_out) convert_layout(dy_given, dy_in_, inside_, "ResBlock::dy_in");
+  const Tensor &x = convert_in ? x_in_ : x_given, &y = convert_out ? y_in_ : y_given,
+               &dy = convert_out ? dy_in_ : dy_given;
+  Tensor& dx = convert_in ? dx_in_ : dx_given;
   // g = dy where the output is positive: the gradient of both branches' sum
   resize_like(g_, dy, "ResBlock::g");
-  relu_backward(y.data, dy.data, g_.data, dy.numel());
+  relu_backward(y.data, dy.data, g_.data, dy.storage_numel());
   bn2_->backward(a2_, b2_, g_, da2_);
   conv2_->backward(r1_, a2_, da2_, dr1_);
-  relu_backward(r1_.data, dr1_.data, dr1_.data, dr1_.numel());
+  relu_backward(r1_.data, dr1_.data, dr1_.data, dr1_.storage_numel());
   bn1_->backward(a1_, b1_, dr1_, da1_);
   conv1_->set_needs_input_grad(needs_input_grad());
   conv1_->backward(x, a1_, da1_, dx);
@@ -131,8 +161,9 @@ void ResBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tens
   ConstView1 short_grad = projection_ ? dx_short_.data : g_.data;
   View1 dxv = dx.data;
   Kokkos::parallel_for(
-      "ResBlock::add_shortcut_grad", Range(0, dx.numel()),
+      "ResBlock::add_shortcut_grad", Range(0, dx.storage_numel()),
       KOKKOS_LAMBDA(std::int64_t i) { dxv(i) += short_grad(i); });
+  if (convert_in) convert_layout(dx_in_, dx_given, in_, "ResBlock::dx");
 }
 
 }  // namespace ddp

@@ -6,6 +6,9 @@
 // is not 1 or the channel count changes. Parameter and buffer names are
 // BasicBlock's ("conv1.weight", "bn1.running_mean", "downsample.0.weight", ...), so
 // the model's "layers.<i>." prefix gives the keys of an nn.Sequential of blocks.
+// In the model's plan (set_layouts), the block computes in its convolutions' blocked
+// layout (nChw8c / nChw16c on the host), batch norms and relus included; x and y are
+// reordered at its edges only where the model hands over or wants another layout.
 
 #include <memory>
 
@@ -30,6 +33,13 @@ class ResBlock : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
+  // The layout the block's convolutions all read and write natively at the current
+  // precision (nchw when they do not agree on a blocked one).
+  Layout native_layout() const;
+  // The layouts of x and dx (in), of the block's own activations (inside) and of y
+  // and dy (out); nchw unless set.
+  void set_layouts(Layout in, Layout inside, Layout out);
+
  private:
   struct Part {  // a sub-layer and the name prefix of its parameters
     Layer* layer;
@@ -47,6 +57,9 @@ class ResBlock : public Layer {
   // Gradients: of the pre-relu sum, of r1 (then b1, in place), of a1, a2, and s1
   Tensor g_, dr1_, da1_, da2_, ds1_;
   Tensor dx_short_;  // (B, C_in, H, W) gradient through the projection
+  Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;
+  // Where in_ or out_ is not inside_: x, dx, y and dy in the inside layout
+  Tensor x_in_, dx_in_, y_in_, dy_in_;
 };
 
 }  // namespace ddp

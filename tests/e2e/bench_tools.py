@@ -73,6 +73,19 @@ if torch_python:
                             r".*final loss ([0-9.]+)", out, "torch_bench's line")
     if not loss < 1.5:  # one epoch of 10000 samples of the MLP trains (from ln 10 = 2.30)
         fail(f"PyTorch's MLP did not train: final loss {loss}")
+    # The ResNet's layers (batchnorm2d, resblock, globalavgpool), small: its
+    # parameters as ddp_train counts them (stem conv 72, batch norm 16, resblock 8 -> 8
+    # at stride 2: 576 + 16 + 576 + 16 + 64 + 16, linear 90), and it trains.
+    out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",
+               os.path.join(source, "inputs", "fashion_resnet.nml"), shard,
+               "model.layers=conv2d(8, 3, pad=1, bias=false), batchnorm2d, relu, resblock(8, stride=2), "
+               "globalavgpool, flatten, linear(10)"])
+    (count, loss) = positive(r"torch_bench: .*, 79 steps, .*parameters ([0-9]+), final loss ([0-9.]+)", out,
+                             "torch_bench's ResNet line")
+    if count != 1442:
+        fail(f"PyTorch's small ResNet has {count:.0f} parameters, ddp_train's 1442")
+    if not loss < 1.5:
+        fail(f"PyTorch's small ResNet did not train: final loss {loss}")
 else:
     print("torch_bench: skipped (no python with torch)")
 print("PASS")

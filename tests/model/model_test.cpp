@@ -180,22 +180,23 @@ TEST(ModelGradients, AccumulateWithoutZeroGrad) {
 }
 
 // The fused model (conv2d -> relu post-op, relu -> maxpool backward mask, blocked
-// layouts between convolutions and max-pools) against the same model unfused:
-// outputs and gradients over two steps of different batch.
+// layouts from convolutions and resblocks through batch norms to their readers)
+// against the same model unfused: outputs and gradients over two training steps of
+// different batch, then a step in eval mode (batch norm on its running statistics).
 void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sample,
                          Precision precision = Precision::fp32) {
   Model fused(specs, sample, 11), plain(specs, sample, 11, /*fuse=*/false);
   fused.set_precision(precision);
   plain.set_precision(precision);
   const std::int64_t F = shape_numel(sample), C = shape_numel(fused.output_shape());
-  for (std::int64_t B : {6, 4}) {
+  for (auto [B, training] : {std::pair{6, true}, std::pair{4, true}, std::pair{5, false}}) {
     Tensor x = make_tensor(Shape{B, sample[0], sample[1], sample[2]}, random_values(B * F, 90 + B));
     Tensor dout = make_tensor({B, C}, random_values(B * C, 95 + B));
     std::vector<float> y[2], g[2];
     int k = 0;
     for (Model* m : {&fused, &plain}) {
       m->zero_grad();
-      const Tensor& out = m->forward(x, true);
+      const Tensor& out = m->forward(x, training);
       y[k] = to_host(out.data, out.numel());
       m->backward(dout);
       g[k++] = to_host(m->gradients(), m->num_parameters());
@@ -203,9 +204,15 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
     for (int t = 0; t < 2; ++t) {
       const std::vector<float>&a = t ? g[0] : y[0], &b = t ? g[1] : y[1];
       ASSERT_EQ(a.size(), b.size());
+      std::size_t bad = 0, first = 0;
       for (std::size_t i = 0; i < a.size(); ++i)
-        EXPECT_LE(std::fabs(a[i] - b[i]), 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7)
-            << (t ? "gradient " : "output ") << i << " at batch " << B << ", " << precision_name(precision);
+        if (!(std::fabs(a[i] - b[i]) <= 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7) && !bad++)
+          first = i;
+      EXPECT_EQ(bad, 0u) << (t ? "gradients" : "outputs") << " differ at batch " << B
+                         << (training ? ", training, " : ", eval, ") << precision_name(precision)
+                         << "; the first, " << first << ": " << a[first] << " fused against " << b[first]
+                         << " unfused\n"
+                         << fused.summary();
     }
   }
 }
@@ -239,6 +246,36 @@ TEST(ModelFusion, BlockedLayoutsMatchUnfused) {
                       {3, 13, 13});
 }
 
+// inputs/fashion_resnet.nml's layers, and what the planner meets around resblocks
+// and batch norms: all blocked from the stem convolution to globalavgpool.
+const std::vector<std::string> kResNet = {"conv2d(16, 3, pad=1, bias=false)",
+                                          "batchnorm2d",
+                                          "relu",
+                                          "resblock(16)",
+                                          "resblock(32, stride=2)",
+                                          "resblock(32)",
+                                          "resblock(64, stride=2)",
+                                          "globalavgpool",
+                                          "flatten",
+                                          "linear(10)"};
+
+TEST(ModelFusion, ResNetBlockedMatchesUnfused) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    expect_fusion_exact(kResNet, {1, 28, 28}, p);
+  // 12 and 20 channels: padding channels in both blocked layouts; a batch norm between
+  // a convolution and its max-pool; the identity block's output goes to flatten (the
+  // block reorders its output to NCHW, and dy back).
+  expect_fusion_exact({"conv2d(12, 3, pad=1, bias=false)", "batchnorm2d", "relu", "maxpool(2)",
+                       "resblock(12)", "resblock(20, stride=2)", "conv2d(12, 3, pad=1)", "batchnorm2d",
+                       "tanh", "resblock(12)", "flatten", "linear(3)"},
+                      {3, 23, 23});
+  // A resblock first (its NCHW input reordered into the block's layout, dx back), an
+  // identity block fed by a pool, a global pool after a batch norm.
+  expect_fusion_exact(
+      {"resblock(8)", "maxpool(2)", "resblock(8)", "batchnorm2d", "globalavgpool", "flatten", "linear(3)"},
+      {3, 10, 10});
+}
+
 #if DDP_WITH_ONEDNN
 // The test above would also pass if the blocked path were never taken; this one says
 // it is, in the layout oneDNN's kernels use on this CPU (nChw8c with AVX2, nChw16c
@@ -256,11 +293,19 @@ TEST(ModelFusion, BlockedLayoutIsTheCpusOwn) {
     m.set_precision(p);
     // conv1 -> relu -> pool1 -> conv2 -> relu blocked; pool2 hands flatten NCHW.
     for (std::size_t i = 0; i < 10; ++i)
-      EXPECT_EQ(layout_name(m.output_layout(i)), layout_name(i < 5 ? expected : Layout::nchw))
+      EXPECT_EQ(std::string(layout_name(m.output_layout(i))), layout_name(i < 5 ? expected : Layout::nchw))
           << "layer " << i << " " << precision_name(p);
     EXPECT_NE(m.summary().find(layout_name(expected)), std::string::npos) << m.summary();
     Model unfused({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)"}, {1, 28, 28}, 3, /*fuse=*/false);
     EXPECT_EQ(unfused.output_layout(0), Layout::nchw);
+    // The ResNet: blocked from the stem convolution through its batch norm, relu and
+    // the four blocks into globalavgpool, which hands flatten NCHW.
+    Model resnet(kResNet, {1, 28, 28}, 3);
+    resnet.set_precision(p);
+    for (std::size_t i = 0; i < kResNet.size(); ++i)
+      EXPECT_EQ(std::string(layout_name(resnet.output_layout(i))),
+                layout_name(i < 7 ? expected : Layout::nchw))
+          << "resnet layer " << i << " " << precision_name(p);
   }
 }
 
@@ -317,6 +362,13 @@ TEST(ModelFusion, NoActivationReorderAroundConvolutions) {
   expect_no_activation_reorder({"conv2d(16, 3, pad=1)", "relu", "conv2d(24, 3)", "tanh", "maxpool(2)",
                                 "conv2d(16, 3)", "maxpool(2)", "flatten", "linear(10)"},
                                8);
+  // inputs/fashion_resnet.nml: batch norms between the convolutions, inside the blocks
+  // too. The stem convolution: 2 passes; each block 3 per convolution: 2 + 6 + 9 + 6 + 9.
+  expect_no_activation_reorder(kResNet, 32);
+  // A batch norm between a convolution and its pool: 2 + 3 passes.
+  expect_no_activation_reorder({"conv2d(16, 3, pad=1, bias=false)", "batchnorm2d", "relu", "maxpool(2)",
+                                "conv2d(16, 3)", "batchnorm2d", "maxpool(2)", "flatten", "linear(10)"},
+                               5);
 }
 #endif
 

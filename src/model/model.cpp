@@ -59,10 +59,10 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
     layer_buffers.push_back(nb);
     total_buffers += nb;
   }
-  buffers_ = View1("Model::buffers", total_buffers);
+  buffers_ = make_buffer("Model::buffers", total_buffers);
 
-  params_ = View1("Model::parameters", total);
-  grads_ = View1("Model::gradients", total);  // zero-initialised
+  params_ = make_buffer("Model::parameters", total);
+  grads_ = make_buffer("Model::gradients", total);  // zero-initialised
   Rng rng(seed);
   first_trained_ = layers_.size();
   std::int64_t offset = 0, buffer_offset = 0;

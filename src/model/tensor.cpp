@@ -1,6 +1,7 @@
 #include "model/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
 namespace ddp {
@@ -25,10 +26,22 @@ std::int64_t Tensor::storage_numel() const {
   return numel() / c * padded;
 }
 
+View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  constexpr std::int64_t kSkewStep = 0;
+#else
+  constexpr std::int64_t kSkewStep = 272;  // floats: 1,088 bytes
+#endif
+  static std::atomic<std::int64_t> made{0};
+  const std::int64_t skew = made++ * kSkewStep % 1024;
+  const View1 whole = uninitialised ? View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n + skew)
+                                    : View1(label, n + skew);
+  return Kokkos::subview(whole, std::make_pair(skew, skew + n));
+}
+
 namespace {
 void reserve(View1& v, std::int64_t n, const char* label) {
-  if (static_cast<std::int64_t>(v.extent(0)) < n)
-    v = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
+  if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
 }
 }  // namespace
 

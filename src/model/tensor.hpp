@@ -41,6 +41,17 @@ struct Tensor {
   }
 };
 
+// A new buffer of n floats (zeroed unless `uninitialised`) whose first float lies at
+// a different offset within a 4 KB page from the buffers made before it, on the host.
+// Large allocations all start at the same page offset (page-aligned plus the same
+// header), and a load from one buffer that follows a store to another at the same
+// offset modulo 4 KB waits as if it depended on it (4K aliasing): a GEMM reading
+// one and writing the other, or the optimizer reading the gradients and writing the
+// parameters, runs up to 1.75x slower, as allocation history decides. Consecutive
+// buffers start 1,088 bytes apart modulo 4 KB (64 offsets in turn). On a GPU: a
+// plain View (its kernels want 256-byte aligned operands).
+View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised = false);
+
 // Make t a (batch, sample...) tensor in `layout`. Its buffer grows (a new View named
 // `label`) only when too small; the shape vector keeps its capacity, so a repeated
 // call allocates nothing.

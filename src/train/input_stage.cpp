@@ -17,31 +17,17 @@ class BatchCopies {
 
 namespace ddp {
 
-namespace {
-// Floats before a slot's x in its allocation (see the constructor): 1,088 bytes on
-// the host; none on a GPU, whose kernels want their operands 256-byte aligned.
-#if defined(KOKKOS_ENABLE_CUDA)
-constexpr std::size_t kSlotSkew = 0;
-#else
-constexpr std::size_t kSlotSkew = 272;
-#endif
-}  // namespace
-
 InputStage::InputStage(std::int64_t batch_size, std::int64_t sample_numel, bool class_labels,
                        std::int64_t target_numel)
     : sample_numel_(sample_numel), target_numel_(target_numel), class_labels_(class_labels) {
   std::size_t bytes = 0;
   for (int s = 0; s < kSlots; ++s) {
     const std::string slot = "InputStage::slot" + std::to_string(s);
-    // The batch is the first linear layer's GEMM operand beside its weight gradient,
-    // and both are large allocations: page-aligned plus the same header, so at the
-    // same offset within a 4 KB page. Loads of one then alias stores to the other
-    // (the CPU compares address bits 0-11): the MLP's first-layer weight-gradient GEMM
-    // ran 1.75x slower on a rank whose slot sat at the gradient's offset (1,330 against
-    // 760 us per step, io.trace, AVX2 EPYC). The slot starts kSlotSkew floats in.
-    const std::size_t n = std::size_t(batch_size * sample_numel);
-    const View1 padded(slot + ".x", n + kSlotSkew);
-    slots_[s].x = Kokkos::subview(padded, std::make_pair(kSlotSkew, kSlotSkew + n));
+    // The batch is the first linear layer's GEMM operand beside its weight gradient:
+    // at the same offset within a 4 KB page, the MLP's first-layer weight-gradient
+    // GEMM ran 1.75x slower (1,330 against 760 us per step, io.trace, AVX2 EPYC), so
+    // a buffer of its own offset (make_buffer).
+    slots_[s].x = make_buffer(slot + ".x", batch_size * sample_numel);
     slots_[s].labels = LabelView(slot + ".labels", std::size_t(batch_size));
     slots_[s].targets = View1(slot + ".targets", std::size_t(batch_size * target_numel));
     bytes = slots_[s].x.span() * sizeof(float) + slots_[s].labels.span() * sizeof(std::int32_t) +

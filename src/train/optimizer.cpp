@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "comm/check.hpp"
+#include "model/tensor.hpp"
 
 namespace ddp {
 
@@ -67,7 +68,7 @@ class SGD : public Optimizer {
  public:
   SGD(const TrainConfig& cfg, std::size_t n)
       : n_(n), momentum_(cfg.momentum), weight_decay_(cfg.weight_decay), nesterov_(cfg.nesterov) {
-    if (momentum_ != 0.0) buf_ = Kokkos::View<float*>("SGD::momentum_buffer", n);
+    if (momentum_ != 0.0) buf_ = make_buffer("SGD::momentum_buffer", std::int64_t(n));
   }
 
   void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
@@ -98,8 +99,8 @@ class AdamW : public Optimizer {
         beta2_(cfg.betas.at(1)),
         eps_(cfg.eps),
         weight_decay_(cfg.weight_decay),
-        exp_avg_("AdamW::exp_avg", n),
-        exp_avg_sq_("AdamW::exp_avg_sq", n) {}
+        exp_avg_(make_buffer("AdamW::exp_avg", std::int64_t(n))),
+        exp_avg_sq_(make_buffer("AdamW::exp_avg_sq", std::int64_t(n))) {}
 
   void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
             float grad_scale) override {

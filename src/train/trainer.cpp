@@ -64,17 +64,34 @@ constexpr std::int64_t kLossNonfinite = std::int64_t(1) << 48;
 std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc) {
   const std::size_t n = grads.extent(0);
   std::int64_t bad = 0;
+  if (n == 0) {  // a model without parameters: the loss alone
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), acc);
+    return host(2) - host(2) == 0.0 ? 0 : kLossNonfinite;
+  }
+  // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device. A
+  // team per 4096 gradients, its vector lanes over them, so that the host's loop
+  // vectorises: a reduction over single elements ran scalar, 0.3 ms of the MLP's 3.5
+  // ms step (io.trace, 2 ranks on the AVX2 EPYC).
+  using Team = Kokkos::TeamPolicy<ExecSpace>;
+  constexpr std::size_t kChunk = 4096;
+  const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
   Kokkos::parallel_reduce(
-      "Trainer::count_step_nonfinite", Range(0, n + 1),
-      KOKKOS_LAMBDA(std::size_t i, std::int64_t & count) {
-        // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device.
-        if (i < n) {
-          const float g = grads(i);
-          if (!(g - g == 0.0f)) ++count;
-        } else {
+      "Trainer::count_step_nonfinite", Team(int((n + kChunk - 1) / kChunk), 1, lanes),
+      KOKKOS_LAMBDA(const Team::member_type& team, std::int64_t& count) {
+        const std::size_t begin = team.league_rank() * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
+        std::int64_t chunk = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, begin, end),
+            [&](std::size_t i, std::int64_t& c) {
+              const float g = grads(i);
+              c += !(g - g == 0.0f);
+            },
+            chunk);
+        Kokkos::single(Kokkos::PerTeam(team), [&] {
+          count += chunk;
           const double loss = acc(2);
-          if (!(loss - loss == 0.0)) count += kLossNonfinite;
-        }
+          if (team.league_rank() == 0 && !(loss - loss == 0.0)) count += kLossNonfinite;
+        });
       },
       bad);
   return bad;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <sstream>
 
 namespace ddp {
@@ -27,16 +28,24 @@ std::int64_t Tensor::storage_numel() const {
 }
 
 View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised) {
+  auto alloc = [&](std::int64_t size) {
+    return uninitialised ? View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), size)
+                         : View1(label, size);
+  };
 #if defined(KOKKOS_ENABLE_CUDA)
-  constexpr std::int64_t kSkewStep = 0;
+  return alloc(n);
 #else
-  constexpr std::int64_t kSkewStep = 272;  // floats: 1,088 bytes
-#endif
+  // The k-th buffer's first float at (k * 1,088) mod 4,096 bytes in its page, wherever
+  // the allocator put the block (pages from mmap, or the heap once glibc's threshold rose).
+  constexpr std::int64_t kPage = 1024, kStep = 272;  // floats: 4 KB, 1,088 bytes
   static std::atomic<std::int64_t> made{0};
-  const std::int64_t skew = made++ * kSkewStep % 1024;
-  const View1 whole = uninitialised ? View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n + skew)
-                                    : View1(label, n + skew);
+  const std::int64_t target = made++ * kStep % kPage;
+  const View1 whole = alloc(n + kPage);
+  const std::int64_t at =
+      std::int64_t(reinterpret_cast<std::uintptr_t>(whole.data()) / sizeof(float) % kPage);
+  const std::int64_t skew = (target - at + kPage) % kPage;
   return Kokkos::subview(whole, std::make_pair(skew, skew + n));
+#endif
 }
 
 namespace {

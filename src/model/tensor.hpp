@@ -48,8 +48,8 @@ struct Tensor {
 // offset modulo 4 KB waits as if it depended on it (4K aliasing): a GEMM reading
 // one and writing the other, or the optimizer reading the gradients and writing the
 // parameters, runs up to 1.75x slower, as allocation history decides. Consecutive
-// buffers start 1,088 bytes apart modulo 4 KB (64 offsets in turn). On a GPU: a
-// plain View (its kernels want 256-byte aligned operands).
+// buffers start 1,088 bytes apart modulo 4 KB (64 offsets in turn; up to 4 KB more
+// memory each). On a GPU: a plain View (its kernels want 256-byte aligned operands).
 View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised = false);
 
 // Make t a (batch, sample...) tensor in `layout`. Its buffer grows (a new View named

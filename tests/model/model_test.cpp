@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
@@ -423,6 +424,29 @@ TEST(ModelForward, SteadyStateReusesBuffers) {
   EXPECT_EQ(m.forward(x37, true).shape, (Shape{37, 10}));
   m.backward(d37);
   EXPECT_EQ(m.forward(x64, true).data.data(), out);
+}
+
+// The model's large buffers (parameters, gradients, activations) and the optimizer's
+// do not share an offset within a 4 KB page on the host, where a load from one after
+// a store to the other would stall (4K aliasing); new buffers are zeroed unless asked.
+TEST(ModelBuffers, OwnPageOffsets) {
+  std::vector<View1> views;
+  std::vector<std::uintptr_t> offsets;
+  for (int i = 0; i < 16; ++i) {
+    views.push_back(make_buffer("test", 300000 + i, /*uninitialised=*/i % 2 == 1));
+    ASSERT_EQ(views.back().extent(0), std::size_t(300000 + i));
+    offsets.push_back(reinterpret_cast<std::uintptr_t>(views.back().data()) % 4096);
+  }
+  std::vector<float> zero = to_host(views[0], 300000);
+  EXPECT_EQ(std::count(zero.begin(), zero.end(), 0.0f), 300000);
+#if !defined(KOKKOS_ENABLE_CUDA)
+  std::sort(offsets.begin(), offsets.end());
+  EXPECT_EQ(std::adjacent_find(offsets.begin(), offsets.end()), offsets.end())
+      << "two of 16 consecutive buffers at the same page offset";
+  Model m(kMlp, {1, 28, 28}, 7);
+  EXPECT_NE(reinterpret_cast<std::uintptr_t>(m.parameters().data()) % 4096,
+            reinterpret_cast<std::uintptr_t>(m.gradients().data()) % 4096);
+#endif
 }
 
 TEST(ModelForward, RejectsWrongInputShape) {

@@ -260,22 +260,50 @@ const std::vector<std::string> kResNet = {"conv2d(16, 3, pad=1, bias=false)",
                                           "flatten",
                                           "linear(10)"};
 
+// 12 and 20 channels: padding channels in both blocked layouts; a batch norm between
+// a convolution and its max-pool; the last identity block's output goes to flatten
+// (the block reorders its output to NCHW, and dy back).
+const std::vector<std::string> kResNetPadded = {"conv2d(12, 3, pad=1, bias=false)",
+                                                "batchnorm2d",
+                                                "relu",
+                                                "maxpool(2)",
+                                                "resblock(12)",
+                                                "resblock(20, stride=2)",
+                                                "conv2d(16, 3, pad=1)",
+                                                "batchnorm2d",
+                                                "tanh",
+                                                "resblock(16)",
+                                                "flatten",
+                                                "linear(3)"};
+// A block fed NCHW by an average pool (its input reordered into the block's layout,
+// dx back), then a batch norm and a global pool in that layout.
+const std::vector<std::string> kResNetNchwIn = {
+    "conv2d(16, 3, pad=1)", "relu",          "avgpool(2)", "resblock(16)",
+    "batchnorm2d",          "globalavgpool", "flatten",    "linear(3)"};
+
 TEST(ModelFusion, ResNetBlockedMatchesUnfused) {
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
     expect_fusion_exact(kResNet, {1, 28, 28}, p);
-  // 12 and 20 channels: padding channels in both blocked layouts; a batch norm between
-  // a convolution and its max-pool; the identity block's output goes to flatten (the
-  // block reorders its output to NCHW, and dy back).
-  expect_fusion_exact({"conv2d(12, 3, pad=1, bias=false)", "batchnorm2d", "relu", "maxpool(2)",
-                       "resblock(12)", "resblock(20, stride=2)", "conv2d(12, 3, pad=1)", "batchnorm2d",
-                       "tanh", "resblock(12)", "flatten", "linear(3)"},
-                      {3, 23, 23});
-  // A resblock first (its NCHW input reordered into the block's layout, dx back), an
-  // identity block fed by a pool, a global pool after a batch norm.
-  expect_fusion_exact(
-      {"resblock(8)", "maxpool(2)", "resblock(8)", "batchnorm2d", "globalavgpool", "flatten", "linear(3)"},
-      {3, 10, 10});
+  expect_fusion_exact(kResNetPadded, {3, 23, 23});
+  expect_fusion_exact(kResNetNchwIn, {3, 12, 12});
 }
+
+#if DDP_WITH_ONEDNN
+// The two models above take the paths their comments name: a block reorders its
+// output to NCHW (and dy back) where flatten follows, and its NCHW input into its
+// layout (and dx back) after an average pool, which reads NCHW only. Their 16-channel
+// convolutions are blocked with AVX2 and AVX-512 alike, as the ResNet's.
+TEST(ModelFusion, ResNetEdgesTakeTheirPaths) {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  if (isa < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
+  const Layout blocked = isa >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
+  Model padded(kResNetPadded, {3, 23, 23}, 11), nchw_in(kResNetNchwIn, {3, 12, 12}, 11);
+  EXPECT_EQ(std::string(layout_name(padded.output_layout(8))), layout_name(blocked)) << padded.summary();
+  EXPECT_EQ(std::string(layout_name(padded.output_layout(9))), "nchw") << padded.summary();
+  EXPECT_EQ(std::string(layout_name(nchw_in.output_layout(2))), "nchw") << nchw_in.summary();
+  EXPECT_EQ(std::string(layout_name(nchw_in.output_layout(3))), layout_name(blocked)) << nchw_in.summary();
+}
+#endif
 
 #if DDP_WITH_ONEDNN
 // The test above would also pass if the blocked path were never taken; this one says
@@ -426,9 +454,11 @@ TEST(ModelForward, SteadyStateReusesBuffers) {
   EXPECT_EQ(m.forward(x64, true).data.data(), out);
 }
 
-// The model's large buffers (parameters, gradients, activations) and the optimizer's
-// do not share an offset within a 4 KB page on the host, where a load from one after
-// a store to the other would stall (4K aliasing); new buffers are zeroed unless asked.
+// make_buffer (which makes the parameters, gradients, optimizer state, activations and
+// input slots) gives consecutive buffers distinct offsets within a 4 KB page on the
+// host, where a load from one after a store to the other would stall (4K aliasing):
+// 16 in a row, and the model's parameters against its gradients. New buffers are
+// zeroed unless asked.
 TEST(ModelBuffers, OwnPageOffsets) {
   std::vector<View1> views;
   std::vector<std::uintptr_t> offsets;

@@ -131,21 +131,25 @@ void Model::plan_layouts() {
     while (i < n && any_layout(i)) ++i;
     return i;
   };
-  // The blocked layout layer i writes natively (nchw: none).
-  auto writes = [&](std::size_t i) {
-    if (Conv2d* conv = conv_at(i)) return conv->native_output_layout();
-    if (ResBlock* block = block_at(i)) return block->native_layout();
-    return Layout::nchw;
-  };
+  // The layouts convolutions and resblocks read (native_in) and write (native_out)
+  // natively, nchw for other layers: asked once (each question plans oneDNN primitives).
+  std::vector<Layout> native_in(n, Layout::nchw), native_out(n, Layout::nchw);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (Conv2d* conv = conv_at(i)) {
+      native_in[i] = conv->native_input_layout();
+      native_out[i] = conv->native_output_layout();
+    } else if (ResBlock* block = block_at(i)) {
+      native_in[i] = native_out[i] = block->native_layout();
+    }
+  }
   // Whether layer i reads `layout` with no reorder.
   auto reads = [&](std::size_t i, Layout layout) {
-    if (Conv2d* conv = conv_at(i)) return conv->native_input_layout() == layout;
-    if (ResBlock* block = block_at(i)) return block->native_layout() == layout;
+    if (conv_at(i) || block_at(i)) return native_in[i] == layout;
     if (Pool2d* pool = pool_at(i)) return pool->takes_blocked();
     return i < n && dynamic_cast<GlobalAvgPool*>(layers_[i].get()) != nullptr;
   };
   for (std::size_t c = 0; c < n; ++c) {
-    const Layout blocked = writes(c);
+    const Layout blocked = native_out[c];
     if (blocked == Layout::nchw) continue;
     const std::size_t j = past_any_layout(c + 1);
     if (!reads(j, blocked)) continue;
@@ -160,7 +164,7 @@ void Model::plan_layouts() {
     const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
     if (Conv2d* conv = conv_at(i)) conv->set_layouts(in, out[i]);
     if (Pool2d* pool = pool_at(i)) pool->set_output_layout(out[i]);
-    if (ResBlock* block = block_at(i)) block->set_layouts(in, block->native_layout(), out[i]);
+    if (ResBlock* block = block_at(i)) block->set_layouts(in, native_out[i], out[i]);
   }
 }
 

@@ -11,6 +11,7 @@ statistics). Group /model holds a whole nn.Sequential: its state_dict keys in or
 (attributes param_names, buffer_names), its parameters, x, dy, y and parameter
 gradients. Everything is float64 in the file; the computation is float32.
 """
+import os
 import sys
 
 import h5py
@@ -18,29 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from torch_bench import BasicBlock  # noqa: E402  torchvision's BasicBlock, as ddp_train's resblock
+
 torch.manual_seed(0)
 torch.set_num_threads(1)
-
-
-class BasicBlock(nn.Module):
-    """torchvision.models.resnet.BasicBlock, same attribute names."""
-
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + identity)
 
 
 def randomise(module):

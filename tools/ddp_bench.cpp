@@ -66,17 +66,30 @@ double kernel_floor(Model& model, std::int64_t B, const Shape& sample, int repea
   return median(times);
 }
 
-// One all-reduce of n floats through the run's communicator (MPI on host memory, or
-// NCCL / MPI on device memory in the GPU build): seconds (median of `repeats`).
-double allreduce_floor(Communicator& comm, MPI_Comm world, std::size_t n, int repeats) {
+// One all-reduce of n floats the way the run reduces its gradients: through the
+// communicator's bucket reducer, one bucket (MPI on host memory, shared memory where
+// comm.shared_memory applies, NCCL in the GPU build), or its plain all-reduce where
+// there is none (comm.overlap = 'none'; MPI on device memory): seconds (median of
+// `repeats`).
+double allreduce_floor(Communicator& comm, const CommConfig& cc, MPI_Comm world, std::size_t n, int repeats) {
   if (comm.size() == 1) return 0.0;
   View1 buf("bench::allreduce", n);
   Kokkos::deep_copy(buf, 1.0f);
+  std::unique_ptr<BucketReducer> reducer;
+  if (cc.overlap != "none")
+    reducer =
+        comm.make_bucket_reducer(buf.data(), {Bucket{0, std::int64_t(n)}}, cc.overlap, cc.shared_memory);
+  if (reducer) reducer->take_gradients();  // where the trainer's gradients are then, as there
   std::vector<double> times;
   for (int r = 0; r < repeats + 2; ++r) {
     MPI_Barrier(world);
     const double t0 = now();
-    comm.allreduce_sum(buf.data(), n);
+    if (reducer) {
+      reducer->mark_ready(0);
+      reducer->finish();
+    } else {
+      comm.allreduce_sum(buf.data(), n);
+    }
     Kokkos::fence();  // the GPU build queues it on the compute stream's order
     double t = now() - t0, slowest = 0.0;
     MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, world);
@@ -125,7 +138,7 @@ int main(int argc, char** argv) {
   double flops = 0.0;
   const double kernels = kernel_floor(*net.model, B, data.train->sample_shape(), 20, &n_kernels, &flops);
   const std::size_t n_params = std::size_t(net.model->num_parameters());
-  const double reduce = allreduce_floor(*comm, ctx.world(), n_params, 20);
+  const double reduce = allreduce_floor(*comm, cfg.comm, ctx.world(), n_params, 20);
   // Every rank measured its own kernels; the slowest rank sets the pace.
   double kernels_max = kernels;
   MPI_Allreduce(MPI_IN_PLACE, &kernels_max, 1, MPI_DOUBLE, MPI_MAX, ctx.world());

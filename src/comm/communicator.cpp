@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "comm/check.hpp"
+#include "comm/shm_reducer.hpp"
 #include "comm/watchdog.hpp"
 
 namespace ddp {
@@ -41,9 +42,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap) override {
-    return std::make_unique<GradientReducer>(comm_, grads, std::move(buckets),
-                                             GradientReducer::parse_progress(overlap));
+                                                     const std::string& overlap,
+                                                     bool shared_memory) override {
+    const GradientReducer::Progress progress = GradientReducer::parse_progress(overlap);
+    if (shared_memory)
+      if (auto shm = ShmReducer::make(comm_, grads, buckets)) return shm;
+    return std::make_unique<GradientReducer>(comm_, grads, std::move(buckets), progress);
   }
 
   void broadcast(float* data, std::size_t n, int root) override {

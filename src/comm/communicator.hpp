@@ -33,10 +33,13 @@ class Communicator {
   virtual void barrier() = 0;
   // The bucketed gradient all-reduce of this backend over `grads` (n floats in the
   // tensors' memory space), overlapping backward: overlap = 'poll' | 'thread' (MPI
-  // progress modes; NCCL progresses on its own stream whatever is asked). Null when
-  // the backend has none: the trainer then all-reduces after backward.
+  // progress modes; NCCL progresses on its own stream whatever is asked). With
+  // shared_memory, host buffers and every rank on one node, the sums are made in a
+  // shared window instead (comm/shm_reducer.hpp; overlap does not apply). Null when
+  // the backend has none: the trainer then all-reduces after backward. Collective.
   virtual std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                             const std::string& overlap) = 0;
+                                                             const std::string& overlap,
+                                                             bool shared_memory) = 0;
   // The same ranks as an MPI communicator, for MPI-level helpers (the bucketed
   // gradient reducer makes its own duplicate of it).
   virtual MPI_Comm mpi_comm() const = 0;

@@ -38,8 +38,9 @@ std::vector<Bucket> plan_buckets(const std::vector<std::pair<std::int64_t, std::
                                  double bucket_mb, double first_bucket_mb);
 
 // What the trainer sees of a bucketed all-reduce, whichever communicator runs it
-// (Communicator::make_bucket_reducer): MPI on host buffers (GradientReducer below)
-// or NCCL on device buffers (src/cuda/nccl_bucket_reducer.cpp).
+// (Communicator::make_bucket_reducer): MPI on host buffers (GradientReducer below),
+// a node's shared memory (comm/shm_reducer.hpp) or NCCL on device buffers
+// (src/cuda/nccl_communicator.cpp).
 class BucketReducer {
  public:
   virtual ~BucketReducer() = default;
@@ -51,6 +52,17 @@ class BucketReducer {
   // waits for them.
   virtual void finish() = 0;
   virtual const std::vector<Bucket>& buckets() const = 0;
+  // The inf and NaN among the sums of the last finish(), where the reducer counts
+  // them as it sums (the same count on every rank); -1 where it does not, and the
+  // caller counts.
+  virtual std::int64_t nonfinite_sums() const { return -1; }
+  // A buffer of this reducer's own to take the gradients' place (the caller copies
+  // nothing: the current values are in it), so that no bucket is copied at
+  // mark_ready; it lives as long as the reducer. nullptr: the reducer works on the
+  // buffer it was given, as most do.
+  virtual float* take_gradients() { return nullptr; }
+  // How the sums are made, for the log: "MPI during backward, progressed by polling".
+  virtual std::string method() const = 0;
 };
 
 class GradientReducer final : public BucketReducer {
@@ -69,6 +81,10 @@ class GradientReducer final : public BucketReducer {
   void finish() override;  // start what is left, wait for everything; the buffer holds the sums
 
   const std::vector<Bucket>& buckets() const override { return buckets_; }
+  std::string method() const override {
+    return progress_ == Progress::Poll ? "MPI during backward, progressed by polling"
+                                       : "MPI during backward, by a communication thread";
+  }
   double finish_wait_seconds() const { return finish_wait_; }  // last finish(): time blocked
 
  private:

@@ -32,8 +32,8 @@ class DeviceMpiCommunicator final : public Communicator {
   }
   // MPI's non-blocking collectives know no streams: the gradients are all-reduced
   // after backward, in one call.
-  std::unique_ptr<BucketReducer> make_bucket_reducer(float*, std::vector<Bucket>,
-                                                     const std::string&) override {
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float*, std::vector<Bucket>, const std::string&,
+                                                     bool) override {
     return nullptr;
   }
   MPI_Comm mpi_comm() const override { return mpi_->mpi_comm(); }

@@ -105,6 +105,7 @@ class NcclBucketReducer final : public BucketReducer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) trace_bucket(b, t);
   }
   const std::vector<Bucket>& buckets() const override { return buckets_; }
+  std::string method() const override { return "NCCL during backward, on its own stream"; }
 
  private:
   void start(std::size_t b) {
@@ -136,7 +137,8 @@ class NcclBucketReducer final : public BucketReducer {
 
 std::unique_ptr<BucketReducer> NcclCommunicator::make_bucket_reducer(float* grads,
                                                                      std::vector<Bucket> buckets,
-                                                                     const std::string& /*overlap*/) {
+                                                                     const std::string& /*overlap*/,
+                                                                     bool /*shared_memory*/) {
   return std::make_unique<NcclBucketReducer>(*this, grads, std::move(buckets));
 }
 

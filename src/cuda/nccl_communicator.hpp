@@ -43,8 +43,9 @@ class NcclCommunicator final : public Communicator {
   MPI_Comm mpi_comm() const override { return mpi_comm_; }
   // NcclBucketReducer: each bucket starts on the NCCL stream when backward has made
   // it, and the compute stream waits for all of them only at finish().
+  // (Device buffers: shared_memory does not apply.)
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap) override;
+                                                     const std::string& overlap, bool shared_memory) override;
 
   // An all-reduce that starts after the compute work queued so far but that the
   // compute stream does not wait for, until join(): the buckets of backward.

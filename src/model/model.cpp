@@ -62,7 +62,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   buffers_ = make_buffer("Model::buffers", total_buffers);
 
   params_ = make_buffer("Model::parameters", total);
-  grads_ = make_buffer("Model::gradients", total);  // zero-initialised
+  grads_ = own_grads_ = make_buffer("Model::gradients", total);  // zero-initialised
   Rng rng(seed);
   first_trained_ = layers_.size();
   std::int64_t offset = 0, buffer_offset = 0;
@@ -196,6 +196,15 @@ void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>
 }
 
 void Model::zero_grad() { Kokkos::deep_copy(grads_, 0.0f); }
+
+void Model::place_gradients(float* storage) {
+  const View1 to = storage ? View1(storage, grads_.extent(0)) : own_grads_;
+  if (to.data() == grads_.data()) return;
+  Kokkos::deep_copy(to, grads_);
+  grads_ = to;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->bind(params_.data() + layer_offset_[i], grads_.data() + layer_offset_[i]);
+}
 
 void Model::set_communicator(Communicator* comm) {
   for (auto& layer : layers_) layer->set_communicator(comm);

@@ -28,6 +28,11 @@ class Model {
   std::int64_t num_parameters() const { return static_cast<std::int64_t>(params_.extent(0)); }
   View1 parameters() const { return params_; }  // (num_parameters)
   View1 gradients() const { return grads_; }    // (num_parameters), same layout
+  // Moves the gradients into `storage` (num_parameters floats of the tensors' memory
+  // space, kept alive by the caller until it calls this again) and binds the layers to
+  // it: a shared-memory window that other ranks read in place (comm/shm_reducer.hpp).
+  // nullptr: back into the model's own buffer. The values move with them.
+  void place_gradients(float* storage);
 
   struct ParamEntry {
     std::string name;  // "layers.<i>.weight": i counts every layer, as in nn.Sequential
@@ -89,6 +94,7 @@ class Model {
   std::vector<ParamEntry> buffer_table_;
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
   View1 params_, grads_, buffers_;
+  View1 own_grads_;           // the model's gradient buffer; grads_ is elsewhere after place_gradients
   Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i
   std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i

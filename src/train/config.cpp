@@ -170,6 +170,9 @@ const std::vector<Key>& keys() {
        "collectives: auto (NCCL with GPUs, else MPI), mpi or nccl"},
       {"comm", "overlap", field<&C::comm, &K::overlap>, one_of({"poll", "thread", "none"}), false,
        "all-reduce buckets during backward, progressed by polling or a thread; none: after"},
+      {"comm", "shared_memory", field<&C::comm, &K::shared_memory>, any(), false,
+       "gradients summed in a shared-memory window, not by MPI_Allreduce, where every rank is on one node "
+       "and gradients are in host memory (with comm.overlap = 'poll' or 'thread')"},
       {"comm", "bucket_mb", field<&C::comm, &K::bucket_mb>, above(0), false, "gradient bucket size in MB"},
       {"comm", "first_bucket_mb", field<&C::comm, &K::first_bucket_mb>, above(0), false,
        "size of the first bucket (the last layers), in MB"},

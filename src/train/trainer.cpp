@@ -164,12 +164,13 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
     for (const Model::ParamEntry& p : model_.parameter_table()) tensors.push_back({p.offset, p.size});
     reducer_ = comm_.make_bucket_reducer(
         model_.gradients().data(), plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
-        cfg_.comm.overlap);
-    char line[160];
+        cfg_.comm.overlap, cfg_.comm.shared_memory);
+    if (float* shared = reducer_ ? reducer_->take_gradients() : nullptr) model_.place_gradients(shared);
+    char line[200];
     if (reducer_)
-      std::snprintf(
-          line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, all-reduced during backward (%s)",
-          reducer_->buckets().size(), double(n_params) * 4.0 / (1024.0 * 1024.0), cfg_.comm.overlap.c_str());
+      std::snprintf(line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, %s",
+                    reducer_->buckets().size(), double(n_params) * 4.0 / (1024.0 * 1024.0),
+                    reducer_->method().c_str());
     else
       std::snprintf(line, sizeof line,
                     "gradients: %.2f MB all-reduced after backward (this backend has no buckets)",
@@ -197,6 +198,9 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
   if (cfg_.io.trace) open_trace();
 }
+
+// Before the reducer goes (a member), with the shared window that may hold the gradients.
+Trainer::~Trainer() { model_.place_gradients(nullptr); }
 
 void Trainer::open_trace() {
   const std::string dir = cfg_.io.run_dir + "/trace";
@@ -294,7 +298,10 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
   // agreed in one all-reduce of four numbers, so every rank takes the same decision.
-  const std::int64_t bad = count_step_nonfinite(grads, loss_acc_);
+  // A reducer that counted the non-finite sums as it made them leaves only the loss.
+  const std::int64_t summed = reducer_ ? reducer_->nonfinite_sums() : -1;
+  const std::int64_t bad = summed >= 0 ? summed + count_step_nonfinite(View1(), loss_acc_)
+                                       : count_step_nonfinite(grads, loss_acc_);
   grads_nonfinite_ = bad % kLossNonfinite;
   loss_nonfinite_ = bad >= kLossNonfinite;
   const double minutes = cfg_.io.checkpoint_every_minutes;

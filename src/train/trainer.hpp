@@ -57,6 +57,9 @@ class Trainer {
   // `prefetch_batches` > 0 reads ahead on a thread (streaming data).
   Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
           ShardDataset* val, int prefetch_batches);
+  ~Trainer();  // the model's gradients back into its own buffer, if the reducer held them
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Continue from a checkpoint: its weights, and unless `weights_only` (init_from)
   // its optimizer state and training position. Same on every rank.

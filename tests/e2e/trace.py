@@ -4,7 +4,8 @@
 usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
 
 1. The Fashion-MNIST CNN (1024 training samples, no validation) on 2 ranks with
-   --trace, io.trace_steps = 3, 6, comm.overlap = 'poll' and the default buckets
+   --trace, io.trace_steps = 3, 6, comm.overlap = 'poll' through MPI
+   (comm.shared_memory = F) and the default buckets
    (a 1 MB first bucket, so the CNN's 0.4 M parameters make two):
    - each rank's file parses, names its process "rank N (host)" under pid N, and
      covers exactly steps 3-6 ("step N" spans);
@@ -20,8 +21,11 @@ usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
    - merge_traces makes one file with a process per rank, all spans kept.
 2. The tiny MLP with comm.overlap = 'none': no bucket rows, and each step's one
    all-reduce starts after its backward ends (the check of 1 can tell the two apart).
-3. The tiny MLP with comm.overlap = 'thread' and a bucket per tensor: each
-   bucket's all-reduce, run by the communication thread, has its row.
+3. The tiny MLP with comm.overlap = 'thread' (through MPI) and a bucket per
+   tensor: each bucket's all-reduce, run by the communication thread, has its row.
+3b. The tiny MLP through shared memory (the default on one node), a bucket per
+   tensor: the run says so, and each bucket's row has one span per step, inside
+   the step's all-reduce wait, after backward.
 4. A window past the run's end (steps 8-100 of a 10-step run): the files are
    written when the run ends, with steps 8-10, and the run says so.
 5. Without io.trace: no trace directory.
@@ -141,7 +145,7 @@ def check_cnn(args, layers):
     run_dir = args.prefix + "_cnn"
     shard = args.prefix + "_cnn_train.h5"
     subset_shard(shard, 1024)
-    run(args, run_dir, args.cnn, "--trace", "io.trace_steps=3,6", "comm.overlap=poll",
+    run(args, run_dir, args.cnn, "--trace", "io.trace_steps=3,6", "comm.overlap=poll", "comm.shared_memory=F",
         f"data.train_files={shard}", "data.val_files=", "train.epochs=1", "io.checkpoint_every=0")
     trained = [i for i, l in enumerate(layers) if l.startswith(("conv2d", "linear"))]
     first_trained = trained[0]
@@ -224,7 +228,7 @@ def check_none(args):
 def check_thread(args):
     run_dir = args.prefix + "_thread"
     run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.overlap=thread",
-        "comm.first_bucket_mb=1e-5", "comm.bucket_mb=1e-5")
+        "comm.shared_memory=F", "comm.first_bucket_mb=1e-5", "comm.bucket_mb=1e-5")
     for rank in (0, 1):
         path, doc = load(run_dir, rank)
         steps = check_common(path, doc, rank, 2, 4)
@@ -235,6 +239,29 @@ def check_thread(args):
             got = [n for n, s in steps.items() if any(inside(e, s) for e in spans(doc, t))]
             if sorted(got) != sorted(steps):
                 fail(f"{path}: bucket row {t} has all-reduce spans in steps {got}, expected {sorted(steps)}")
+
+
+def check_shm(args):
+    run_dir = args.prefix + "_shm"
+    out = run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.first_bucket_mb=1e-5",
+              "comm.bucket_mb=1e-5")
+    if "gradients: 4 bucket(s)" not in out or "summed in a shared-memory window after backward (2 ranks" not in out:
+        fail("no line saying the 4 buckets are summed in a shared-memory window")
+    for rank in (0, 1):
+        path, doc = load(run_dir, rank)
+        steps = check_common(path, doc, rank, 2, 4)
+        buckets = sorted(t for t in row_names(doc) if t >= 100)
+        if len(buckets) != 4:
+            fail(f"{path}: {len(buckets)} bucket rows, expected 4")
+        for n, step in steps.items():
+            inner = children(doc, step)
+            bwd = next(e for e in inner if e["name"] == "backward")
+            wait = next(e for e in inner if e["name"] == "all-reduce wait")
+            for t in buckets:
+                ar = [e for e in spans(doc, t) if inside(e, step)]
+                if len(ar) != 1 or not inside(ar[0], wait) or ar[0]["ts"] < end(bwd) - EPS:
+                    fail(f"{path}: step {n}: bucket row {t}: {ar}, expected one span inside the all-reduce wait "
+                         f"[{wait['ts']}, {end(wait)}], after backward")
 
 
 def check_cut_short(args):
@@ -268,6 +295,7 @@ def main():
     check_cnn(args, layers)
     check_none(args)
     check_thread(args)
+    check_shm(args)
     check_cut_short(args)
     check_off(args)
     print("PASS")

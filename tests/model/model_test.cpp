@@ -180,6 +180,47 @@ TEST(ModelGradients, AccumulateWithoutZeroGrad) {
   for (std::int64_t i = 0; i < m.num_parameters(); ++i) EXPECT_NEAR(gab[i], ga[i] + gb[i], 1e-6) << i;
 }
 
+// Gradients placed in another buffer (a shared-memory window, for the gradient
+// all-reduce): every layer kind with parameters writes its gradients there, the same
+// values as in the model's own buffer; placed back, the values move back.
+TEST(ModelGradients, PlacedInAnotherBuffer) {
+  const std::vector<std::string> specs = {"conv2d(8, 3, pad=1, bias=false)",
+                                          "batchnorm2d",
+                                          "relu",
+                                          "resblock(8)",
+                                          "conv2d(4, 3)",
+                                          "flatten",
+                                          "linear(3)"};
+  Model own(specs, {2, 6, 6}, 17), placed(specs, {2, 6, 6}, 17);
+  const std::int64_t n = placed.num_parameters();
+  View1 elsewhere("test::elsewhere", std::size_t(n) + 16);
+  Kokkos::deep_copy(elsewhere, 7.0f);
+  placed.place_gradients(elsewhere.data() + 16);
+  EXPECT_EQ(placed.gradients().data(), elsewhere.data() + 16);
+  Tensor x = make_tensor({3, 2, 6, 6}, random_values(3 * 72, 61)),
+         dout = make_tensor({3, 3}, random_values(9, 62));
+  for (Model* m : {&own, &placed}) {
+    m->zero_grad();
+    m->forward(x, true);
+    m->backward(dout);
+  }
+  const std::vector<float> g = to_host(own.gradients(), n);
+  EXPECT_EQ(to_host(placed.gradients(), n), g);
+  std::vector<float> all = to_host(elsewhere, n + 16);
+  EXPECT_EQ(std::vector<float>(all.begin() + 16, all.end()), g) << "the layers wrote elsewhere";
+  EXPECT_EQ(all[15], 7.0f) << "nothing written before the placed buffer";
+  placed.place_gradients(nullptr);
+  EXPECT_NE(placed.gradients().data(), elsewhere.data() + 16);
+  EXPECT_EQ(to_host(placed.gradients(), n), g) << "the values moved back";
+  Kokkos::deep_copy(elsewhere, 0.0f);
+  placed.zero_grad();
+  placed.forward(x, true);
+  placed.backward(dout);
+  EXPECT_EQ(to_host(placed.gradients(), n), g);
+  all = to_host(elsewhere, n + 16);
+  EXPECT_EQ(std::count(all.begin(), all.end(), 0.0f), n + 16) << "a layer still writes to the old buffer";
+}
+
 // The fused model (conv2d -> relu post-op, relu -> maxpool backward mask, blocked
 // layouts from convolutions and resblocks through batch norms to their readers)
 // against the same model unfused: outputs and gradients over two training steps of

@@ -95,13 +95,21 @@ void expect_same_as_one_rank(Config cfg) {
   EXPECT_GT(max_relative_error(train(MPI_COMM_SELF, untrained), reference), 1e-2);
 }
 
-// Bucketed all-reduce during backward (polling or a thread) or one all-reduce
-// after it: the same sums, so the same parameters up to float rounding.
+// The gradient all-reduce of `mode`: MPI per bucket during backward ('poll', 'thread'),
+// the buckets summed in shared memory ('shm'), or one MPI all-reduce after backward
+// ('none').
+void set_reduction(Config& cfg, const std::string& mode) {
+  cfg.comm.shared_memory = mode == "shm";
+  cfg.comm.overlap = mode == "shm" ? "poll" : mode;
+}
+
+// Each way of reducing the gradients: the same sums, so the same parameters up to
+// float rounding.
 class EquivalenceOverlap : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EquivalenceOverlap, SgdMomentumMatchesOneRankWithWTimesTheBatch) {
   Config cfg = base_config();
-  cfg.comm.overlap = GetParam();
+  set_reduction(cfg, GetParam());
   cfg.comm.bucket_mb = 0.0005;  // several buckets even for this small model
   cfg.comm.first_bucket_mb = 0.0001;
   cfg.train.batch_size = 5;
@@ -113,7 +121,7 @@ TEST_P(EquivalenceOverlap, SgdMomentumMatchesOneRankWithWTimesTheBatch) {
   expect_same_as_one_rank(cfg);
 }
 
-INSTANTIATE_TEST_SUITE_P(Overlap, EquivalenceOverlap, ::testing::Values("none", "poll", "thread"));
+INSTANTIATE_TEST_SUITE_P(Overlap, EquivalenceOverlap, ::testing::Values("none", "poll", "thread", "shm"));
 
 TEST(Equivalence, BucketingChangesNothingButRounding) {
   if (world_size() == 1) GTEST_SKIP() << "needs 2 or more ranks";
@@ -123,10 +131,10 @@ TEST(Equivalence, BucketingChangesNothingButRounding) {
   cfg.train.lr = 1e-2;
   cfg.comm.bucket_mb = 0.0005;
   cfg.comm.first_bucket_mb = 0.0001;
-  cfg.comm.overlap = "none";
+  set_reduction(cfg, "none");
   const std::vector<float> plain = train(MPI_COMM_WORLD, cfg);
-  for (const char* mode : {"poll", "thread"}) {
-    cfg.comm.overlap = mode;
+  for (const char* mode : {"poll", "thread", "shm"}) {
+    set_reduction(cfg, mode);
     EXPECT_LE(max_relative_error(train(MPI_COMM_WORLD, cfg), plain), 1e-6) << mode;
   }
 }
@@ -155,8 +163,9 @@ class CountingCommunicator final : public Communicator {
   void allreduce_sum_host(double* d, std::size_t n) override { inner_->allreduce_sum_host(d, n); }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap) override {
-    return inner_->make_bucket_reducer(grads, std::move(buckets), overlap);
+                                                     const std::string& overlap,
+                                                     bool shared_memory) override {
+    return inner_->make_bucket_reducer(grads, std::move(buckets), overlap, shared_memory);
   }
   MPI_Comm mpi_comm() const override { return inner_->mpi_comm(); }
   int float_allreduces = 0;

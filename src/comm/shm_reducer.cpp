@@ -1,0 +1,188 @@
+#include "comm/shm_reducer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "comm/check.hpp"
+#include "comm/log.hpp"
+#include "comm/trace.hpp"
+#include "comm/watchdog.hpp"
+
+namespace ddp {
+
+namespace {
+
+constexpr std::int64_t kPage = 4096;
+constexpr std::int64_t kBlock = 1024;  // floats summed at a time: 4 KB, in L1 while every rank's add in
+constexpr int kSpins = 2000;           // loads of a counter before the barrier yields the core
+
+std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets) {
+  int rank = 0, size = 1, local = 1;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_size(node, &local));
+  MPI_CHECK(MPI_Comm_free(&node));
+  int one_node = local == size ? 1 : 0, all = 0;
+  MPI_CHECK(MPI_Allreduce(&one_node, &all, 1, MPI_INT, MPI_MIN, comm));
+  if (!all || buckets.empty()) return nullptr;
+  std::unique_ptr<ShmReducer> r(new ShmReducer(comm, grads, std::move(buckets)));
+  if (r->win_ == MPI_WIN_NULL) return nullptr;  // the constructor said why
+  return r;
+}
+
+ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
+    : grads_(grads), buckets_(std::move(buckets)), block_(std::size_t(kBlock)) {
+  MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  // The buckets tile [0, n_) (plan_buckets packs every tensor from the end down).
+  std::int64_t covered = 0;
+  for (const Bucket& b : buckets_) {
+    n_ = std::max(n_, b.end);
+    covered += b.end - b.begin;
+  }
+  if (covered != n_)
+    DDP_FATAL("shared-memory all-reduce: the buckets cover " << covered << " of " << n_ << " floats");
+  // Shares of whole 64-byte lines, so that no two ranks write one line.
+  share_.resize(std::size_t(size_) + 1);
+  for (int r = 0; r <= size_; ++r) share_[std::size_t(r)] = std::min(n_, round_up(n_ * r / size_, 16));
+  const std::int64_t mine = share_[std::size_t(rank_) + 1] - share_[std::size_t(rank_)];
+
+  // This rank's segment: its control line, its gradients at the page offset of the
+  // buffer they replace (make_buffer chose it apart from the parameters' and the
+  // activations'), its sums half a page from them: the loads of an element's
+  // gradients and the store of its sum do not alias in the L1 (4K aliasing).
+  const std::int64_t offset = std::int64_t(reinterpret_cast<std::uintptr_t>(grads) % kPage) / 64 * 64;
+  const std::int64_t slot_at = kPage + offset;
+  const std::int64_t sum_at = round_up(slot_at + n_ * 4, kPage) + (offset + kPage / 2) % kPage;
+  MPI_Info info;
+  MPI_CHECK(MPI_Info_create(&info));
+  MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));  // each segment in its rank's memory
+  char* base = nullptr;
+  // Where MPI has no shared-memory window (its osc component chosen away, as the
+  // watchdog's tests do to stand for TCP across nodes), the run reduces through MPI.
+  const int rc = MPI_Win_allocate_shared(MPI_Aint(sum_at + mine * 4), 1, info, comm_, &base, &win_);
+  MPI_CHECK(MPI_Info_free(&info));
+  int ok = rc == MPI_SUCCESS, all_ok = 0;
+  MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_));
+  if (!all_ok) {
+    // A window that some ranks made is left, not freed: freeing is collective.
+    win_ = MPI_WIN_NULL;
+    if (rank_ == 0)
+      log::info("gradients: no shared-memory window (" +
+                (rc == MPI_SUCCESS ? std::string("another rank's MPI_Win_allocate_shared failed")
+                                   : mpi_error_string(rc)) +
+                "): summed by MPI");
+    return;
+  }
+  MPI_CHECK(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
+  new (base) Control{{0}, {0}, slot_at, sum_at};
+  std::memcpy(base + slot_at, grads, std::size_t(n_) * sizeof(float));
+  MPI_CHECK(MPI_Barrier(comm_));  // every control line is made before any rank reads one
+  for (int r = 0; r < size_; ++r) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    char* at = nullptr;
+    MPI_CHECK(MPI_Win_shared_query(win_, r, &size, &unit, &at));
+    Control* c = reinterpret_cast<Control*>(at);
+    control_.push_back(c);
+    slot_.push_back(reinterpret_cast<float*>(at + c->slot_at));
+    sum_.push_back(reinterpret_cast<float*>(at + c->sum_at));
+  }
+  MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
+}
+
+ShmReducer::~ShmReducer() {
+  if (win_ != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(win_);
+    MPI_Win_free(&win_);
+  }
+  MPI_Comm_free(&comm_);
+}
+
+std::string ShmReducer::method() const {
+  return "summed in a shared-memory window after backward (" + std::to_string(size_) +
+         " ranks on one node; comm.shared_memory)";
+}
+
+float* ShmReducer::take_gradients() {
+  float* slot = slot_[std::size_t(rank_)];
+  if (grads_ != slot) std::memcpy(slot, grads_, std::size_t(n_) * sizeof(float));
+  grads_ = slot;
+  return slot;
+}
+
+void ShmReducer::mark_ready(std::int64_t offset) {
+  float* slot = slot_[std::size_t(rank_)];
+  for (; copied_ < buckets_.size() && buckets_[copied_].begin >= offset; ++copied_) {
+    const Bucket& b = buckets_[copied_];
+    if (grads_ != slot)
+      std::memcpy(slot + b.begin, grads_ + b.begin, std::size_t(b.end - b.begin) * sizeof(float));
+  }
+}
+
+void ShmReducer::barrier() {
+  ++barriers_;
+  control_[std::size_t(rank_)]->arrived.store(barriers_, std::memory_order_release);
+  for (const Control* c : control_)
+    for (int spins = 0; c->arrived.load(std::memory_order_acquire) < barriers_;)
+      if (++spins > kSpins) std::this_thread::yield();
+}
+
+void ShmReducer::finish() {
+  watchdog::Collective guard("the gradient all-reduce");
+  mark_ready(0);
+  copied_ = 0;
+  const std::int64_t t0 = trace::recording() ? trace::now_ns() : -1;
+  barrier();  // every slot holds its rank's gradients
+
+  // This rank's share: each block summed over the slots in rank order, in L1.
+  const std::int64_t lo = share_[std::size_t(rank_)], hi = share_[std::size_t(rank_) + 1];
+  float* acc = block_.data();
+  float* out = sum_[std::size_t(rank_)];
+  std::int64_t bad = 0;
+  for (std::int64_t b = lo; b < hi; b += kBlock) {
+    const std::int64_t len = std::min(kBlock, hi - b);
+    const float* s0 = slot_[0] + b;
+    for (std::int64_t i = 0; i < len; ++i) acc[i] = s0[i];
+    for (std::size_t r = 1; r < slot_.size(); ++r) {
+      const float* s = slot_[r] + b;
+      for (std::int64_t i = 0; i < len; ++i) acc[i] += s[i];
+    }
+    // x - x is 0 for a finite x, NaN for inf and NaN; an int count, so the loop vectorises.
+    int block_bad = 0;
+    float* o = out + (b - lo);
+    for (std::int64_t i = 0; i < len; ++i) {
+      o[i] = acc[i];
+      block_bad += !(acc[i] - acc[i] == 0.0f);
+    }
+    bad += block_bad;
+  }
+  control_[std::size_t(rank_)]->nonfinite.store(bad, std::memory_order_relaxed);
+  barrier();  // every share is summed (its count published before, by the barrier's release)
+
+  nonfinite_ = 0;
+  for (int r = 0; r < size_; ++r) {
+    const std::int64_t begin = share_[std::size_t(r)], end = share_[std::size_t(r) + 1];
+    std::memcpy(grads_ + begin, sum_[std::size_t(r)], std::size_t(end - begin) * sizeof(float));
+    nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
+  }
+  // The next finish() overwrites slots and sums only after its first barrier, which
+  // no rank passes before every rank has copied these sums out.
+  if (t0 >= 0 && trace::recording()) {
+    const std::int64_t t1 = trace::now_ns();
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      trace::record_bucket(b, (buckets_[b].end - buckets_[b].begin) * 4, t0, t1);
+  }
+}
+
+}  // namespace ddp

@@ -20,6 +20,10 @@ constexpr int kSpins = 2000;           // loads of a counter before the barrier 
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
+char* page_aligned(char* p) {
+  return p + (kPage - std::int64_t(reinterpret_cast<std::uintptr_t>(p) % kPage)) % kPage;
+}
+
 }  // namespace
 
 std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets) {
@@ -55,22 +59,19 @@ ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
   // Shares of whole 64-byte lines, so that no two ranks write one line.
   share_.resize(std::size_t(size_) + 1);
   for (int r = 0; r <= size_; ++r) share_[std::size_t(r)] = std::min(n_, round_up(n_ * r / size_, 16));
-  const std::int64_t mine = share_[std::size_t(rank_) + 1] - share_[std::size_t(rank_)];
 
-  // This rank's segment: its control line, its gradients at the page offset of the
-  // buffer they replace (make_buffer chose it apart from the parameters' and the
-  // activations'), its sums half a page from them: the loads of an element's
-  // gradients and the store of its sum do not alias in the L1 (4K aliasing).
-  const std::int64_t offset = std::int64_t(reinterpret_cast<std::uintptr_t>(grads) % kPage) / 64 * 64;
-  const std::int64_t slot_at = kPage + offset;
-  const std::int64_t sum_at = round_up(slot_at + n_ * 4, kPage) + (offset + kPage / 2) % kPage;
+  // This rank's segment: its control line, then its gradients at the page offset of
+  // the buffer they replace (make_buffer chose it apart from the parameters' and the
+  // activations': no 4K aliasing between them in the optimizer).
+  const std::int64_t slot_at =
+      kPage + std::int64_t(reinterpret_cast<std::uintptr_t>(grads) % kPage) / 64 * 64;
   MPI_Info info;
   MPI_CHECK(MPI_Info_create(&info));
   MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));  // each segment in its rank's memory
   char* base = nullptr;
   // Where MPI has no shared-memory window (its osc component chosen away, as the
   // watchdog's tests do to stand for TCP across nodes), the run reduces through MPI.
-  const int rc = MPI_Win_allocate_shared(MPI_Aint(sum_at + mine * 4), 1, info, comm_, &base, &win_);
+  const int rc = MPI_Win_allocate_shared(MPI_Aint(kPage + slot_at + n_ * 4), 1, info, comm_, &base, &win_);
   MPI_CHECK(MPI_Info_free(&info));
   int ok = rc == MPI_SUCCESS, all_ok = 0;
   MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_));
@@ -85,7 +86,10 @@ ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
     return;
   }
   MPI_CHECK(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));
-  new (base) Control{{0}, {0}, slot_at, sum_at};
+  // Offsets from the segment's first page boundary: a page boundary in every
+  // process's mapping of it, whatever alignment MPI gave the segment.
+  base = page_aligned(base);
+  new (base) Control{{0}, {0}, slot_at};
   std::memcpy(base + slot_at, grads, std::size_t(n_) * sizeof(float));
   MPI_CHECK(MPI_Barrier(comm_));  // every control line is made before any rank reads one
   for (int r = 0; r < size_; ++r) {
@@ -93,10 +97,10 @@ ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
     int unit = 0;
     char* at = nullptr;
     MPI_CHECK(MPI_Win_shared_query(win_, r, &size, &unit, &at));
+    at = page_aligned(at);
     Control* c = reinterpret_cast<Control*>(at);
     control_.push_back(c);
     slot_.push_back(reinterpret_cast<float*>(at + c->slot_at));
-    sum_.push_back(reinterpret_cast<float*>(at + c->sum_at));
   }
   MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_));
 }
@@ -143,12 +147,13 @@ void ShmReducer::finish() {
   mark_ready(0);
   copied_ = 0;
   const std::int64_t t0 = trace::recording() ? trace::now_ns() : -1;
-  barrier();  // every slot holds its rank's gradients
+  barrier();  // every rank's gradients are final
 
-  // This rank's share: each block summed over the slots in rank order, in L1.
+  // This rank's share, in place in its own gradients (no other rank reads them there
+  // before the next barrier): each block summed over the ranks in rank order, in L1.
   const std::int64_t lo = share_[std::size_t(rank_)], hi = share_[std::size_t(rank_) + 1];
   float* acc = block_.data();
-  float* out = sum_[std::size_t(rank_)];
+  float* out = slot_[std::size_t(rank_)];
   std::int64_t bad = 0;
   for (std::int64_t b = lo; b < hi; b += kBlock) {
     const std::int64_t len = std::min(kBlock, hi - b);
@@ -160,7 +165,7 @@ void ShmReducer::finish() {
     }
     // x - x is 0 for a finite x, NaN for inf and NaN; an int count, so the loop vectorises.
     int block_bad = 0;
-    float* o = out + (b - lo);
+    float* o = out + b;
     for (std::int64_t i = 0; i < len; ++i) {
       o[i] = acc[i];
       block_bad += !(acc[i] - acc[i] == 0.0f);
@@ -172,12 +177,13 @@ void ShmReducer::finish() {
 
   nonfinite_ = 0;
   for (int r = 0; r < size_; ++r) {
-    const std::int64_t begin = share_[std::size_t(r)], end = share_[std::size_t(r) + 1];
-    std::memcpy(grads_ + begin, sum_[std::size_t(r)], std::size_t(end - begin) * sizeof(float));
     nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
+    if (r == rank_) continue;
+    const std::int64_t begin = share_[std::size_t(r)], end = share_[std::size_t(r) + 1];
+    std::memcpy(out + begin, slot_[std::size_t(r)] + begin, std::size_t(end - begin) * sizeof(float));
   }
-  // The next finish() overwrites slots and sums only after its first barrier, which
-  // no rank passes before every rank has copied these sums out.
+  barrier();  // every rank has its copies: from here each writes its gradients again
+  if (grads_ != out) std::memcpy(grads_, out, std::size_t(n_) * sizeof(float));
   if (t0 >= 0 && trace::recording()) {
     const std::int64_t t1 = trace::now_ns();
     for (std::size_t b = 0; b < buckets_.size(); ++b)

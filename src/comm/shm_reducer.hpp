@@ -9,17 +9,17 @@
 // moves there), and finish() is
 //  - a barrier: every rank's gradients are final;
 //  - each rank sums its 1/N of the buffer over the N ranks' gradients, rank 0 first,
-//    into its segment's sum area, counting the sums that are not finite;
+//    counting the sums that are not finite, and writes them over its own gradients
+//    there (no other rank reads that share of them);
 //  - a barrier: every share is summed;
-//  - each rank copies the N shares of sums into its gradients.
+//  - each rank copies the other ranks' shares of sums from their gradients;
+//  - a barrier: every copy is made, so each rank may write its gradients again.
 // Every sum is made once, in one order, so every rank holds the same bits, as with
-// MPI. No rank writes what another reads before a barrier has passed: the next
-// step's gradients are written after the second barrier (every share summed), the
-// sum areas after the next first barrier (every rank copied them out).
+// MPI.
 //
-// The sums themselves take as long as MPI_Allreduce's: both move the same bytes
-// between the cores (MLP, 2 ranks, io.trace: all-reduce wait 0.42-0.49 ms against
-// 0.40-0.73 with MPI; step checks 0.03-0.04 against 0.12).
+// The sums themselves take about as long as MPI_Allreduce's: both move the same
+// bytes between the cores (MLP, 2 ranks, io.trace: all-reduce wait 0.42-0.49 ms
+// against 0.40-0.73 with MPI; step checks 0.03-0.04 against 0.12).
 //
 // The barriers spin on counters in the window, then yield the core (tests run more
 // ranks than cores). Loads and stores are ordered by acquire/release atomics, inside
@@ -59,7 +59,7 @@ class ShmReducer final : public BucketReducer {
   struct alignas(128) Control {           // the first line of a rank's segment
     std::atomic<std::uint64_t> arrived;   // barriers this rank has reached
     std::atomic<std::int64_t> nonfinite;  // non-finite sums of its share, at the last finish()
-    std::int64_t slot_at, sum_at;         // byte offsets of its gradients and sums in its segment
+    std::int64_t slot_at;                 // byte offset of its gradients in its segment
   };
   ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets);
   void barrier();  // every rank has reached as many barriers as this one
@@ -73,7 +73,6 @@ class ShmReducer final : public BucketReducer {
   std::vector<std::int64_t> share_;  // rank r sums [share_[r], share_[r + 1])
   std::vector<Control*> control_;    // per rank, in its segment
   std::vector<float*> slot_;         // per rank: its gradients, n_ floats
-  std::vector<float*> sum_;          // per rank: the sums of its share
   std::size_t copied_ = 0;           // buckets [0, copied_) are in this rank's slot this step
   std::uint64_t barriers_ = 0;
   std::int64_t nonfinite_ = 0;

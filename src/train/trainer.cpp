@@ -165,7 +165,10 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
     reducer_ = comm_.make_bucket_reducer(
         model_.gradients().data(), plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
         cfg_.comm.overlap, cfg_.comm.shared_memory);
-    if (float* shared = reducer_ ? reducer_->take_gradients() : nullptr) model_.place_gradients(shared);
+    if (float* shared = reducer_ ? reducer_->take_gradients() : nullptr) {
+      model_.place_gradients(shared);
+      placed_gradients_.model = &model_;
+    }
     char line[200];
     if (reducer_)
       std::snprintf(line, sizeof line, "gradients: %zu bucket(s) of %.2f MB in all, %s",
@@ -198,9 +201,6 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
   if (cfg_.io.trace) open_trace();
 }
-
-// Before the reducer goes (a member), with the shared window that may hold the gradients.
-Trainer::~Trainer() { model_.place_gradients(nullptr); }
 
 void Trainer::open_trace() {
   const std::string dir = cfg_.io.run_dir + "/trace";

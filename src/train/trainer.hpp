@@ -57,7 +57,6 @@ class Trainer {
   // `prefetch_batches` > 0 reads ahead on a thread (streaming data).
   Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
           ShardDataset* val, int prefetch_batches);
-  ~Trainer();  // the model's gradients back into its own buffer, if the reducer held them
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -135,7 +134,16 @@ class Trainer {
   int prefetch_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BucketReducer> reducer_;  // null: one all-reduce after backward
-  std::unique_ptr<LossScaler> scaler_;      // fp16 only
+  // Where the model's gradients live in the reducer's buffer (take_gradients), they go
+  // back into the model's own before the reducer goes, also when the constructor
+  // throws: declared after reducer_, so destroyed before it.
+  struct PlacedGradients {
+    Model* model = nullptr;
+    ~PlacedGradients() {
+      if (model) model->place_gradients(nullptr);
+    }
+  } placed_gradients_;
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
   std::int64_t step_ = 0;
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t epoch_positions_ = 0;  // the sampler's global order per epoch (padded)

@@ -11,7 +11,10 @@ usage: hang.py MPIEXEC DDP_TRAIN INPUT.nml RUN_PREFIX [--np 3] [--timeout-s 5] [
 
 --no-window: Open MPI's osc/pt2pt only, which refuses MPI_THREAD_MULTIPLE, so the
 watchdog has no window, as across hosts over TCP: the last rank is stopped, and the
-line names the collective and the step, and says which ranks is unknown.
+line names the collective and the step, and says which ranks is unknown. Nor is
+there a shared-memory window: the run says its gradients are summed by MPI. Without
+--no-window they are summed in shared memory (all ranks on this machine), and the
+waiting ranks' barriers there are what the watchdog must see through.
 """
 import argparse
 import os
@@ -124,6 +127,10 @@ def scenario(args, stop_rank, run_dir):
                           r"which ranks have not arrived is unknown \(no MPI one-sided window: .+\)$")
         if "watchdog: no MPI one-sided window across these ranks" not in out:
             problems.append("no 'watchdog: no MPI one-sided window' line")
+        if "gradients: no shared-memory window" not in out or "MPI during backward" not in out:
+            problems.append("no line saying the gradients are summed by MPI, for want of a shared-memory window")
+    elif "summed in a shared-memory window after backward" not in out:
+        problems.append("no line saying the gradients are summed in a shared-memory window")
     if hang and not want.match(hang[0]):
         problems.append(f"the line does not match {want.pattern}")
     for bad in ("terminate called", "Backtrace", "Segmentation fault", "stack trace"):

@@ -34,9 +34,8 @@ std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::v
   MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
   MPI_CHECK(MPI_Comm_size(node, &local));
   MPI_CHECK(MPI_Comm_free(&node));
-  int one_node = local == size ? 1 : 0, all = 0;
-  MPI_CHECK(MPI_Allreduce(&one_node, &all, 1, MPI_INT, MPI_MIN, comm));
-  if (!all || buckets.empty()) return nullptr;
+  // Every rank finds its node to hold all ranks, or every rank finds it to hold fewer.
+  if (local != size || buckets.empty()) return nullptr;
   std::unique_ptr<ShmReducer> r(new ShmReducer(comm, grads, std::move(buckets)));
   if (r->win_ == MPI_WIN_NULL) return nullptr;  // the constructor said why
   return r;
@@ -90,7 +89,6 @@ ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
   // process's mapping of it, whatever alignment MPI gave the segment.
   base = page_aligned(base);
   new (base) Control{{0}, {0}, slot_at};
-  std::memcpy(base + slot_at, grads, std::size_t(n_) * sizeof(float));
   MPI_CHECK(MPI_Barrier(comm_));  // every control line is made before any rank reads one
   for (int r = 0; r < size_; ++r) {
     MPI_Aint size = 0;
@@ -127,10 +125,10 @@ float* ShmReducer::take_gradients() {
 
 void ShmReducer::mark_ready(std::int64_t offset) {
   float* slot = slot_[std::size_t(rank_)];
+  if (grads_ == slot) return;  // taken: backward wrote them there
   for (; copied_ < buckets_.size() && buckets_[copied_].begin >= offset; ++copied_) {
     const Bucket& b = buckets_[copied_];
-    if (grads_ != slot)
-      std::memcpy(slot + b.begin, grads_ + b.begin, std::size_t(b.end - b.begin) * sizeof(float));
+    std::memcpy(slot + b.begin, grads_ + b.begin, std::size_t(b.end - b.begin) * sizeof(float));
   }
 }
 

@@ -33,7 +33,7 @@ __global__ void bias_relu_kernel(const T* in, float* y, const float* bias, std::
 
 // One block per channel: its B * HW values summed in a fixed order (deterministic).
 __global__ void bias_grad_kernel(const float* dy, float* db, std::int64_t B, std::int64_t C,
-                                 std::int64_t hw) {
+                                 std::int64_t hw, bool add) {
   __shared__ float partial[kThreads];
   const std::int64_t c = blockIdx.x;
   float s = 0.0f;
@@ -47,14 +47,16 @@ __global__ void bias_grad_kernel(const float* dy, float* db, std::int64_t B, std
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) db[c] += partial[0];
+  if (threadIdx.x == 0) db[c] = add ? db[c] + partial[0] : partial[0];
 }
 
 template <class T>
-__global__ void accumulate_kernel(const T* in, float* out, std::size_t n) {
+__global__ void accumulate_kernel(const T* in, float* out, std::size_t n, bool add) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
-    out[i] += load(in, std::int64_t(i));
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const float v = load(in, std::int64_t(i));
+    out[i] = add ? out[i] + v : v;
+  }
 }
 }  // namespace
 
@@ -79,27 +81,27 @@ void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::
   CUDA_CHECK(cudaGetLastError());
 }
 
-void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw,
+void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw, bool add,
                cudaStream_t stream) {
-  if (B == 0 || C == 0) return;
-  bias_grad_kernel<<<unsigned(C), kThreads, 0, stream>>>(dy, db, B, C, hw);
+  if (C == 0 || (B == 0 && add)) return;
+  bias_grad_kernel<<<unsigned(C), kThreads, 0, stream>>>(dy, db, B, C, hw, add);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void accumulate(const void* in, DType in_type, float* out, std::size_t n, cudaStream_t stream) {
+void accumulate(const void* in, DType in_type, float* out, std::size_t n, bool add, cudaStream_t stream) {
   if (n == 0) return;
   switch (in_type) {
     case DType::F32:
       accumulate_kernel<<<blocks(std::int64_t(n)), kThreads, 0, stream>>>(static_cast<const float*>(in), out,
-                                                                          n);
+                                                                          n, add);
       break;
     case DType::BF16:
       accumulate_kernel<<<blocks(std::int64_t(n)), kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(in), out, n);
+          static_cast<const __nv_bfloat16*>(in), out, n, add);
       break;
     case DType::F16:
       accumulate_kernel<<<blocks(std::int64_t(n)), kThreads, 0, stream>>>(static_cast<const __half*>(in), out,
-                                                                          n);
+                                                                          n, add);
       break;
   }
   CUDA_CHECK(cudaGetLastError());

@@ -17,11 +17,12 @@ namespace ddp::cuda {
 void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::int64_t B, std::int64_t C,
                std::int64_t hw, bool relu, cudaStream_t stream);
 
-// db (C) += sum of dy (B, C, HW) over B and HW, per channel.
-void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw,
+// db (C) += sum of dy (B, C, HW) over B and HW, per channel; with add off, db = that
+// sum (db not read).
+void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw, bool add,
                cudaStream_t stream);
 
-// out[i] += in[i] (of type in_type), n elements.
-void accumulate(const void* in, DType in_type, float* out, std::size_t n, cudaStream_t stream);
+// out[i] += in[i] (of type in_type), n elements; with add off, out[i] = in[i] widened.
+void accumulate(const void* in, DType in_type, float* out, std::size_t n, bool add, cudaStream_t stream);
 
 }  // namespace ddp::cuda

@@ -109,8 +109,8 @@ class CudnnConvKernels final : public ConvKernels {
   Layout native_input_layout() override { return Layout::nchw; }
   Layout native_output_layout() override { return Layout::nchw; }
   void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override;
-  void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
-                        float* dbias) override;
+  void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
+                        bool accumulate) override;
   void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) override;
 
  private:
@@ -254,12 +254,20 @@ void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weig
         {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
 }
 
-// dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum dy. fp32 results
-// accumulate in cuDNN (beta = 1); narrow ones are computed into scratch and added.
+// dweight (out, in, k, k) += (or =) corr(x, dy); dbias (out) += (or =) sum dy. fp32
+// results accumulate in cuDNN (beta = 1, or 0 to write); narrow ones are computed into
+// scratch and added (or widened).
 void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
-                                        float* dbias) {
+                                        float* dbias, bool accumulate) {
   dy_narrowed_ = nullptr;
-  if (B == 0) return;
+  if (B == 0) {
+    if (!accumulate) {
+      CUDA_CHECK(cudaMemsetAsync(dweight, 0, std::size_t(g_.out * g_.in * g_.k * g_.k) * sizeof(float),
+                                 backend_.stream()));
+      if (dbias) CUDA_CHECK(cudaMemsetAsync(dbias, 0, std::size_t(g_.out) * sizeof(float), backend_.stream()));
+    }
+    return;
+  }
   const cudaStream_t stream = backend_.stream();
   Scratch& scratch = backend_.scratch();
   const ConvShape s = shape(B);
@@ -269,21 +277,22 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   const void* dy_op = operand(dy, ny, Scratch::B);
   CudnnConv& c = conv();
   if (io_ == DType::F32) {
-    c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
+    const float beta = accumulate ? 1.0f : 0.0f;
+    c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
     if (kernel_trace::recording())
-      kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B), [&c, s, x_op, dy_op, dweight] {
-                              c.backward_filter(s, x_op, dy_op, dweight, 1.0f, 1.0f);
+      kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B), [&c, s, x_op, dy_op, dweight, beta] {
+                              c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
                             }});
   } else {
     void* dw_op = scratch.get(Scratch::C, nw * dtype_size(io_));
     c.backward_filter(s, x_op, dy_op, dw_op);
-    accumulate(dw_op, io_, dweight, nw, stream);
+    ::ddp::cuda::accumulate(dw_op, io_, dweight, nw, accumulate, stream);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
                             [&c, s, x_op, dy_op, dw_op] { c.backward_filter(s, x_op, dy_op, dw_op); }});
   }
   if (dtype_ != DType::F32) dy_narrowed_ = dy;
-  if (dbias) bias_grad(dy, dbias, B, g_.out, g_.ho() * g_.wo(), stream);
+  if (dbias) bias_grad(dy, dbias, B, g_.out, g_.ho() * g_.wo(), accumulate, stream);
 }
 
 // dx (B, in, h, w) = conv_transpose(dy, weight); narrow results widened from scratch.

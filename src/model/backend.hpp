@@ -71,9 +71,10 @@ class ConvKernels {
   // bias is null when the layer has none.
   virtual void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) = 0;
   // dweight (out, in, k, k) += corr(x, dy); dbias (out) += sum of dy over (B, ho, wo)
-  // when not null. Accumulates, as PyTorch does.
-  virtual void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
-                                float* dbias) = 0;
+  // when not null. Accumulates, as PyTorch does; with accumulate off, writes (=) them
+  // without reading what they held.
+  virtual void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
+                                bool accumulate) = 0;
   // dx (B, in, h, w) = conv_transpose(dy (B, out, ho, wo), weight)
   virtual void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) = 0;
 };

@@ -145,7 +145,7 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
       });
 }
 
-// dy: (B, C, H, W) -> dgamma += sum dy xhat, dbeta += sum dy (this rank's samples);
+// dy: (B, C, H, W) -> dgamma += (or =) sum dy xhat, dbeta += (or =) sum dy (this rank's samples);
 // dx = gamma invstd (dy - sum(dy)/N - xhat sum(dy xhat)/N) with the sums over all N
 // values of the channel (all ranks when synchronised); in eval dx = gamma invstd dy.
 // dy and dx in x's layout.
@@ -156,6 +156,7 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& d
   auto mean = mean_, invstd = invstd_, gamma = gamma_;
   auto sums = sums_;
   float *dw = dweight_, *db = dbias_;
+  const bool add = !overwrite_gradients();
   reserve_partial(B);
   channel_sums(
       "BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums,
@@ -165,8 +166,9 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& d
       });
   Kokkos::parallel_for(
       "BatchNorm2d::backward_param_grads", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        db[c] += static_cast<float>(sums(c));
-        dw[c] += static_cast<float>(sums(C + c));
+        const float sb = static_cast<float>(sums(c)), sw = static_cast<float>(sums(C + c));
+        db[c] = add ? db[c] + sb : sb;
+        dw[c] = add ? dw[c] + sw : sw;
       });
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout);

@@ -89,11 +89,11 @@ void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   kernels_->forward(B, x.data.data(), weight_, bias_, y.data.data());
 }
 
-// dy: (B, out, ho, wo) -> dW (out, in, k, k) +=, db (out) +=, dx: (B, in, h, w)
+// dy: (B, out, ho, wo) -> dW (out, in, k, k) += (or =), db (out) += (or =), dx: (B, in, h, w)
 void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   DDP_REQUIRE(dy.layout == out_layout_, "conv2d output gradient in another layout than the model set");
   const std::int64_t B = x.batch();
-  kernels_->backward_weights(B, x.data.data(), dy.data.data(), dweight_, dbias_);
+  kernels_->backward_weights(B, x.data.data(), dy.data.data(), dweight_, dbias_, !overwrite_gradients());
   if (!needs_input_grad()) return;
   resize(dx, B, in_sample_, "Conv2d::dx", in_layout_);
   kernels_->backward_data(B, dy.data.data(), weight_, dx.data.data());

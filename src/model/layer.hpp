@@ -55,9 +55,17 @@ class Layer {
   // x: (B, in_sample...) -> y: (B, out_sample...); y is resized by the layer.
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
 
-  // After forward(x, y). Accumulates (+=) parameter gradients, as PyTorch does,
-  // and writes dx (B, in_sample...) unless needs_input_grad() is off.
+  // After forward(x, y). Accumulates (+=) parameter gradients, as PyTorch does, or
+  // writes them (=) while overwrite_gradients() is on, and writes dx (B, in_sample...)
+  // unless needs_input_grad() is off.
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+
+  // On: backward writes the parameter gradients over what their buffer holds, so
+  // that buffer is never zeroed nor read (Model::zero_grad turns it on for the next
+  // backward, as PyTorch's zero_grad(set_to_none=True) does). Off (the default):
+  // backward adds to them. Composite layers pass it on.
+  virtual void set_overwrite_gradients(bool on) { overwrite_gradients_ = on; }
+  bool overwrite_gradients() const { return overwrite_gradients_; }
 
   // The model turns this off for the first layer with parameters: nothing upstream
   // needs its input gradient, and for linear that saves the largest GEMM of backward.
@@ -71,6 +79,7 @@ class Layer {
 
  private:
   bool needs_input_grad_ = true;
+  bool overwrite_gradients_ = false;
   Precision precision_ = Precision::fp32;
 };
 

@@ -51,17 +51,18 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 
 void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   const std::int64_t B = x.batch(), in = in_, out = out_;
-  // dW (out, in) += dy^T (out, B) x (B, in)
-  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, 1.0f, dweight_, in,
-       precision());
-  // db (out) += sum over the batch of dy (B, out)
+  const bool add = !overwrite_gradients();
+  // dW (out, in) += (or =) dy^T (out, B) x (B, in)
+  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_,
+       in, precision());
+  // db (out) += (or =) the sum over the batch of dy (B, out)
   ConstView1 dyv = dy.data;
   float* dbias = dbias_;
   Kokkos::parallel_for(
       "Linear::backward_bias", Range(0, out), KOKKOS_LAMBDA(std::int64_t j) {
         float s = 0.0f;
         for (std::int64_t b = 0; b < B; ++b) s += dyv(b * out + j);
-        dbias[j] += s;
+        dbias[j] = add ? dbias[j] + s : s;
       });
   if (!needs_input_grad()) return;
   resize(dx, B, in_sample_, "Linear::dx");

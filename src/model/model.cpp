@@ -183,6 +183,9 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
 }
 
 void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready) {
+  for (std::size_t i = first_trained_; i < layers_.size(); ++i)
+    if (layer_params_[i] > 0) layers_[i]->set_overwrite_gradients(write_grads_);
+  write_grads_ = false;
   // Layer i reads the gradient w.r.t. its output: grad_[i + 1], or dout for the last.
   for (std::size_t i = layers_.size(); i-- > first_trained_;) {
     {
@@ -195,7 +198,7 @@ void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>
   }
 }
 
-void Model::zero_grad() { Kokkos::deep_copy(grads_, 0.0f); }
+void Model::zero_grad() { write_grads_ = true; }
 
 void Model::place_gradients(float* storage) {
   const View1 to = storage ? View1(storage, grads_.extent(0)) : own_grads_;

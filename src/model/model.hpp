@@ -54,11 +54,16 @@ class Model {
   // x's buffer is kept, not copied, so it must stay unchanged until backward().
   // Throws InputError when x's sample shape is not the one the model was built for.
   const Tensor& forward(const Tensor& x, bool training);
-  // dout: (B, output...), after forward(). Accumulates into gradients().
+  // dout: (B, output...), after forward(). Accumulates into gradients(), or writes
+  // them when it is the first backward after zero_grad().
   // on_ready(offset), when given, is called as soon as every gradient at offsets
   // >= offset is final: after each layer with parameters, last layer first, so a
   // bucketed all-reduce can start while backward goes on.
   void backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready = nullptr);
+  // The next backward writes the gradients instead of adding to them, as after
+  // PyTorch's zero_grad(set_to_none=True): nothing is written now (a pass over the
+  // buffer, and the backward GEMMs' read of it, saved), so gradients() keeps its old
+  // values until then.
   void zero_grad();
   // The communicator SyncBatchNorm layers reduce their statistics through (the
   // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
@@ -93,6 +98,7 @@ class Model {
   std::vector<ParamEntry> table_;
   std::vector<ParamEntry> buffer_table_;
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
+  bool write_grads_ = true;    // zero_grad() since the last backward (and none before the first)
   View1 params_, grads_, buffers_;
   View1 own_grads_;           // the model's gradient buffer; grads_ is elsewhere after place_gradients
   Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)

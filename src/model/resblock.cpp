@@ -87,6 +87,11 @@ void ResBlock::set_precision(Precision p) {
   for (const Part& part : parts()) part.layer->set_precision(p);
 }
 
+void ResBlock::set_overwrite_gradients(bool on) {
+  Layer::set_overwrite_gradients(on);
+  for (const Part& part : parts()) part.layer->set_overwrite_gradients(on);
+}
+
 Layout ResBlock::native_layout() const {
   std::vector<const Conv2d*> convs = {conv1_.get(), conv2_.get()};
   if (projection_) convs.push_back(down_conv_.get());
@@ -134,7 +139,7 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   if (convert_out) convert_layout(y_in_, y_given, out_, "ResBlock::y");
 }
 
-// dy: (B, channels, Ho, Wo) -> parameter gradients +=, dx: (B, C_in, H, W)
+// dy: (B, channels, Ho, Wo) -> parameter gradients += (or =), dx: (B, C_in, H, W)
 void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tensor& dy_given,
                         Tensor& dx_given) {
   const bool convert_in = in_ != inside_, convert_out = out_ != inside_;

@@ -30,6 +30,7 @@ class ResBlock : public Layer {
   void init(Rng& rng) override;
   void set_communicator(Communicator* comm) override;
   void set_precision(Precision p) override;
+  void set_overwrite_gradients(bool on) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

@@ -13,7 +13,7 @@ usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
      starts, or starts after it ends;
    - every step holds data wait, forward (one span per layer, in order), loss,
      backward (layers in reverse order), the all-reduce wait, step checks,
-     optimizer, zero_grad;
+     optimizer, and nothing else (zero_grad writes nothing: no span);
    - every bucket has its own row and one all-reduce span per step; in every step
      the first bucket's all-reduce starts inside backward and a later layer's
      backward starts while it is in flight (the overlap), while the last bucket,
@@ -162,8 +162,7 @@ def check_cnn(args, layers):
         for n, step in sorted(steps.items()):
             inner = children(doc, step)
             top = [e["name"] for e in inner if not e["name"].startswith("layers.")]
-            want = ["data wait", "forward", "loss", "backward", "all-reduce wait", "step checks", "optimizer",
-                    "zero_grad"]
+            want = ["data wait", "forward", "loss", "backward", "all-reduce wait", "step checks", "optimizer"]
             if top != want:
                 fail(f"{path}: step {n} holds {top}, expected {want}")
             fwd = next(e for e in inner if e["name"] == "forward")

@@ -180,6 +180,44 @@ TEST(ModelGradients, AccumulateWithoutZeroGrad) {
   for (std::int64_t i = 0; i < m.num_parameters(); ++i) EXPECT_NEAR(gab[i], ga[i] + gb[i], 1e-6) << i;
 }
 
+// zero_grad() writes nothing: the next backward writes every layer kind's gradients
+// over what the buffer held (here NaN, which no add could clear), and the backward
+// after that adds to them again.
+TEST(ModelGradients, FirstBackwardAfterZeroGradWrites) {
+  const std::vector<std::string> specs = {"conv2d(8, 3, pad=1, bias=false)",
+                                          "batchnorm2d",
+                                          "relu",
+                                          "resblock(8)",
+                                          "resblock(12, stride=2)",
+                                          "conv2d(4, 3)",
+                                          "flatten",
+                                          "linear(3)"};
+  Model fresh(specs, {2, 8, 8}, 19), m(specs, {2, 8, 8}, 19);
+  const std::int64_t n = m.num_parameters();
+  Tensor x = make_tensor({3, 2, 8, 8}, random_values(3 * 128, 63)),
+         dout = make_tensor({3, 3}, random_values(9, 64));
+  auto step = [&](Model& model) {
+    model.forward(x, true);
+    model.backward(dout);
+  };
+  step(fresh);  // into the zero-initialised buffer
+  const std::vector<float> g = to_host(fresh.gradients(), n);
+  step(fresh);
+  const std::vector<float> g2 = to_host(fresh.gradients(), n);
+
+  Kokkos::deep_copy(m.gradients(), std::nanf(""));
+  m.zero_grad();
+  EXPECT_TRUE(std::isnan(to_host(m.gradients(), n)[0])) << "zero_grad wrote the buffer";
+  step(m);
+  const std::vector<float> got = to_host(m.gradients(), n);
+  for (const Model::ParamEntry& e : m.parameter_table())
+    for (std::int64_t i = e.offset; i < e.offset + e.size; ++i)
+      ASSERT_EQ(got[i], g[i]) << e.name << " [" << i - e.offset << "]";
+  step(m);
+  EXPECT_EQ(to_host(m.gradients(), n), g2) << "the second backward did not add";
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(g2[i], 2.0f * g[i]) << i;
+}
+
 // Gradients placed in another buffer (a shared-memory window, for the gradient
 // all-reduce): every layer kind with parameters writes its gradients there, the same
 // values as in the model's own buffer; placed back, the values move back.

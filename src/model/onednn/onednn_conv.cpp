@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 #include <map>
@@ -188,29 +189,38 @@ class OnednnConv final : public ConvKernels {
     s.wait();
   }
 
-  void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
-                        float* dbias) override {
-    if (B == 0) return;
+  void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
+                        bool accumulate) override {
+    const std::int64_t nw = g_.out * g_.in * g_.k * g_.k;
+    if (B == 0) {
+      if (!accumulate) {
+        std::fill(dweight, dweight + nw, 0.0f);
+        if (dbias) std::fill(dbias, dbias + g_.out, 0.0f);
+      }
+      return;
+    }
     Primitives& p = primitives(B);
     dnnl::stream& s = dnnl_stream();
-    const std::int64_t nw = g_.out * g_.in * g_.k * g_.k;
-    // oneDNN overwrites its destinations; the layer's gradients accumulate.
-    float* scratch = dparams_.data();
+    // oneDNN overwrites its destinations: the layer's gradients when they are to be
+    // written, else a scratch buffer that is then added to them.
+    float* to = accumulate ? dparams_.data() : dweight;
     std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, p.bww_x.in(x, s)},
                                             {DNNL_ARG_DIFF_DST, p.bww_dy.in(dy, s)},
-                                            {DNNL_ARG_DIFF_WEIGHTS, p.bww_dw.out(scratch)},
+                                            {DNNL_ARG_DIFF_WEIGHTS, p.bww_dw.out(to)},
                                             {DNNL_ARG_SCRATCHPAD, p.bwd_weights_scratch}};
     if (g_.bias) {
-      p.db.set_data_handle(scratch + nw);
+      p.db.set_data_handle(accumulate ? to + nw : dbias);
       args[DNNL_ARG_DIFF_BIAS] = p.db;
     }
     p.bwd_weights.execute(s, args);
     trace("conv2d bwd_weights", g_.forward_flops(B), p.bwd_weights, args);
     p.bww_dw.finish(s);
     s.wait();
-    for (std::int64_t i = 0; i < nw; ++i) dweight[i] += scratch[i];
-    if (dbias)
-      for (std::int64_t i = 0; i < g_.out; ++i) dbias[i] += scratch[nw + i];
+    if (accumulate) {
+      for (std::int64_t i = 0; i < nw; ++i) dweight[i] += to[i];
+      if (dbias)
+        for (std::int64_t i = 0; i < g_.out; ++i) dbias[i] += to[nw + i];
+    }
     dy_copied_ = dy;
   }
 

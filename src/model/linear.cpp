@@ -1,5 +1,6 @@
 #include "model/linear.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "comm/check.hpp"
@@ -53,17 +54,18 @@ void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Te
   const std::int64_t B = x.batch(), in = in_, out = out_;
   const bool add = !overwrite_gradients();
   // dW (out, in) += (or =) dy^T (out, B) x (B, in)
-  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_,
-       in, precision());
-  // db (out) += (or =) the sum over the batch of dy (B, out)
-  ConstView1 dyv = dy.data;
-  float* dbias = dbias_;
-  Kokkos::parallel_for(
-      "Linear::backward_bias", Range(0, out), KOKKOS_LAMBDA(std::int64_t j) {
-        float s = 0.0f;
-        for (std::int64_t b = 0; b < B; ++b) s += dyv(b * out + j);
-        dbias[j] = add ? dbias[j] + s : s;
-      });
+  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
+       precision());
+  // db (1, out) += (or =) ones^T (1, B) dy (B, out): a GEMV streams dy's rows once. A
+  // sum per feature down dy's column ran scalar and strided on the host, 3% of the
+  // MLP's 2-rank training time (perf, AVX2 EPYC). In fp32 whatever the precision: a
+  // bias gradient was never rounded.
+  if (ones_.extent(0) != std::size_t(B)) {
+    ones_ = View1("Linear::ones", std::size_t(B));
+    Kokkos::deep_copy(ones_, 1.0f);
+  }
+  gemm(false, false, 1, out, B, 1.0f, ones_.data(), std::max<std::int64_t>(B, 1), dy.data.data(), out,
+       add ? 1.0f : 0.0f, dbias_, out);
   if (!needs_input_grad()) return;
   resize(dx, B, in_sample_, "Linear::dx");
   // dx (B, in) = dy (B, out) W (out, in)

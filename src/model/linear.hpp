@@ -25,6 +25,7 @@ class Linear : public Layer {
   float* bias_ = nullptr;         // (out)
   float* dweight_ = nullptr;      // (out, in)
   float* dbias_ = nullptr;        // (out)
+  View1 ones_;                    // (B) all 1: the bias gradient is the GEMV dy^T ones
 };
 
 }  // namespace ddp

@@ -243,13 +243,27 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
   const std::size_t tnumel = static_cast<std::size_t>(target_numel_);
   const std::size_t xrow = numel * (x_uint8_ ? 1 : 4);
 
-  // Rows in file order, each once; slot[i] is request i's row in the staging buffers.
-  std::vector<std::int64_t> rows(idx, idx + n);
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   const std::uint8_t* xsrc = x_mem_.data();
   const std::int32_t* lsrc = labels_mem_.data();
   const float* tsrc = targets_mem_.data();
+  if (preloaded_ && x) {
+    // The rows are scattered over a set larger than the cache, and the copy below
+    // walks them one after the other: asked for all at once, their misses overlap
+    // (MLP on Zen 4: 35 -> 20-28 us per batch of 64).
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint8_t* row = xsrc + static_cast<std::size_t>(idx[i]) * xrow;
+      for (std::size_t at = 0; at < xrow; at += 64) __builtin_prefetch(row + at);
+      if (labels_) __builtin_prefetch(lsrc + idx[i]);
+    }
+  }
+  // Streaming: the rows in file order, each once; request i's row in the staging
+  // buffers is its rank among them.
+  std::vector<std::int64_t> rows;
+  if (!preloaded_) {
+    rows.assign(idx, idx + n);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  }
   std::vector<std::uint8_t> xbuf;  // (rows, sample...) as stored
   std::vector<std::int32_t> lbuf;  // (rows)
   std::vector<float> tbuf;         // (rows, target...)

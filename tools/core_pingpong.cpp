@@ -1,10 +1,10 @@
 // How far apart two CPUs are: the round trip of one cache line between a thread
 // pinned to each, in ns. On a virtual machine the host decides where the vCPUs run,
 // and that moves: on the 2-core Zen 4 EPYC guests here the round trip between CPU 0
-// and CPU 1 was 50-75 ns in most runs and 330-370 ns in others (the vCPUs on cores
-// that share no L3), and in those the gradient all-reduce between the two ranks
-// took 0.46-0.63 ms instead of 0.09. tools/bench_all prints it before every 2-rank
-// run. A program that prints numbers, not a test:
+// and CPU 1 was 50-100 ns in most runs and 330-390 ns in others (most likely the
+// vCPUs on cores that share no L3), and in those the gradient all-reduce between
+// the two ranks took 0.46-0.63 ms instead of 0.09. tools/bench_all prints it before
+// every 2-rank run. A program that prints numbers, not a test:
 //   build/core_pingpong [cpu_a cpu_b] [samples]
 // Defaults: CPUs 0 and 1 (where mpirun binds ranks 0 and 1), 5 samples.
 #include <pthread.h>

@@ -253,7 +253,7 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
     for (std::int64_t i = 0; i < n; ++i) {
       const std::uint8_t* row = xsrc + static_cast<std::size_t>(idx[i]) * xrow;
       for (std::size_t at = 0; at < xrow; at += 64) __builtin_prefetch(row + at);
-      if (labels_) __builtin_prefetch(lsrc + idx[i]);
+      if (labels && labels_) __builtin_prefetch(lsrc + idx[i]);
     }
   }
   // Streaming: the rows in file order, each once; request i's row in the staging

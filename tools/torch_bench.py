@@ -76,6 +76,7 @@ def strings(value):
 
 class BasicBlock(nn.Module):
     """resblock(planes[, stride=s]): torchvision's BasicBlock, as ddp_train's."""
+    expansion = 1
 
     def __init__(self, inplanes, planes, stride=1):
         super().__init__()
@@ -95,13 +96,40 @@ class BasicBlock(nn.Module):
         return self.relu(out + (x if self.downsample is None else self.downsample(x)))
 
 
+class Bottleneck(nn.Module):
+    """bottleneck(width[, stride=s]): torchvision's Bottleneck (ResNet-50 v1.5: the stride
+    in the 3x3), as ddp_train's; the same module names, so state dicts map one to one."""
+    expansion = 4
+
+    def __init__(self, inplanes, width, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, 4 * width, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(4 * width)
+        self.relu = nn.ReLU()
+        self.downsample = None
+        if stride != 1 or inplanes != 4 * width:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, 4 * width, 1, stride, bias=False),
+                                            nn.BatchNorm2d(4 * width))
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
 def build_model(specs, sample_shape):
     layers, shape = [], list(sample_shape)
     for spec in specs:
         m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.strip())
         name, args = m.group(1), [a.strip() for a in (m.group(2) or "").split(",") if a.strip()]
-        pos = [int(a) for a in args if "=" not in a]
-        kw = dict(a.split("=") for a in args if "=" in a)
+        flags = {"sync", "zero_init"}
+        pos = [int(a) for a in args if "=" not in a and a not in flags]
+        kw = dict(a.split("=") if "=" in a else (a, "true") for a in args if "=" in a or a in flags)
         if name == "flatten":
             layers.append(nn.Flatten())
             shape = [int(np.prod(shape))]
@@ -117,26 +145,29 @@ def build_model(specs, sample_shape):
             stride, pad = int(kw.get("stride", 1)), int(kw.get("pad", 0))
             layers.append(nn.Conv2d(shape[0], out, k, stride, pad, bias=kw.get("bias", "true") != "false"))
             shape = [out] + [(d + 2 * pad - k) // stride + 1 for d in shape[1:]]
-        elif name == "maxpool":
-            k, stride = pos[0], int(kw.get("stride", pos[0]))
-            layers.append(nn.MaxPool2d(k, stride))
-            shape = [shape[0]] + [(d - k) // stride + 1 for d in shape[1:]]
+        elif name in ("maxpool", "avgpool"):
+            k, stride, pad = pos[0], int(kw.get("stride", pos[0])), int(kw.get("pad", 0))
+            layers.append((nn.MaxPool2d if name == "maxpool" else nn.AvgPool2d)(k, stride, pad))
+            shape = [shape[0]] + [(d + 2 * pad - k) // stride + 1 for d in shape[1:]]
         elif name == "batchnorm2d":
             if "sync" in args:
                 sys.exit(f"torch_bench: layer '{spec}' is not built here (SyncBatchNorm)")
             layers.append(nn.BatchNorm2d(shape[0]))
-        elif name == "resblock":
-            out, stride = pos[0], int(kw.get("stride", 1))
-            if "sync" in args:
+        elif name in ("resblock", "bottleneck"):
+            block = BasicBlock if name == "resblock" else Bottleneck
+            width, stride = pos[0], int(kw.get("stride", 1))
+            if kw.get("sync", "false") == "true":
                 sys.exit(f"torch_bench: layer '{spec}' is not built here (SyncBatchNorm)")
-            layers.append(BasicBlock(shape[0], out, stride))
-            shape = [out] + [(d + 2 - 3) // stride + 1 for d in shape[1:]]
+            layers.append(block(shape[0], width, stride))
+            if kw.get("zero_init", "false") == "true":
+                nn.init.zeros_((layers[-1].bn2 if name == "resblock" else layers[-1].bn3).weight)
+            shape = [block.expansion * width] + [(d + 2 - 3) // stride + 1 for d in shape[1:]]
         elif name == "globalavgpool":
             layers.append(nn.AdaptiveAvgPool2d(1))
             shape = [shape[0], 1, 1]
         else:
             sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, conv2d, "
-                     "maxpool, batchnorm2d, resblock, globalavgpool)")
+                     "maxpool, avgpool, batchnorm2d, resblock, bottleneck, globalavgpool)")
     return nn.Sequential(*layers)
 
 

@@ -57,13 +57,15 @@ void BatchNorm2d::bind_buffers(float* buffers) {
   batches_tracked_ = buffers + 2 * c_;
 }
 
-// PyTorch's reset: gamma 1, beta 0, running mean 0, running var 1, no batches yet.
+// PyTorch's reset: gamma 1 (0 with set_zero_gamma), beta 0, running mean 0, running
+// var 1, no batches yet.
 void BatchNorm2d::init(Rng& /*rng*/) {
   const std::int64_t C = c_;
+  const float gamma = zero_gamma_ ? 0.0f : 1.0f;
   float *w = weight_, *b = bias_, *rm = running_mean_, *rv = running_var_, *nb = batches_tracked_;
   Kokkos::parallel_for(
       "BatchNorm2d::init", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        w[c] = 1.0f;
+        w[c] = gamma;
         b[c] = 0.0f;
         rm[c] = 0.0f;
         rv[c] = 1.0f;

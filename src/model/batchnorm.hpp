@@ -19,6 +19,10 @@ class BatchNorm2d : public Layer {
   explicit BatchNorm2d(bool sync, float momentum = 0.1f, float eps = 1e-5f)
       : sync_(sync), momentum_(momentum), eps_(eps) {}
 
+  // init() sets gamma to 0 instead of 1: torchvision's zero_init_residual for the last
+  // batch norm of a residual branch, so each block starts as its shortcut.
+  void set_zero_gamma(bool on) { zero_gamma_ = on; }
+
   std::string kind() const override { return "batchnorm2d"; }
   Shape output_shape(const Shape& in_sample) override;
   std::vector<ParamSpec> parameter_specs() const override;
@@ -36,6 +40,7 @@ class BatchNorm2d : public Layer {
   void reserve_partial(std::int64_t B);
 
   bool sync_;
+  bool zero_gamma_ = false;
   float momentum_, eps_;
   Communicator* comm_ = nullptr;
   std::int64_t c_ = 0, hw_ = 0;

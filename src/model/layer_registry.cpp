@@ -23,7 +23,7 @@ namespace ddp {
 
 namespace {
 
-using Args = std::vector<std::string>;              // positional arguments, whitespace removed
+using Args = std::vector<std::string>;               // positional arguments, whitespace removed
 using Options = std::map<std::string, std::string>;  // "stride" -> "2"; a bare flag "sync" -> "true"
 
 std::int64_t int_arg(const std::string& arg, const char* what) {
@@ -69,6 +69,13 @@ std::int64_t positive(const std::string& arg, const char* what) {
   return v;
 }
 
+// maxpool / avgpool: PyTorch allows padding up to half the kernel.
+std::unique_ptr<Layer> pool(Pool2d::Op op, const Args& a, const Options& o) {
+  const std::int64_t k = positive(a[0], "kernel size"), pad = int_option(o, "pad", 0, 0);
+  if (2 * pad > k) throw InputError("pad must be at most half the kernel size (" + std::to_string(k) + ")");
+  return std::make_unique<Pool2d>(op, k, int_option(o, "stride", k, 1), pad);
+}
+
 struct LayerRow {
   const char* name;     // "linear"
   const char* usage;    // "linear(n)"
@@ -103,26 +110,29 @@ const LayerRow kLayers[] = {
        return std::make_unique<Conv2d>(out, k, int_option(o, "stride", 1, 1), int_option(o, "pad", 0, 0),
                                        bool_option(o, "bias", true));
      }},
-    {"maxpool", "maxpool(k[, stride=s])", 1, "stride", "",
-     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
-       std::int64_t k = positive(a[0], "kernel size");
-       return std::make_unique<Pool2d>(Pool2d::Max, k, int_option(o, "stride", k, 1));
-     }},
-    {"avgpool", "avgpool(k[, stride=s])", 1, "stride", "",
-     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
-       std::int64_t k = positive(a[0], "kernel size");
-       return std::make_unique<Pool2d>(Pool2d::Avg, k, int_option(o, "stride", k, 1));
-     }},
+    {"maxpool", "maxpool(k[, stride=s][, pad=p])", 1, "stride,pad", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> { return pool(Pool2d::Max, a, o); }},
+    {"avgpool", "avgpool(k[, stride=s][, pad=p])", 1, "stride,pad", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> { return pool(Pool2d::Avg, a, o); }},
     {"globalavgpool", "globalavgpool", 0, "", "",
      [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<GlobalAvgPool>(); }},
     {"batchnorm2d", "batchnorm2d[(sync)]", 0, "sync", "sync",
      [](const Args&, const Options& o) -> std::unique_ptr<Layer> {
        return std::make_unique<BatchNorm2d>(bool_option(o, "sync", false));
      }},
-    {"resblock", "resblock(channels[, stride=s][, sync])", 1, "stride,sync", "sync",
+    {"resblock", "resblock(channels[, stride=s][, zero_init][, sync])", 1, "stride,zero_init,sync",
+     "zero_init,sync",
      [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
-       std::int64_t c = positive(a[0], "channels");
-       return std::make_unique<ResBlock>(c, int_option(o, "stride", 1, 1), bool_option(o, "sync", false));
+       return std::make_unique<ResBlock>(ResBlock::Basic, positive(a[0], "channels"),
+                                         int_option(o, "stride", 1, 1), bool_option(o, "zero_init", false),
+                                         bool_option(o, "sync", false));
+     }},
+    {"bottleneck", "bottleneck(width[, stride=s][, zero_init][, sync])", 1, "stride,zero_init,sync",
+     "zero_init,sync",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       return std::make_unique<ResBlock>(ResBlock::Bottleneck, positive(a[0], "width"),
+                                         int_option(o, "stride", 1, 1), bool_option(o, "zero_init", false),
+                                         bool_option(o, "sync", false));
      }},
 };
 

@@ -13,16 +13,28 @@ Shape Pool2d::output_shape(const Shape& in_sample) {
   c_ = in_sample[0];
   h_ = in_sample[1];
   w_ = in_sample[2];
-  if (h_ < k_ || w_ < k_)
-    throw InputError("kernel " + std::to_string(k_) + " is larger than the input " + shape_str(in_sample));
-  ho_ = (h_ - k_) / stride_ + 1;
-  wo_ = (w_ - k_) / stride_ + 1;
+  if (h_ + 2 * pad_ < k_ || w_ + 2 * pad_ < k_)
+    throw InputError("kernel " + std::to_string(k_) + " is larger than the input " + shape_str(in_sample) +
+                     (pad_ ? " padded by " + std::to_string(pad_) : std::string()));
+  ho_ = (h_ + 2 * pad_ - k_) / stride_ + 1;
+  wo_ = (w_ + 2 * pad_ - k_) / stride_ + 1;
   in_sample_ = in_sample;
   out_sample_ = {c_, ho_, wo_};
   return out_sample_;
 }
 
 namespace {
+// The rows (or columns) [begin, end) of the input that output row i's window covers:
+// it starts at i * s - pad in the padded input, and the padding is cut off.
+struct Window {
+  std::int64_t begin, end;
+};
+KOKKOS_INLINE_FUNCTION Window window(std::int64_t i, std::int64_t s, std::int64_t pad, std::int64_t k,
+                                     std::int64_t n) {
+  const std::int64_t b = i * s - pad, e = b + k;
+  return {b < 0 ? 0 : b, e > n ? n : e};
+}
+
 // (plane, row, column) iterations without integer division per element.
 using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>;
 using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>;
@@ -66,7 +78,7 @@ KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   if (x.layout == Layout::nChw8c) return forward_blocked<8>(x, y);
   if (x.layout == Layout::nChw16c) return forward_blocked<16>(x, y);
-  const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
+  const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
   resize(y, B, out_sample_, op_ == Max ? "MaxPool::y" : "AvgPool::y");
   ConstView1 xv = x.data;
   View1 yv = y.data;
@@ -77,7 +89,7 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   if (op_ == Max) {
     reserve_argmax(argmax_, n);
     auto am = argmax_;
-    if (k == 2 && s == 2) {  // the common case, unrolled: a quarter of the loop overhead
+    if (k == 2 && s == 2 && pad == 0) {  // the common case, unrolled: a quarter of the loop overhead
       Kokkos::parallel_for(
           "MaxPool::forward", rows, KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
             const float* xp = xv.data() + p * H * W;
@@ -109,14 +121,13 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
           const float* xp = xv.data() + p * H * W;
           float* yp = yv.data() + (p * Ho + i) * Wo;
           std::int32_t* ap = am.data() + (p * Ho + i) * Wo;
+          const Window wr = window(i, s, pad, k, H);
           for (std::int64_t j = 0; j < Wo; ++j) {
-            std::int64_t best = i * s * W + j * s;
+            const Window wc = window(j, s, pad, k, W);
+            std::int64_t best = wr.begin * W + wc.begin;  // padding never wins: start inside
             float m = xp[best];
-            for (std::int64_t di = 0; di < k; ++di)
-              for (std::int64_t dj = 0; dj < k; ++dj) {
-                const std::int64_t at = (i * s + di) * W + j * s + dj;
-                take_max(xp[at], at, m, best);
-              }
+            for (std::int64_t r = wr.begin; r < wr.end; ++r)
+              for (std::int64_t c = wc.begin; c < wc.end; ++c) take_max(xp[r * W + c], r * W + c, m, best);
             yp[j] = m;
             ap[j] = static_cast<std::int32_t>(best);
           }
@@ -127,10 +138,12 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
         "AvgPool::forward", rows, KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
           const float* xp = xv.data() + p * H * W;
           float* yp = yv.data() + (p * Ho + i) * Wo;
+          const Window wr = window(i, s, pad, k, H);
           for (std::int64_t j = 0; j < Wo; ++j) {
+            const Window wc = window(j, s, pad, k, W);
             float sum = 0.0f;
-            for (std::int64_t di = 0; di < k; ++di)
-              for (std::int64_t dj = 0; dj < k; ++dj) sum += xp[(i * s + di) * W + j * s + dj];
+            for (std::int64_t r = wr.begin; r < wr.end; ++r)
+              for (std::int64_t c = wc.begin; c < wc.end; ++c) sum += xp[r * W + c];
             yp[j] = sum * inv;
           }
         });
@@ -146,7 +159,7 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   if (!needs_input_grad()) return;
   if (x.layout == Layout::nChw8c) return backward_blocked<8>(dy, dx, x.layout);
   if (x.layout == Layout::nChw16c) return backward_blocked<16>(dy, dx, x.layout);
-  const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_;
+  const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
   resize(dx, B, in_sample_, op_ == Max ? "MaxPool::dx" : "AvgPool::dx");
   const std::int64_t planes = B * c_;
   if (planes == 0) return;
@@ -159,10 +172,12 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
     Kokkos::parallel_for(
         "MaxPool::backward", Range2({0, 0}, {planes, Ho}), KOKKOS_LAMBDA(std::int64_t p, std::int64_t i) {
           float* dxp = dxv.data() + p * H * W;
-          // Zero the rows from this window row to the next (to H after the last),
-          // then store each gradient at its argmax: no branch on the data.
-          const std::int64_t rows_end = i == Ho - 1 ? H : (i + 1) * s;
-          for (std::int64_t e = i * s * W; e < rows_end * W; ++e) dxp[e] = 0.0f;
+          // Zero the rows from this window row to the next (from 0 before the first,
+          // to H after the last), then store each gradient at its argmax: no branch
+          // on the data. (s >= k >= 2 pad: every row but the first has i s - pad >= 0.)
+          const std::int64_t rows_begin = i == 0 ? 0 : i * s - pad,
+                             rows_end = i == Ho - 1 ? H : (i + 1) * s - pad;
+          for (std::int64_t e = rows_begin * W; e < rows_end * W; ++e) dxp[e] = 0.0f;
           const std::int64_t o0 = (p * Ho + i) * Wo;
           for (std::int64_t j = 0; j < Wo; ++j)
             dxp[am(o0 + j)] = mask ? select_or_zero(relu_passes(yv(o0 + j)), dyv(o0 + j)) : dyv(o0 + j);
@@ -172,10 +187,10 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   Kokkos::parallel_for(
       is_max ? "MaxPool::backward" : "AvgPool::backward", Range3({0, 0, 0}, {planes, H, W}),
       KOKKOS_LAMBDA(std::int64_t p, std::int64_t r, std::int64_t c) {
-        const std::int64_t at = r * W + c;
-        // windows i with i*s <= r <= i*s + k - 1, likewise j
-        const std::int64_t i0 = r >= k ? (r - k) / s + 1 : 0, i1 = r / s < Ho - 1 ? r / s : Ho - 1;
-        const std::int64_t j0 = c >= k ? (c - k) / s + 1 : 0, j1 = c / s < Wo - 1 ? c / s : Wo - 1;
+        const std::int64_t at = r * W + c, rp = r + pad, cp = c + pad;  // rp, cp: in the padded input
+        // windows i with i*s <= rp <= i*s + k - 1, likewise j
+        const std::int64_t i0 = rp >= k ? (rp - k) / s + 1 : 0, i1 = rp / s < Ho - 1 ? rp / s : Ho - 1;
+        const std::int64_t j0 = cp >= k ? (cp - k) / s + 1 : 0, j1 = cp / s < Wo - 1 ? cp / s : Wo - 1;
         float g = 0.0f;
         for (std::int64_t i = i0; i <= i1; ++i)
           for (std::int64_t j = j0; j <= j1; ++j) {

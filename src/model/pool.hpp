@@ -1,6 +1,9 @@
 #pragma once
-// maxpool(k[, stride=s]), avgpool(k[, stride=s]): nn.MaxPool2d / nn.AvgPool2d with
-// no padding and floor rounding (PyTorch's defaults); stride defaults to k.
+// maxpool(k[, stride=s][, pad=p]), avgpool(k[, stride=s][, pad=p]): nn.MaxPool2d /
+// nn.AvgPool2d with floor rounding (PyTorch's default); stride defaults to k, pad to 0
+// (at most k/2, as PyTorch). Max never picks a padding element (PyTorch pads with
+// -inf); avg counts the padding's zeros (count_include_pad, PyTorch's default), so
+// every window divides by k*k.
 // globalavgpool: nn.AdaptiveAvgPool2d(1), (C, H, W) -> (C, 1, 1); its x in NCHW or a
 // convolution's blocked layout (then dx too), y NCHW.
 // Plain Kokkos kernels: these are memory-bound and small next to the convolutions.
@@ -14,7 +17,8 @@ namespace ddp {
 class Pool2d : public Layer {
  public:
   enum Op { Max, Avg };
-  Pool2d(Op op, std::int64_t kernel, std::int64_t stride) : op_(op), k_(kernel), stride_(stride) {}
+  Pool2d(Op op, std::int64_t kernel, std::int64_t stride, std::int64_t pad = 0)
+      : op_(op), k_(kernel), stride_(stride), pad_(pad) {}
 
   std::string kind() const override { return op_ == Max ? "maxpool" : "avgpool"; }
   Shape output_shape(const Shape& in_sample) override;
@@ -30,7 +34,7 @@ class Pool2d : public Layer {
   // nChw8c or nChw16c (from a convolution before) and then writes dx in that layout;
   // y and dy are in the layout set here (nchw unless set): x's for a convolution after,
   // NCHW for anything else. An NCHW x always gives an NCHW y.
-  bool takes_blocked() const { return op_ == Max && k_ == 2 && stride_ == 2; }
+  bool takes_blocked() const { return op_ == Max && k_ == 2 && stride_ == 2 && pad_ == 0; }
   void set_output_layout(Layout out) { out_layout_ = out; }
 
   // forward and backward for an x in BS-channel blocks (public only because CUDA's
@@ -44,7 +48,7 @@ class Pool2d : public Layer {
   Op op_;
   bool relu_mask_ = false;
   Layout out_layout_ = Layout::nchw;
-  std::int64_t k_, stride_;
+  std::int64_t k_, stride_, pad_;
   std::int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (C, H, W), (C, Ho, Wo)
   // max: (B, C, Ho, Wo) offset of the max inside its (H, W) plane; for a blocked x

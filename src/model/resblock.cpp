@@ -7,39 +7,69 @@
 
 namespace ddp {
 
-ResBlock::ResBlock(std::int64_t channels, std::int64_t stride, bool sync)
-    : channels_(channels),
-      stride_(stride),
-      conv1_(std::make_unique<Conv2d>(channels, 3, stride, 1, false)),
-      conv2_(std::make_unique<Conv2d>(channels, 3, 1, 1, false)),
-      bn1_(std::make_unique<BatchNorm2d>(sync)),
-      bn2_(std::make_unique<BatchNorm2d>(sync)),
-      down_bn_(std::make_unique<BatchNorm2d>(sync)) {}
+namespace {
+// A convolution with no bias: none in a torchvision block has one.
+std::unique_ptr<Conv2d> conv(std::int64_t out, std::int64_t k, std::int64_t stride) {
+  return std::make_unique<Conv2d>(out, k, stride, k / 2, false);
+}
+}  // namespace
+
+ResBlock::ResBlock(Kind kind, std::int64_t channels, std::int64_t stride, bool zero_init, bool sync)
+    : kind_(kind), channels_(channels), stride_(stride), down_bn_(std::make_unique<BatchNorm2d>(sync)) {
+  auto stage = [&](std::unique_ptr<Conv2d> c) {
+    stages_.emplace_back();
+    stages_.back().conv = std::move(c);
+    stages_.back().bn = std::make_unique<BatchNorm2d>(sync);
+  };
+  if (kind == Basic) {
+    stage(conv(channels, 3, stride));
+    stage(conv(channels, 3, 1));
+  } else {
+    stage(conv(channels, 1, 1));
+    stage(conv(channels, 3, stride));
+    stage(conv(4 * channels, 1, 1));
+  }
+  stages_.back().bn->set_zero_gamma(zero_init);
+}
 
 Shape ResBlock::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 3)
-    throw InputError("resblock needs an image input (channels, height, width) but gets " +
+    throw InputError(kind() + " needs an image input (channels, height, width) but gets " +
                      shape_str(in_sample));
   in_sample_ = in_sample;
-  projection_ = stride_ != 1 || in_sample[0] != channels_;
-  if (projection_) down_conv_ = std::make_unique<Conv2d>(channels_, 1, stride_, 0, false);
-  Shape s = conv1_->output_shape(in_sample);
-  bn1_->output_shape(s);
-  conv2_->output_shape(s);
-  bn2_->output_shape(s);
-  if (projection_) down_bn_->output_shape(down_conv_->output_shape(in_sample));
+  Shape s = in_sample;
+  for (Stage& st : stages_) {
+    s = st.conv->output_shape(s);
+    st.bn->output_shape(s);
+  }
+  projection_ = stride_ != 1 || in_sample[0] != s[0];
+  if (projection_) {
+    down_conv_ = conv(s[0], 1, stride_);
+    down_bn_->output_shape(down_conv_->output_shape(in_sample));
+  }
   out_sample_ = s;
   return out_sample_;
 }
 
 std::vector<ResBlock::Part> ResBlock::parts() const {
-  std::vector<Part> p = {
-      {conv1_.get(), "conv1."}, {bn1_.get(), "bn1."}, {conv2_.get(), "conv2."}, {bn2_.get(), "bn2."}};
+  std::vector<Part> p;
+  for (std::size_t k = 0; k < stages_.size(); ++k) {
+    const std::string n = std::to_string(k + 1);
+    p.push_back({stages_[k].conv.get(), "conv" + n + "."});
+    p.push_back({stages_[k].bn.get(), "bn" + n + "."});
+  }
   if (projection_) {
     p.push_back({down_conv_.get(), "downsample.0."});
     p.push_back({down_bn_.get(), "downsample.1."});
   }
   return p;
+}
+
+std::vector<Conv2d*> ResBlock::convs() const {
+  std::vector<Conv2d*> c;
+  for (const Stage& st : stages_) c.push_back(st.conv.get());
+  if (projection_) c.push_back(down_conv_.get());
+  return c;
 }
 
 std::vector<Layer::ParamSpec> ResBlock::parameter_specs() const {
@@ -93,11 +123,9 @@ void ResBlock::set_overwrite_gradients(bool on) {
 }
 
 Layout ResBlock::native_layout() const {
-  std::vector<const Conv2d*> convs = {conv1_.get(), conv2_.get()};
-  if (projection_) convs.push_back(down_conv_.get());
-  const Layout layout = conv1_->native_input_layout();
-  for (const Conv2d* conv : convs)
-    if (conv->native_input_layout() != layout || conv->native_output_layout() != layout) return Layout::nchw;
+  const Layout layout = stages_.front().conv->native_input_layout();
+  for (const Conv2d* c : convs())
+    if (c->native_input_layout() != layout || c->native_output_layout() != layout) return Layout::nchw;
   return layout;
 }
 
@@ -105,41 +133,45 @@ void ResBlock::set_layouts(Layout in, Layout inside, Layout out) {
   in_ = in;
   inside_ = inside;
   out_ = out;
-  for (Conv2d* conv : {conv1_.get(), conv2_.get(), down_conv_.get()})
-    if (conv) conv->set_layouts(inside, inside);
+  for (Conv2d* c : convs()) c->set_layouts(inside, inside);
 }
 
-// x: (B, C_in, H, W) -> y: (B, channels, Ho, Wo)
+// x: (B, C_in, H, W) -> y: (B, C_out, Ho, Wo)
 void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
-  DDP_REQUIRE(x_given.layout == in_, "resblock input in another layout than the model set");
+  DDP_REQUIRE(x_given.layout == in_, kind() << " input in another layout than the model set");
   const bool convert_in = in_ != inside_, convert_out = out_ != inside_;
   if (convert_in) convert_layout(x_given, x_in_, inside_, "ResBlock::x_in");
   const Tensor& x = convert_in ? x_in_ : x_given;
   Tensor& y = convert_out ? y_in_ : y_given;
-  conv1_->forward(x, a1_, training);
-  bn1_->forward(a1_, b1_, training);
-  resize_like(r1_, b1_, "ResBlock::r1");
-  relu_forward(b1_.data, r1_.data, b1_.storage_numel());
-  conv2_->forward(r1_, a2_, training);
-  bn2_->forward(a2_, b2_, training);
+  const Tensor* h = &x;
+  for (std::size_t k = 0; k < stages_.size(); ++k) {
+    Stage& st = stages_[k];
+    st.conv->forward(*h, st.a, training);
+    st.bn->forward(st.a, st.b, training);
+    if (k + 1 == stages_.size()) break;
+    resize_like(st.r, st.b, "ResBlock::r");
+    relu_forward(st.b.data, st.r.data, st.b.storage_numel());
+    h = &st.r;
+  }
   const Tensor* shortcut = &x;
   if (projection_) {
     down_conv_->forward(x, s1_, training);
     down_bn_->forward(s1_, s2_, training);
     shortcut = &s2_;
   }
-  resize_like(y, b2_, "ResBlock::y");
-  ConstView1 b2 = b2_.data, sc = shortcut->data;
+  const Tensor& branch = stages_.back().b;
+  resize_like(y, branch, "ResBlock::y");
+  ConstView1 bv = branch.data, sc = shortcut->data;
   View1 yv = y.data;
   Kokkos::parallel_for(
       "ResBlock::add_relu", Range(0, y.storage_numel()), KOKKOS_LAMBDA(std::int64_t i) {
-        const float v = b2(i) + sc(i);
+        const float v = bv(i) + sc(i);
         yv(i) = select_or_zero(relu_passes(v), v);
       });
   if (convert_out) convert_layout(y_in_, y_given, out_, "ResBlock::y");
 }
 
-// dy: (B, channels, Ho, Wo) -> parameter gradients += (or =), dx: (B, C_in, H, W)
+// dy: (B, C_out, Ho, Wo) -> parameter gradients += (or =), dx: (B, C_in, H, W)
 void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tensor& dy_given,
                         Tensor& dx_given) {
   const bool convert_in = in_ != inside_, convert_out = out_ != inside_;
@@ -150,19 +182,27 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   // g = dy where the output is positive: the gradient of both branches' sum
   resize_like(g_, dy, "ResBlock::g");
   relu_backward(y.data, dy.data, g_.data, dy.storage_numel());
-  bn2_->backward(a2_, b2_, g_, da2_);
-  conv2_->backward(r1_, a2_, da2_, dr1_);
-  relu_backward(r1_.data, dr1_.data, dr1_.data, dr1_.storage_numel());
-  bn1_->backward(a1_, b1_, dr1_, da1_);
-  conv1_->set_needs_input_grad(needs_input_grad());
-  conv1_->backward(x, a1_, da1_, dx);
+  const Tensor* grad = &g_;  // the gradient of the current stage's batch-norm output
+  for (std::size_t k = stages_.size(); k-- > 0;) {
+    Stage& st = stages_[k];
+    st.bn->backward(st.a, st.b, *grad, st.da);
+    if (k == 0) {
+      st.conv->set_needs_input_grad(needs_input_grad());
+      st.conv->backward(x, st.a, st.da, dx);
+      break;
+    }
+    Stage& before = stages_[k - 1];
+    st.conv->backward(before.r, st.a, st.da, before.dr);
+    relu_backward(before.r.data, before.dr.data, before.dr.data, before.dr.storage_numel());
+    grad = &before.dr;
+  }
   if (projection_) {
     down_bn_->backward(s1_, s2_, g_, ds1_);
     down_conv_->set_needs_input_grad(needs_input_grad());
     down_conv_->backward(x, s1_, ds1_, dx_short_);
   }
   if (!needs_input_grad()) return;
-  // dx = main-branch gradient + shortcut gradient
+  // dx = branch gradient + shortcut gradient
   ConstView1 short_grad = projection_ ? dx_short_.data : g_.data;
   View1 dxv = dx.data;
   Kokkos::parallel_for(

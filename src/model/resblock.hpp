@@ -1,11 +1,16 @@
 #pragma once
-// resblock(channels[, stride=s][, sync]): torchvision's BasicBlock.
-//   y = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))
-// conv1: 3x3, stride s, pad 1; conv2: 3x3, pad 1; neither has a bias. shortcut is
-// the identity, or downsample = 1x1 conv (stride s, no bias) + bn when the stride
-// is not 1 or the channel count changes. Parameter and buffer names are
-// BasicBlock's ("conv1.weight", "bn1.running_mean", "downsample.0.weight", ...), so
-// the model's "layers.<i>." prefix gives the keys of an nn.Sequential of blocks.
+// The residual blocks of torchvision's ResNets:
+//   resblock(channels[, stride=s][, zero_init][, sync]): BasicBlock (ResNet-18/34)
+//     conv1 3x3 stride s -> bn1 -> relu -> conv2 3x3 -> bn2; out = channels
+//   bottleneck(width[, stride=s][, zero_init][, sync]): Bottleneck of ResNet-50 v1.5
+//     conv1 1x1 -> bn1 -> relu -> conv2 3x3 stride s -> bn2 -> relu -> conv3 1x1 -> bn3;
+//     out = 4 * width (the stride sits in the 3x3, as in v1.5 and torchvision)
+// y = relu(branch(x) + shortcut(x)); 3x3 convolutions pad 1, no convolution has a
+// bias. shortcut is the identity, or downsample = 1x1 conv (stride s, no bias) + bn
+// when the stride is not 1 or the channel count changes. zero_init starts the last
+// batch norm's gamma at 0 (torchvision's zero_init_residual). Parameter and buffer
+// names are torchvision's ("conv1.weight", "bn3.running_mean", "downsample.0.weight",
+// ...), so the model's "layers.<i>." prefix gives the keys of an nn.Sequential of blocks.
 // In the model's plan (set_layouts), the block computes in its convolutions' blocked
 // layout (nChw8c / nChw16c on the host), batch norms and relus included; x and y are
 // reordered at its edges only where the model hands over or wants another layout.
@@ -19,9 +24,11 @@ namespace ddp {
 
 class ResBlock : public Layer {
  public:
-  ResBlock(std::int64_t channels, std::int64_t stride, bool sync);
+  enum Kind { Basic, Bottleneck };
+  // channels: BasicBlock's output channels, or Bottleneck's width (output 4 * width).
+  ResBlock(Kind kind, std::int64_t channels, std::int64_t stride, bool zero_init, bool sync);
 
-  std::string kind() const override { return "resblock"; }
+  std::string kind() const override { return kind_ == Basic ? "resblock" : "bottleneck"; }
   Shape output_shape(const Shape& in_sample) override;
   std::vector<ParamSpec> parameter_specs() const override;
   void bind(float* params, float* grads) override;
@@ -44,19 +51,30 @@ class ResBlock : public Layer {
  private:
   struct Part {  // a sub-layer and the name prefix of its parameters
     Layer* layer;
-    const char* prefix;
+    std::string prefix;
   };
-  std::vector<Part> parts() const;  // conv1, bn1, conv2, bn2[, downsample.0, downsample.1]
+  std::vector<Part> parts() const;  // conv1, bn1, conv2, bn2[, conv3, bn3][, downsample.0, downsample.1]
+  std::vector<Conv2d*> convs() const;
 
+  // One conv -> bn step of the residual branch, with its activations, all
+  // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
+  // every step but the last, r = relu(b), the next step's input.
+  struct Stage {
+    std::unique_ptr<Conv2d> conv;
+    std::unique_ptr<BatchNorm2d> bn;
+    Tensor a, b, r;
+    Tensor da, dr;  // gradients of a and of r (then of b, in place)
+  };
+
+  Kind kind_;
   std::int64_t channels_, stride_;
   bool projection_ = false;
-  Shape in_sample_, out_sample_;  // (C_in, H, W), (channels, Ho, Wo)
-  std::unique_ptr<Conv2d> conv1_, conv2_, down_conv_;
-  std::unique_ptr<BatchNorm2d> bn1_, bn2_, down_bn_;
-  // Activations, all (B, channels, Ho, Wo): conv1, bn1, relu, conv2, bn2; shortcut conv, bn
-  Tensor a1_, b1_, r1_, a2_, b2_, s1_, s2_;
-  // Gradients: of the pre-relu sum, of r1 (then b1, in place), of a1, a2, and s1
-  Tensor g_, dr1_, da1_, da2_, ds1_;
+  Shape in_sample_, out_sample_;  // (C_in, H, W), (C_out, Ho, Wo)
+  std::vector<Stage> stages_;     // the residual branch, input to output
+  std::unique_ptr<Conv2d> down_conv_;
+  std::unique_ptr<BatchNorm2d> down_bn_;
+  Tensor s1_, s2_;   // shortcut conv, bn: (B, C_out, Ho, Wo)
+  Tensor g_, ds1_;   // gradient of the pre-relu sum, of s1
   Tensor dx_short_;  // (B, C_in, H, W) gradient through the projection
   Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;
   // Where in_ or out_ is not inside_: x, dx, y and dy in the inside layout

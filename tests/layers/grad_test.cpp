@@ -125,6 +125,32 @@ TEST(MaxPool, GradientCheckOverlappingWindows) {
   grad_check(b, 2, kDistinct);
 }
 
+// ResNet's stem pool, nn.MaxPool2d(3, stride=2, padding=1): the padding never wins,
+// even over inputs that are all negative, and every window has real elements.
+TEST(MaxPool, PaddedWindows) {
+  BoundLayer b("maxpool(3, stride=2, pad=1)", {2, 7, 6});
+  EXPECT_EQ(b.out_sample, (Shape{2, 4, 3}));
+  grad_check(b, 2, kDistinct);
+  BoundLayer s("maxpool(3, stride=2, pad=1)", {1, 2, 2});
+  Tensor x = make_tensor({1, 1, 2, 2}, {-4, -3, -2, -5}), y;
+  s.layer->forward(x, y, false);
+  EXPECT_EQ(to_host(y.data, 1), (std::vector<float>{-2}));
+  // Non-overlapping padded windows take the banded backward.
+  BoundLayer n("maxpool(2, stride=2, pad=1)", {2, 5, 4});
+  EXPECT_EQ(n.out_sample, (Shape{2, 3, 3}));
+  grad_check(n, 2, kDistinct);
+}
+
+TEST(AvgPool, PaddedWindowsCountThePadding) {
+  BoundLayer b("avgpool(3, stride=2, pad=1)", {1, 3, 3});
+  Tensor x = make_tensor({1, 1, 3, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9}), y;
+  b.layer->forward(x, y, false);
+  // The top-left window holds 1, 2, 4, 5 and five zeros of padding: 12 / 9.
+  EXPECT_EQ(to_host(y.data, 4), (std::vector<float>{12.0f / 9, 16.0f / 9, 24.0f / 9, 28.0f / 9}));
+  BoundLayer g("avgpool(3, stride=2, pad=1)", {2, 6, 5});
+  grad_check(g, 2);
+}
+
 // Backward writes every element of dx, also those outside every window (an odd
 // last row and column, the gaps of stride > k), whatever the buffer held before.
 TEST(MaxPool, BackwardOverwritesTheWholeGradient) {
@@ -248,6 +274,54 @@ TEST(ResBlock, NamesFollowBasicBlock) {
   EXPECT_EQ(proj.n, 8 * 4 * 9 + 16 + 8 * 8 * 9 + 16 + 8 * 4 + 16);
 }
 
+TEST(Bottleneck, GradientCheckIdentity) { resblock_check("bottleneck(2)", {8, 4, 4}); }
+TEST(Bottleneck, GradientCheckProjection) { resblock_check("bottleneck(2, stride=2)", {2, 6, 7}); }
+
+TEST(Bottleneck, NamesAndShapesFollowTorchvision) {
+  BoundLayer b("bottleneck(4, stride=2)", {8, 6, 6});
+  EXPECT_EQ(b.layer->kind(), "bottleneck");
+  EXPECT_EQ(b.out_sample, (Shape{16, 3, 3}));
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  for (const auto& p : b.layer->parameter_specs()) {
+    names.push_back(p.suffix);
+    shapes.push_back(p.shape);
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight", "bn2.weight",
+                                      "bn2.bias", "conv3.weight", "bn3.weight", "bn3.bias",
+                                      "downsample.0.weight", "downsample.1.weight", "downsample.1.bias"}));
+  // The stride sits in the 3x3 (v1.5), conv3 widens to 4 * width.
+  EXPECT_EQ(shapes[0], (Shape{4, 8, 1, 1}));
+  EXPECT_EQ(shapes[3], (Shape{4, 4, 3, 3}));
+  EXPECT_EQ(shapes[6], (Shape{16, 4, 1, 1}));
+  EXPECT_EQ(shapes[9], (Shape{16, 8, 1, 1}));
+  // Same channels, stride 1: the identity shortcut.
+  BoundLayer id("bottleneck(2)", {8, 4, 4});
+  EXPECT_EQ(id.layer->parameter_specs().size(), 9u);
+  EXPECT_EQ(id.layer->buffer_specs().size(), 9u);
+}
+
+// zero_init: the last batch norm's gamma starts at 0 (torchvision's
+// zero_init_residual), the others at 1; without it all at 1.
+TEST(Bottleneck, ZeroInitStartsTheLastGammaAtZero) {
+  for (bool zero : {false, true}) {
+    BoundLayer b(zero ? "bottleneck(2, zero_init)" : "bottleneck(2)", {8, 4, 4});
+    const std::vector<float> p = to_host(b.params, b.n);
+    std::int64_t offset = 0;
+    for (const auto& spec : b.layer->parameter_specs()) {
+      const std::int64_t n = shape_numel(spec.shape);
+      if (spec.suffix.find("bn") == 0 && spec.suffix.find(".weight") != std::string::npos) {
+        for (std::int64_t i = 0; i < n; ++i)
+          EXPECT_EQ(p[offset + i], zero && spec.suffix == "bn3.weight" ? 0.0f : 1.0f) << spec.suffix;
+      }
+      offset += n;
+    }
+  }
+  BoundLayer r("resblock(4, zero_init=true)", {4, 3, 3});
+  EXPECT_EQ(to_host(r.params, r.n)[4 * 4 * 9 + 8 + 4 * 4 * 9], 0.0f);  // bn2.weight[0]
+}
+
 std::string spec_error(const std::string& spec, const Shape& in = {3, 8, 8}) {
   try {
     BoundLayer b(spec, in);
@@ -283,6 +357,16 @@ TEST(Registry, CnnSpecsAndErrors) {
   EXPECT_EQ(spec_error("globalavgpool", {8}),
             "globalavgpool needs an image input (channels, height, width) but gets (8)");
   EXPECT_EQ(spec_error("resblock(8, stride=x)"), "stride must be an integer, got 'x'");
+  EXPECT_EQ(spec_error("maxpool(3, stride=2, pad=2)"), "pad must be at most half the kernel size (3)");
+  EXPECT_EQ(spec_error("maxpool(3, pad=-1)"), "pad must be >= 0");
+  EXPECT_EQ(spec_error("avgpool(7, pad=1)", {3, 4, 4}),
+            "kernel 7 is larger than the input (3, 4, 4) padded by 1");
+  EXPECT_EQ(spec_error("bottleneck(0)"), "width must be >= 1");
+  EXPECT_EQ(spec_error("bottleneck(4, zero_init=maybe)"), "zero_init must be true or false, got 'maybe'");
+  EXPECT_EQ(spec_error("bottleneck(4, groups=32)"),
+            "bottleneck has no option 'groups'; usage: bottleneck(width[, stride=s][, zero_init][, sync])");
+  EXPECT_EQ(spec_error("bottleneck(4)", {12}),
+            "bottleneck needs an image input (channels, height, width) but gets (12)");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // parameters: forward outputs, input gradients, parameter gradients and BatchNorm
 // running statistics. The numbers come from torch_reference.py (a CTest fixture)
 // in the HDF5 file named by DDP_TORCH_REFERENCE. Tolerance: the largest error
-// relative to the largest reference value, max|ours - torch| / max|torch| <= 1e-4
+// relative to the largest reference value, max|ours - torch| / max|torch| <= 1e-5
 // (float32 on both sides, different summation orders).
 
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@ using test::from_host;
 using test::make_tensor;
 using test::to_host;
 
-constexpr double kTol = 1e-4;
+constexpr double kTol = 1e-5;
 
 class Reference {
  public:
@@ -161,7 +161,9 @@ TEST(TorchCompare, Conv2dNoBias) { compare_case("conv_nobias"); }
 TEST(TorchCompare, Conv2d1x1Stride) { compare_case("conv_1x1_stride"); }
 TEST(TorchCompare, MaxPool) { compare_case("maxpool2"); }
 TEST(TorchCompare, MaxPoolOverlapping) { compare_case("maxpool3s2"); }
+TEST(TorchCompare, MaxPoolPadded) { compare_case("maxpool3s2p1"); }
 TEST(TorchCompare, AvgPool) { compare_case("avgpool2"); }
+TEST(TorchCompare, AvgPoolPadded) { compare_case("avgpool3s2p1"); }
 TEST(TorchCompare, AvgPoolOverlapping) { compare_case("avgpool3s2"); }
 TEST(TorchCompare, GlobalAvgPool) { compare_case("globalavgpool"); }
 TEST(TorchCompare, BatchNormTraining) { compare_case("batchnorm_train"); }
@@ -170,6 +172,9 @@ TEST(TorchCompare, ResBlockIdentity) { compare_case("resblock_identity"); }
 TEST(TorchCompare, ResBlockProjection) { compare_case("resblock_projection"); }
 TEST(TorchCompare, ResBlockWiden) { compare_case("resblock_widen"); }
 TEST(TorchCompare, ResBlockIdentitySmall) { compare_case("resblock_identity_small"); }
+TEST(TorchCompare, BottleneckIdentity) { compare_case("bottleneck_identity"); }
+TEST(TorchCompare, BottleneckProjection) { compare_case("bottleneck_projection"); }
+TEST(TorchCompare, BottleneckWiden) { compare_case("bottleneck_widen"); }
 
 // A whole model: our names are exactly the nn.Sequential's state_dict keys (with the
 // "layers." prefix of the checkpoint), and one training step matches.

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-from torch_bench import BasicBlock  # noqa: E402  torchvision's BasicBlock, as ddp_train's resblock
+from torch_bench import BasicBlock, Bottleneck  # noqa: E402  torchvision's blocks, as ddp_train's
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -96,7 +96,9 @@ def main():
         case(f, "conv_1x1_stride", "conv2d(8, 1, stride=2, bias=false)", nn.Conv2d(4, 8, 1, stride=2, bias=False), (2, 4, 9, 9))
         case(f, "maxpool2", "maxpool(2)", nn.MaxPool2d(2), (2, 3, 8, 9))
         case(f, "maxpool3s2", "maxpool(3, stride=2)", nn.MaxPool2d(3, stride=2), (2, 3, 9, 8))
+        case(f, "maxpool3s2p1", "maxpool(3, stride=2, pad=1)", nn.MaxPool2d(3, stride=2, padding=1), (2, 3, 9, 8))
         case(f, "avgpool2", "avgpool(2)", nn.AvgPool2d(2), (2, 3, 8, 9))
+        case(f, "avgpool3s2p1", "avgpool(3, stride=2, pad=1)", nn.AvgPool2d(3, stride=2, padding=1), (2, 3, 9, 8))
         case(f, "avgpool3s2", "avgpool(3, stride=2)", nn.AvgPool2d(3, stride=2), (2, 3, 9, 8))
         case(f, "globalavgpool", "globalavgpool", nn.AdaptiveAvgPool2d(1), (3, 5, 4, 6))
         case(f, "batchnorm_train", "batchnorm2d", nn.BatchNorm2d(5), (4, 5, 6, 7))
@@ -105,6 +107,9 @@ def main():
         case(f, "resblock_projection", "resblock(8, stride=2)", BasicBlock(4, 8, stride=2), (3, 4, 9, 9))
         case(f, "resblock_identity_small", "resblock(3)", BasicBlock(3, 3), (3, 3, 5, 5))
         case(f, "resblock_widen", "resblock(8)", BasicBlock(4, 8), (2, 4, 6, 6))
+        case(f, "bottleneck_identity", "bottleneck(4)", Bottleneck(16, 4), (3, 16, 7, 7))
+        case(f, "bottleneck_projection", "bottleneck(4, stride=2)", Bottleneck(8, 4, stride=2), (3, 8, 9, 9))
+        case(f, "bottleneck_widen", "bottleneck(8)", Bottleneck(16, 8), (2, 16, 6, 6))
         model_group(f)
 
 

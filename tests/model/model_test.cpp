@@ -37,11 +37,12 @@ std::string build_error(const std::vector<std::string>& specs, const Shape& samp
 }
 
 TEST(ModelSpecs, ErrorMessages) {
-  EXPECT_EQ(
-      build_error({"linear(8)", "relu", "relu2"}, {4}),
-      "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
-      "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s]), avgpool(k[, stride=s]), "
-      "globalavgpool, batchnorm2d[(sync)], resblock(channels[, stride=s][, sync])");
+  EXPECT_EQ(build_error({"linear(8)", "relu", "relu2"}, {4}),
+            "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
+            "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s][, pad=p]), "
+            "avgpool(k[, stride=s][, pad=p]), globalavgpool, batchnorm2d[(sync)], "
+            "resblock(channels[, stride=s][, zero_init][, sync]), bottleneck(width[, stride=s][, "
+            "zero_init][, sync])");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");
@@ -354,9 +355,24 @@ const std::vector<std::string> kResNetNchwIn = {
     "conv2d(16, 3, pad=1)", "relu",          "avgpool(2)", "resblock(16)",
     "batchnorm2d",          "globalavgpool", "flatten",    "linear(3)"};
 
+// ResNet-50's shape in small: the stem (7x7 stride 2, the padded 3x3 max-pool) and
+// bottlenecks with the projection shortcut (channels change; stride 2) and the identity.
+const std::vector<std::string> kBottleneckNet = {"conv2d(16, 7, stride=2, pad=3, bias=false)",
+                                                 "batchnorm2d",
+                                                 "relu",
+                                                 "maxpool(3, stride=2, pad=1)",
+                                                 "bottleneck(16)",
+                                                 "bottleneck(16, zero_init)",
+                                                 "bottleneck(8, stride=2)",
+                                                 "globalavgpool",
+                                                 "flatten",
+                                                 "linear(5)"};
+
 TEST(ModelFusion, ResNetBlockedMatchesUnfused) {
-  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     expect_fusion_exact(kResNet, {1, 28, 28}, p);
+    expect_fusion_exact(kBottleneckNet, {3, 29, 30}, p);
+  }
   expect_fusion_exact(kResNetPadded, {3, 23, 23});
   expect_fusion_exact(kResNetNchwIn, {3, 12, 12});
 }
@@ -389,6 +405,13 @@ TEST(ModelFusion, BlockedLayoutIsTheCpusOwn) {
   const Layout expected = isa >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
   std::cout << "[ model ] blocked layout on this CPU: " << layout_name(expected) << "\n";
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    // oneDNN 2.6's AMX kernels (Sapphire Rapids and later) take bf16 convolutions in a
+    // channels-last layout that is neither of ours: the model then plans NCHW around
+    // them and reorders in the backend, which BlockedLayoutsMatchUnfused checks.
+    if (p == Precision::bf16 && isa >= dnnl::cpu_isa::avx512_core_amx) {
+      std::cout << "[ model ] bf16 on AMX: oneDNN's own layout, not checked here\n";
+      continue;
+    }
     Model m({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu", "maxpool(2)",
              "flatten", "linear(128)", "relu", "linear(10)"},
             {1, 28, 28}, 3);
@@ -467,6 +490,12 @@ TEST(ModelFusion, NoActivationReorderAroundConvolutions) {
   // inputs/fashion_resnet.nml: batch norms between the convolutions, inside the blocks
   // too. The stem convolution: 2 passes; each block 3 per convolution: 2 + 6 + 9 + 6 + 9.
   expect_no_activation_reorder(kResNet, 32);
+  // Bottlenecks after a 2x2 pool (which keeps the stem's layout): the projection blocks
+  // 4 convolutions, the identity block 3, 3 passes each; the stem 2: 2 + 12 + 9 + 12.
+  expect_no_activation_reorder(
+      {"conv2d(16, 3, pad=1, bias=false)", "batchnorm2d", "relu", "maxpool(2)", "bottleneck(16)",
+       "bottleneck(16)", "bottleneck(16, stride=2)", "globalavgpool", "flatten", "linear(10)"},
+      35);
   // A batch norm between a convolution and its pool: 2 + 3 passes.
   expect_no_activation_reorder({"conv2d(16, 3, pad=1, bias=false)", "batchnorm2d", "relu", "maxpool(2)",
                                 "conv2d(16, 3)", "batchnorm2d", "maxpool(2)", "flatten", "linear(10)"},

@@ -15,10 +15,12 @@ using Kokkos::Experimental::log;
 }  // namespace
 
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct) {
+                  View1 correct, float smoothing) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   ConstView1 o = out.data;
   if (kind == LossKind::CrossEntropy) {
+    const float on_label = 1.0f - smoothing, per_class = smoothing / static_cast<float>(C);
+    const bool smooth = smoothing != 0.0f;
     Kokkos::parallel_for(
         "CrossEntropy::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
           const float* row = &o(b * C);
@@ -30,7 +32,14 @@ void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, con
           for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
           const std::int32_t label = labels(b);
           const bool valid = label >= 0 && label < C;
-          loss(b) = valid ? m + log(sum) - row[label] : NAN;
+          float spread = 0.0f;  // s / C sum_c out_bc
+          if (smooth) {
+            for (std::int64_t c = 0; c < C; ++c) spread += row[c];
+            spread *= per_class;
+          }
+          loss(b) = valid
+                        ? (smooth ? m + log(sum) - on_label * row[label] - spread : m + log(sum) - row[label])
+                        : NAN;
           correct(b) = valid && argmax == label ? 1.0f : 0.0f;
         });
   } else {
@@ -47,13 +56,15 @@ void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, con
 }
 
 void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                   float scale, Tensor& dout) {
+                   float scale, Tensor& dout, float smoothing) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   resize_like(dout, out, "Loss::dout");
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
-    // d loss_b / d out_bc = softmax(out_b)_c - [c == label_b]
+    // d loss_b / d out_bc = softmax(out_b)_c - (1 - s) [c == label_b] - s / C; with
+    // s = 0 the same floats as softmax - [c == label_b] (x - 0 is x).
+    const float on_label = scale * (1.0f - smoothing), per_class = scale * smoothing / static_cast<float>(C);
     Kokkos::parallel_for(
         "CrossEntropy::backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
           const float* row = &o(b * C);
@@ -64,7 +75,7 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
           const float inv = scale / sum;
           const std::int32_t label = labels(b);
           for (std::int64_t c = 0; c < C; ++c)
-            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? scale : 0.0f);
+            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? on_label : 0.0f) - per_class;
         });
   } else {
     // d loss_b / d out_bc = 2 (out_bc - target_bc) / C

@@ -16,13 +16,17 @@ enum class LossKind { CrossEntropy, MSE };
 // samples equals torch.nn.MSELoss().
 // correct: (B) 1 where argmax(out_b) (first maximum wins) == label_b, else 0;
 // CrossEntropy only, MSE leaves it untouched (it may be an empty View).
+// smoothing s (CrossEntropy only): torch.nn.CrossEntropyLoss(label_smoothing=s), the
+// target (1 - s) on the label plus s / C on every class:
+//   loss_b = logsumexp(out_b) - (1 - s) out_b[label_b] - s / C sum_c out_bc.
+// s = 0 computes exactly what it computed without it.
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct);
+                  View1 correct, float smoothing = 0.0f);
 
 // dout (B, C) = scale * d(sum_b loss_b) / d out; dout is resized here. The trainer
 // passes scale = 1 / (samples in the global step), so the sum over ranks of the
 // gradients is the gradient of the mean loss.
 void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                   float scale, Tensor& dout);
+                   float scale, Tensor& dout, float smoothing = 0.0f);
 
 }  // namespace ddp

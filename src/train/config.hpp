@@ -39,6 +39,8 @@ struct TrainConfig {
   double momentum = 0.0;                     // sgd
   bool nesterov = false;                     // sgd
   double weight_decay = 0.0;                 // sgd: L2 added to the gradient; adamw: decoupled
+  bool decay_norm_and_bias = true;           // weight decay on 1-D parameters too (PyTorch's default)
+  double label_smoothing = 0.0;              // cross_entropy, as torch.nn.CrossEntropyLoss(label_smoothing=)
   std::vector<double> betas = {0.9, 0.999};  // adamw
   double eps = 1e-8;                         // adamw
   std::string schedule = "constant";         // 'constant' | 'step' | 'cosine'

@@ -37,6 +37,13 @@ class Optimizer {
 };
 
 // cfg.optimizer picks the rule ('sgd' | 'adamw'); n_params sizes the state buffers.
-std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params);
+// no_decay: the [offset, offset + size) ranges of the flat buffer that weight decay
+// leaves alone (train.decay_norm_and_bias = F: the 1-D tensors), as a second
+// torch.optim parameter group with weight_decay 0 would.
+struct ParamRange {
+  std::int64_t offset, size;
+};
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params,
+                                          const std::vector<ParamRange>& no_decay = {});
 
 }  // namespace ddp

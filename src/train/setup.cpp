@@ -178,6 +178,8 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
                          " outputs per sample but the targets have " +
                          std::to_string(data.train->target_numel()) + " values");
       setup.loss = LossKind::MSE;
+      if (cfg.train.label_smoothing != 0.0)
+        throw InputError("train.label_smoothing needs model.loss = 'cross_entropy'; this run's loss is mse");
     }
     log::info(setup.model->summary());
     return setup;

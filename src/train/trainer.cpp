@@ -145,7 +145,11 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
       prefetch_(prefetch_batches),
       stage_(cfg.train.batch_size, train.sample_numel(), train.has_class_labels(), train.target_numel()) {
   const std::int64_t n_params = model_.num_parameters();
-  optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params));
+  std::vector<ParamRange> no_decay;  // train.decay_norm_and_bias = F: batch norms' gamma and beta, biases
+  if (!cfg_.train.decay_norm_and_bias)
+    for (const Model::ParamEntry& e : model_.parameter_table())
+      if (e.shape.size() == 1) no_decay.push_back({e.offset, e.size});
+  optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params), no_decay);
 
   const Precision precision = parse_precision(cfg_.train.precision);
   model_.set_precision(precision);
@@ -575,12 +579,13 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     std::optional<trace::Span> span(std::in_place, "forward", "forward");
     const Tensor& out = model_.forward(x_, /*training=*/true);
     span.emplace("loss", "forward");
-    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
+    const float smoothing = static_cast<float>(cfg_.train.label_smoothing);
+    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_, smoothing);
     accumulate_loss(loss_, batch.size, loss_acc_);
     const double t_backward = now();
     dout_.shape = out.shape;
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
-    loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_);
+    loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_, smoothing);
     if (span->on()) Kokkos::fence();
     span.emplace("backward", "backward");
     // Gradient accumulation: only the last micro-step of a group talks to the

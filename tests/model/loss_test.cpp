@@ -58,6 +58,52 @@ TEST(CrossEntropy, GradientCheck) {
                      1e-2, 1e-4);
 }
 
+// label_smoothing = s: PyTorch's target (1 - s) one-hot + s / C, written out in
+// double: loss = lse - (1 - s) x_label - s / C sum_c x_c.
+TEST(CrossEntropy, LabelSmoothingByHand) {
+  Tensor out = make_tensor({2, 3}, {1, 2, 3, 0.5f, -1, 2});
+  LabelView labels = make_labels({2, 0});
+  View1 loss("test::loss", 2), correct("test::correct", 2);
+  const double s = 0.1;
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct, static_cast<float>(s));
+  std::vector<float> l = to_host(loss, 2);
+  const double lse0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
+  const double lse1 = std::log(std::exp(0.5) + std::exp(-1.0) + std::exp(2.0));
+  EXPECT_NEAR(l[0], lse0 - (1 - s) * 3 - s / 3 * 6, 1e-6);
+  EXPECT_NEAR(l[1], lse1 - (1 - s) * 0.5 - s / 3 * 1.5, 1e-6);
+}
+
+TEST(CrossEntropy, LabelSmoothingGradientCheck) {
+  const std::int64_t B = 4, C = 5;
+  const float scale = 0.25f, s = 0.2f;
+  Tensor out = make_tensor({B, C}, random_values(B * C, 22, -3.0f, 3.0f)), dout;
+  LabelView labels = make_labels({1, 4, 0, 3});
+  View1 loss("test::loss", B), correct("test::correct", B);
+  loss_backward(LossKind::CrossEntropy, out, labels, View1(), scale, dout, s);
+  auto f = [&]() {
+    loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct, s);
+    double sum = 0;
+    for (float v : to_host(loss, B)) sum += v;
+    return scale * sum;
+  };
+  test::expect_close(to_host(dout.data, B * C), test::numeric_gradient(out.data, B * C, 1e-2, f), "dout",
+                     1e-2, 1e-4);
+}
+
+// Smoothing 0 is the unsmoothed loss to the bit, forward and backward.
+TEST(CrossEntropy, ZeroSmoothingIsBitwiseUnsmoothed) {
+  const std::int64_t B = 6, C = 7;
+  Tensor out = make_tensor({B, C}, random_values(B * C, 23, -4.0f, 4.0f)), d0, d1;
+  LabelView labels = make_labels({0, 6, 2, 3, 3, 1});
+  View1 l0("test::l0", B), l1("test::l1", B), correct("test::correct", B);
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), l0, correct);
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), l1, correct, 0.0f);
+  EXPECT_EQ(to_host(l0, B), to_host(l1, B));
+  loss_backward(LossKind::CrossEntropy, out, labels, View1(), 0.125f, d0);
+  loss_backward(LossKind::CrossEntropy, out, labels, View1(), 0.125f, d1, 0.0f);
+  EXPECT_EQ(to_host(d0.data, B * C), to_host(d1.data, B * C));
+}
+
 TEST(MSE, HandComputedValues) {
   Tensor out = make_tensor({2, 2}, {1, 2, 0, 0});
   View1 targets("test::targets", 4);

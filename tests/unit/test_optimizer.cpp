@@ -153,6 +153,27 @@ TEST(AdamW, MatchesTorchRule) {
   expect_close(to_host(state[1].second), v, "exp_avg_sq");
 }
 
+// train.decay_norm_and_bias = F: the ranges given leave weight decay out, as a
+// second torch.optim parameter group with weight_decay 0; the rest decays as before,
+// to the bit.
+TEST(Optimizer, NoDecayRangesAsASecondParameterGroup) {
+  for (const auto& cfg : {sgd(0.875, false, 0.05), adamw(0.05)}) {
+    SCOPED_TRACE(cfg.optimizer);
+    const std::vector<ddp::ParamRange> no_decay = {{1, 2}};  // parameters 1 and 2
+    auto masked = ddp::make_optimizer(cfg, 4, no_decay), all = ddp::make_optimizer(cfg, 4);
+    ddp::TrainConfig plain = cfg;
+    plain.weight_decay = 0;
+    auto none = ddp::make_optimizer(plain, 4);
+    const Vec got = run(*masked, kGrads, 0.05), decayed = run(*all, kGrads, 0.05),
+              undecayed = run(*none, kGrads, 0.05);
+    EXPECT_EQ(got[0], decayed[0]);
+    EXPECT_EQ(got[1], undecayed[1]);
+    EXPECT_EQ(got[2], undecayed[2]);
+    EXPECT_EQ(got[3], decayed[3]);
+    EXPECT_NE(decayed[1], undecayed[1]);  // the decay would have shown
+  }
+}
+
 TEST(Optimizer, UnknownNameIsAnInputError) {
   ddp::TrainConfig cfg;
   cfg.optimizer = "lamb";

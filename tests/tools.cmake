@@ -1,0 +1,18 @@
+# The data tools written in Python: tools/images_to_h5 on an ImageFolder tree made by
+# the test (read back and compared with PIL's and torchvision's transform, corrupt
+# files, one-line errors) and tools/make_synthetic_images (format, determinism,
+# balance, labels learnable by a nearest-class-mean classifier).
+# They need a python3 with numpy, h5py and PIL (python3-pil); without one they are left out.
+ddp_find_python(DDP_TOOLS_PYTHON "import h5py, numpy, PIL.Image" "python3 with numpy, h5py and PIL, for the tool tests"
+                ${DDP_PYTHON} /usr/bin/python3)
+if(NOT DDP_TOOLS_PYTHON)
+  message(STATUS "No python3 with numpy, h5py and PIL: the tools tests are left out (apt-get install python3-pil)")
+  return()
+endif()
+set(_tools_tests ${CMAKE_CURRENT_SOURCE_DIR}/tools)
+add_test(NAME tools_images_to_h5
+         COMMAND ${DDP_TOOLS_PYTHON} ${_tools_tests}/images_to_h5_test.py ${PROJECT_SOURCE_DIR}/tools/images_to_h5)
+add_test(NAME tools_make_synthetic_images
+         COMMAND ${DDP_TOOLS_PYTHON} ${_tools_tests}/make_synthetic_images_test.py
+                 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images)
+set_tests_properties(tools_images_to_h5 tools_make_synthetic_images PROPERTIES LABELS tools TIMEOUT 120 PROCESSORS 2)

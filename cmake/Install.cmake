@@ -1,6 +1,7 @@
 # cmake --install <build> [--prefix <dir>]:
 #   bin/ddp_train                          the trainer (RPATH to the MPI/HDF5/oneDNN it was linked with)
 #   bin/prepare_fashion_mnist, bin/make_regression_data    data tools
+#   bin/images_to_h5, bin/make_synthetic_images            image shards (ImageFolder, synthetic)
 #   bin/plot_metrics                       plots of runs' metrics.jsonl (matplotlib)
 #   bin/merge_traces                       the ranks' timelines (io.trace) in one Chrome-trace file
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
@@ -30,6 +31,8 @@ install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist ${PROJECT_SOU
                  ${PROJECT_SOURCE_DIR}/tools/plot_metrics ${PROJECT_SOURCE_DIR}/tools/merge_traces
         DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/images_to_h5 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images
+        DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/inputs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/inputs)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/jobs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/jobs
         USE_SOURCE_PERMISSIONS)

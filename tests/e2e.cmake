@@ -239,3 +239,51 @@ add_test(NAME e2e_bench_tools_np2
                  ${DDP_TORCH_PYTHON})
 set_tests_properties(e2e_bench_tools_np2 PROPERTIES FIXTURES_REQUIRED fashion LABELS "e2e;tools" TIMEOUT 300
                      PROCESSORS 2)
+
+# Colour images and augmentation (data.image_size, data.augment, data.normalize): the
+# shards of make_image_data.py, the runs of augment_runs.py, and the bad inputs, each
+# one error line on 2 ranks.
+set(IMAGES ${E2E}/images.nml)
+add_test(NAME e2e_make_image_data COMMAND ${DDP_PYTHON} ${E2E}/make_image_data.py e2e_images)
+set_tests_properties(e2e_make_image_data PROPERTIES FIXTURES_SETUP e2e_images LABELS e2e)
+add_test(NAME e2e_augment_runs_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/augment_runs.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${IMAGES}
+                 runs/augment)
+set_tests_properties(e2e_augment_runs_np2 PROPERTIES FIXTURES_REQUIRED e2e_images LABELS e2e TIMEOUT 300
+                     PROCESSORS 2)
+set(_image_errors)
+macro(ddp_add_image_error_test name)
+  ddp_add_error_test(${name} ${ARGN})
+  list(APPEND _image_errors e2e_error_${name})
+endmacro()
+ddp_add_image_error_test(augment_unknown NP 2 REGEX "command line: data.augment=flop: 'flop': unknown augmentation 'flop'"
+                         ARGS ${IMAGES} data.augment=flop)
+ddp_add_image_error_test(augment_malformed NP 2 REGEX "data.augment=crop[(]pad=x[)]: 'crop[(]pad=x[)]': 'x' is not a number"
+                         ARGS ${IMAGES} "data.augment=crop(pad=x)")
+ddp_add_image_error_test(augment_bad_scale NP 2 REGEX "'random_resized_crop[(]scale=1,0.08[)]': scale needs 0 < lo <= hi"
+                         ARGS ${IMAGES} "data.augment=random_resized_crop(scale=1,0.08)")
+ddp_add_image_error_test(image_size_too_large NP 2
+                         REGEX "data.image_size = 16 is larger than the stored images of data.train_files, [(]C,H,W[)] = [(]3,12,12[)]"
+                         ARGS ${IMAGES} data.image_size=16)
+ddp_add_image_error_test(crop_too_large NP 2
+                         REGEX "data.image_size = 13 is larger than the stored images of data.train_files"
+                         ARGS ${IMAGES} "data.augment=crop(pad=4)" data.image_size=13)
+ddp_add_image_error_test(normalize_channels NP 2
+                         REGEX "data.normalize: 4 values for images of 3 channels; expected 6 [(]3 means, then 3 stds[)]"
+                         ARGS ${IMAGES} data.normalize=0.5,0.5,0.25,0.25)
+ddp_add_image_error_test(normalize_std NP 2 REGEX "data.normalize=0.5,0.5,0.5,0.25,0,0.25: std 0 [(]value 5[)] must be > 0"
+                         ARGS ${IMAGES} data.normalize=0.5,0.5,0.5,0.25,0,0.25)
+ddp_add_image_error_test(layouts_mixed NP 2
+                         REGEX "mixed/train_1.h5: /x is stored NCHW [(]N, C, H, W[)] but .*mixed/train_0.h5 is NHWC"
+                         ARGS ${IMAGES} "data.train_files=e2e_images/mixed/train_*.h5")
+ddp_add_image_error_test(image_sides_differ NP 2
+                         REGEX "sides/train_1.h5: /x holds images of [(]C,H,W[)] = [(]3,10,10[)] but .*sides/train_0.h5 holds [(]3,12,12[)]"
+                         ARGS ${IMAGES} "data.train_files=e2e_images/sides/train_*.h5")
+ddp_add_image_error_test(val_side_too_small NP 2
+                         REGEX "data.image_size = 12 is larger than the stored images of data.val_files, [(]C,H,W[)] = [(]3,10,10[)]"
+                         ARGS ${IMAGES} data.image_size=12 "data.val_files=e2e_images/sides/train_1.h5")
+ddp_add_image_error_test(augment_float_data NP 2
+                         REGEX "data.augment = 'flip': needs uint8 images, but data.train_files [(].*float/train_0.h5[)] holds float32"
+                         ARGS ${IMAGES} data.augment=flip data.image_size=0 data.normalize=
+                              "data.train_files=e2e_images/float/train_*.h5" data.val_files=)
+set_tests_properties(${_image_errors} PROPERTIES FIXTURES_REQUIRED e2e_images)

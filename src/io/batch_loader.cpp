@@ -16,8 +16,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 BatchLoader::BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices, std::int64_t batch_size,
-                         int prefetch_depth)
-    : ds_(ds), indices_(std::move(indices)), batch_size_(batch_size), depth_(prefetch_depth) {
+                         int prefetch_depth, bool keep_uint8)
+    : ds_(ds),
+      indices_(std::move(indices)),
+      batch_size_(batch_size),
+      depth_(prefetch_depth),
+      keep_uint8_(keep_uint8 && ds.x_is_uint8()) {
   if (batch_size_ < 1) throw std::invalid_argument("BatchLoader: batch_size must be >= 1");
   if (depth_ < 0) throw std::invalid_argument("BatchLoader: prefetch_depth must be >= 0");
   const auto n = static_cast<std::int64_t>(indices_.size());
@@ -43,12 +47,18 @@ void BatchLoader::load(std::int64_t b, Batch& out) {
   const auto n = static_cast<std::size_t>(size);
   out.size = size;
   out.index.assign(indices_.begin() + begin, indices_.begin() + begin + size);
-  out.x.resize(n * static_cast<std::size_t>(ds_.sample_numel()));
+  const auto numel = static_cast<std::size_t>(ds_.sample_numel());
+  out.x.resize(keep_uint8_ ? 0 : n * numel);
+  out.x_uint8.resize(keep_uint8_ ? n * numel : 0);
   const bool labels = ds_.has_class_labels();
   out.labels.resize(labels ? n : 0);
   out.targets.resize(labels ? 0 : n * static_cast<std::size_t>(ds_.target_numel()));
-  ds_.read(out.index.data(), size, out.x.data(), labels ? out.labels.data() : nullptr,
-           labels ? nullptr : out.targets.data());
+  std::int32_t* l = labels ? out.labels.data() : nullptr;
+  float* t = labels ? nullptr : out.targets.data();
+  if (keep_uint8_)
+    ds_.read_stored(out.index.data(), size, out.x_uint8.data(), l, t);
+  else
+    ds_.read(out.index.data(), size, out.x.data(), l, t);
 }
 
 void BatchLoader::run() {

@@ -16,19 +16,21 @@ namespace ddp {
 
 struct Batch {
   std::int64_t size = 0;
-  std::vector<std::int64_t> index;   // (B) global sample indices
-  std::vector<float> x;              // (B, sample...)
-  std::vector<std::int32_t> labels;  // (B) when the data has class labels
-  std::vector<float> targets;        // (B, target...) otherwise
+  std::vector<std::int64_t> index;    // (B) global sample indices
+  std::vector<float> x;               // (B, sample...) unless x_uint8 holds the batch
+  std::vector<std::uint8_t> x_uint8;  // (B, stored...) uint8 as stored, from a loader that keeps uint8
+  std::vector<std::int32_t> labels;   // (B) when the data has class labels
+  std::vector<float> targets;         // (B, target...) otherwise
 };
 
 class BatchLoader {
  public:
   // Iterates over `indices` in order, batch_size at a time (the last batch may be
   // smaller). prefetch_depth 0: next() reads; > 0: a thread reads up to that many
-  // batches ahead. `ds` must outlive the loader.
+  // batches ahead. `ds` must outlive the loader. keep_uint8: uint8 data goes into
+  // Batch::x_uint8 as stored (a quarter of the bytes, converted on the rank), not x.
   BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices, std::int64_t batch_size,
-              int prefetch_depth);
+              int prefetch_depth, bool keep_uint8 = false);
   ~BatchLoader();  // stops the thread, even mid-epoch
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -48,6 +50,7 @@ class BatchLoader {
   std::int64_t batch_size_;
   std::int64_t num_batches_;
   int depth_;
+  bool keep_uint8_;
   std::int64_t next_batch_ = 0;  // next batch next() hands out
   double wait_seconds_ = 0.0;
 

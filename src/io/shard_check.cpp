@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "comm/check.hpp"
@@ -67,7 +68,61 @@ DsetInfo describe(hid_t file, const std::string& path, const char* name) {
 struct FileInfo {
   DsetInfo x, y;
   std::uint64_t hash = kFnv1aBasis;
+  bool nhwc = false;
+  std::int64_t class_names = 0;
 };
+
+// A string attribute of `obj`, variable or fixed length; nullopt when absent.
+std::optional<std::string> string_attribute(hid_t obj, const std::string& path, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  const std::string where = path + ": attribute " + name;
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (a.id < 0) throw InputError(where + " cannot be read (" + h5_error_string() + ")");
+  Handle t(H5_CHECK(H5Aget_type(a.id)), H5Tclose);
+  Handle space(H5_CHECK(H5Aget_space(a.id)), H5Sclose);
+  if (H5Tget_class(t.id) != H5T_STRING || H5Sget_simple_extent_npoints(space.id) != 1)
+    throw InputError(where + " is not a string");
+  if (H5Tis_variable_str(t.id) > 0) {
+    Handle mem(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
+    H5_CHECK(H5Tset_size(mem.id, H5T_VARIABLE));
+    H5_CHECK(H5Tset_cset(mem.id, H5Tget_cset(t.id)));
+    char* text = nullptr;
+    if (H5Aread(a.id, mem.id, &text) < 0)
+      throw InputError(where + " cannot be read (" + h5_error_string() + ")");
+    std::string s = text ? text : "";
+    H5free_memory(text);
+    return s;
+  }
+  std::string s(H5Tget_size(t.id), '\0');
+  if (H5Aread(a.id, t.id, s.data()) < 0)
+    throw InputError(where + " cannot be read (" + h5_error_string() + ")");
+  return s.substr(0, s.find('\0'));
+}
+
+// /x's layout: the attribute when there is one, else the guess for 4-D uint8 images.
+bool stored_nhwc(hid_t file, const std::string& path, const DsetInfo& x) {
+  const bool image_u8 = x.dims.size() == 4 && x.cls == H5T_INTEGER;
+  Handle d(H5_CHECK(H5Dopen2(file, "/x", H5P_DEFAULT)), H5Dclose);
+  const auto layout = string_attribute(d.id, path, "layout");
+  if (!layout) {
+    const auto channels = [](std::int64_t e) { return e == 1 || e == 3 || e == 4; };
+    return image_u8 && channels(x.dims[3]) && !channels(x.dims[1]);
+  }
+  if (*layout != "NHWC" && *layout != "NCHW")
+    throw InputError(path + ": /x has layout = '" + *layout + "'; expected 'NHWC' or 'NCHW'");
+  if (!image_u8)
+    throw InputError(path + ": /x has layout = '" + *layout + "' but is " + type_name(x) + " of shape " +
+                     shape_str(x.dims) + "; a layout needs uint8 images (N, H, W, C) or (N, C, H, W)");
+  return *layout == "NHWC";
+}
+
+std::int64_t class_name_count(hid_t file) {
+  if (H5Aexists(file, "class_names") <= 0) return 0;
+  Handle a(H5Aopen(file, "class_names", H5P_DEFAULT), H5Aclose);
+  if (a.id < 0) return 0;  // informative only: a file that cannot say is not an error
+  Handle space(H5Aget_space(a.id), H5Sclose);
+  return space.id < 0 ? 0 : std::int64_t(H5Sget_simple_extent_npoints(space.id));
+}
 
 // The stored bytes of the given rows (sorted, unique) of dataset `name`, in one read.
 std::vector<unsigned char> read_rows(hid_t file, const std::string& path, const char* name,
@@ -140,6 +195,8 @@ FileInfo inspect_file(const std::string& path) {
   if (fi.y.dims[0] != fi.x.dims[0])
     throw InputError(path + ": /y has " + std::to_string(fi.y.dims[0]) + " samples but /x has " +
                      std::to_string(fi.x.dims[0]));
+  fi.nhwc = stored_nhwc(f.id, path, fi.x);
+  fi.class_names = class_name_count(f.id);
   fi.hash = content_hash(f.id, path, fi.x.dims[0]);
   return fi;
 }
@@ -167,8 +224,12 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
     const FileInfo fi = inspect_file(path);
     const bool labels = fi.y.cls == H5T_INTEGER;
     const bool x_uint8 = fi.x.cls == H5T_INTEGER;
-    const auto sample = tail(fi.x.dims), target = tail(fi.y.dims);
+    auto sample = tail(fi.x.dims);
+    const auto target = tail(fi.y.dims);
+    if (fi.nhwc) sample = {sample[2], sample[0], sample[1]};  // (H, W, C) -> (C, H, W)
     if (i == 0) {
+      l.nhwc = fi.nhwc;
+      l.class_names = fi.class_names;
       l.sample_shape = sample;
       l.target_shape = target;
       l.x_uint8 = x_uint8;
@@ -177,6 +238,15 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
     } else {
       // Every shard must look like the first: the model is built from its shapes.
       const std::string& first = l.files[0];
+      const auto layout_name = [](bool nhwc) { return nhwc ? "NHWC (N, H, W, C)" : "NCHW (N, C, H, W)"; };
+      if (fi.nhwc != l.nhwc)
+        throw InputError(path + ": /x is stored " + layout_name(fi.nhwc) + " but " + first + " is " +
+                         layout_name(l.nhwc) + "; the shards of a set must share one layout");
+      if (sample != l.sample_shape && x_uint8 && l.x_uint8 && l.sample_shape.size() == 3 &&
+          sample.size() == 3)
+        throw InputError(path + ": /x holds images of (C,H,W) = " + shape_str(sample) + " but " + first +
+                         " holds " + shape_str(l.sample_shape) +
+                         "; every shard needs the same side and channels");
       if (sample != l.sample_shape)
         throw InputError(path + ": /x has sample shape " + shape_str(sample) + " but " + first + " has " +
                          shape_str(l.sample_shape));
@@ -244,6 +314,8 @@ std::string pack(const Layout& l) {
   put(b, l.sample_shape);
   put(b, l.target_shape);
   put(b, static_cast<std::int64_t>(l.x_uint8));
+  put(b, static_cast<std::int64_t>(l.nhwc));
+  put(b, l.class_names);
   put(b, static_cast<std::int64_t>(l.labels));
   put(b, l.y_bytes);
   put(b, std::vector<std::int64_t>(l.hashes.begin(), l.hashes.end()));
@@ -259,6 +331,8 @@ Layout unpack(const std::string& bytes) {
   l.sample_shape = r.vec();
   l.target_shape = r.vec();
   l.x_uint8 = r.i64() != 0;
+  l.nhwc = r.i64() != 0;
+  l.class_names = r.i64();
   l.labels = r.i64() != 0;
   l.y_bytes = r.i64();
   for (std::int64_t h : r.vec()) l.hashes.push_back(std::uint64_t(h));

@@ -12,9 +12,15 @@ namespace ddp::shard {
 struct Layout {
   std::vector<std::string> files;
   std::vector<std::int64_t> counts;        // samples per file
-  std::vector<std::int64_t> sample_shape;  // /x dims after the first
+  // /x dims after the first, images as (C, H, W) whatever their stored layout
+  std::vector<std::int64_t> sample_shape;
   std::vector<std::int64_t> target_shape;  // /y dims after the first ({} for labels)
   bool x_uint8 = false;
+  // /x stored (N, H, W, C): its attribute layout = "NHWC", or, without the attribute,
+  // a 4-D uint8 /x whose last extent is 1, 3 or 4 and whose second is not (what h5py
+  // users write from PIL and image decoders). Otherwise (N, C, H, W) or not an image.
+  bool nhwc = false;
+  std::int64_t class_names = 0;  // entries of the first file's root attribute class_names; 0: none
   bool labels = false;       // /y integer
   std::int64_t y_bytes = 0;  // bytes per /y element on disk
   // Per file: FNV-1a over the stored bytes of /x, then /y, at kHashRows rows evenly

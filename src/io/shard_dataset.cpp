@@ -121,6 +121,10 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
 
   files_ = l.files;
   sample_shape_ = l.sample_shape;
+  nhwc_ = l.nhwc;
+  class_names_ = l.class_names;
+  stored_shape_ =
+      nhwc_ ? std::vector<std::int64_t>{sample_shape_[1], sample_shape_[2], sample_shape_[0]} : sample_shape_;
   target_shape_ = l.target_shape;
   sample_numel_ = product(sample_shape_);
   target_numel_ = product(target_shape_);
@@ -235,6 +239,16 @@ void ShardDataset::preload() {
 
 void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels,
                         float* targets) {
+  read_rows(idx, n, x, true, labels, targets);
+}
+
+void ShardDataset::read_stored(const std::int64_t* idx, std::int64_t n, void* x, std::int32_t* labels,
+                               float* targets) {
+  read_rows(idx, n, x, false, labels, targets);
+}
+
+void ShardDataset::read_rows(const std::int64_t* idx, std::int64_t n, void* x, bool to_float,
+                             std::int32_t* labels, float* targets) {
   for (std::int64_t i = 0; i < n; ++i)
     if (idx[i] < 0 || idx[i] >= total_)
       throw std::out_of_range(what_ + ": sample index " + std::to_string(idx[i]) + " is outside [0, " +
@@ -294,15 +308,13 @@ void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::
     // In memory a request's row is its global index; staged, its rank among `rows`.
     const auto r = static_cast<std::size_t>(
         preloaded_ ? idx[i] : std::lower_bound(rows.begin(), rows.end(), idx[i]) - rows.begin());
-    if (x) {
-      float* dst = x + static_cast<std::size_t>(i) * numel;
-      if (x_uint8_) {
-        const std::uint8_t* src = xsrc + r * xrow;
-        // A division, not * (1/255): the same floats as torchvision's ToTensor.
-        for (std::size_t k = 0; k < numel; ++k) dst[k] = src[k] / 255.0f;
-      } else {
-        std::memcpy(dst, xsrc + r * xrow, xrow);
-      }
+    if (x && x_uint8_ && to_float) {
+      float* dst = static_cast<float*>(x) + static_cast<std::size_t>(i) * numel;
+      const std::uint8_t* src = xsrc + r * xrow;
+      // A division, not * (1/255): the same floats as torchvision's ToTensor.
+      for (std::size_t k = 0; k < numel; ++k) dst[k] = src[k] / 255.0f;
+    } else if (x) {
+      std::memcpy(static_cast<std::uint8_t*>(x) + static_cast<std::size_t>(i) * xrow, xsrc + r * xrow, xrow);
     }
     if (labels && labels_) labels[i] = lsrc[r];
     if (targets && !labels_)

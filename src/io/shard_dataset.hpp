@@ -1,7 +1,8 @@
 #pragma once
 // A data set made of HDF5 shard files, read in parallel through the MPI-IO driver.
 //
-// Shard format: /x (N, ...) float32 or uint8 (uint8 is read as x/255);
+// Shard format: /x (N, ...) float32 or uint8 (uint8 is read as x/255); uint8 images
+// (N, C, H, W) or (N, H, W, C) (shard_check.hpp: the layout attribute and its guess);
 // /y (N) integer class labels or (N, ...) float32 targets; root attributes
 // format = "ddp_train.shard", version = 1 (written by tools/, not required here).
 // Samples are numbered globally: shard 0's first, then shard 1's, ...
@@ -46,11 +47,15 @@ class ShardDataset {
   ShardDataset& operator=(const ShardDataset&) = delete;
 
   std::int64_t size() const { return total_; }  // samples over all shards
-  // Per-sample shape of /x, e.g. (1, 28, 28).
+  // Per-sample shape of /x, e.g. (1, 28, 28); images as (C, H, W) whatever their layout.
   const std::vector<std::int64_t>& sample_shape() const { return sample_shape_; }
+  // As stored: (H, W, C) for NHWC images, else sample_shape().
+  const std::vector<std::int64_t>& stored_shape() const { return stored_shape_; }
   std::int64_t sample_numel() const { return sample_numel_; }
   bool x_is_uint8() const { return x_uint8_; }
-  bool has_class_labels() const { return labels_; }  // /y integer
+  bool nhwc() const { return nhwc_; }                        // images stored (N, H, W, C)
+  std::int64_t class_names() const { return class_names_; }  // entries of class_names; 0: none
+  bool has_class_labels() const { return labels_; }          // /y integer
   // Per-sample shape of float targets (y's dims after the first); {} for labels.
   const std::vector<std::int64_t>& target_shape() const { return target_shape_; }
   std::int64_t target_numel() const { return target_numel_; }  // 1 for labels
@@ -71,9 +76,13 @@ class ShardDataset {
   bool preloaded() const { return preloaded_; }
 
   // Not collective, thread-safe. Samples by global index, any order, repeats allowed:
-  // x: (n, sample...) floats; labels: (n) or targets: (n, target...) floats,
-  // nullptr for what is not wanted. Throws std::out_of_range on a bad index.
+  // x: (n, stored...) floats (uint8 as x/255, in the stored layout); labels: (n) or
+  // targets: (n, target...) floats, nullptr for what is not wanted. Throws
+  // std::out_of_range on a bad index.
   void read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels, float* targets);
+  // The same with x's rows as stored, byte for byte: (n, stored...) uint8 or float32.
+  // uint8 images go to the compute space like this (train/augment.hpp converts them).
+  void read_stored(const std::int64_t* idx, std::int64_t n, void* x, std::int32_t* labels, float* targets);
 
   // Where global sample `index` is stored: its shard file and its row there.
   std::pair<std::string, std::int64_t> locate(std::int64_t index) const;
@@ -87,15 +96,19 @@ class ShardDataset {
   };
 
   void open_all();
+  void read_rows(const std::int64_t* idx, std::int64_t n, void* x, bool to_float, std::int32_t* labels,
+                 float* targets);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // private duplicate: HDF5's MPI-IO traffic stays apart
   std::string what_;
   std::vector<std::string> files_;
   std::vector<Shard> shards_;
   std::int64_t total_ = 0;
-  std::vector<std::int64_t> sample_shape_, target_shape_;
+  std::vector<std::int64_t> sample_shape_, stored_shape_, target_shape_;
   std::int64_t sample_numel_ = 1, target_numel_ = 1;
   bool x_uint8_ = false;
+  bool nhwc_ = false;
+  std::int64_t class_names_ = 0;
   bool labels_ = false;
   std::size_t y_stored_bytes_ = 0;  // per element, as on disk
   DataFingerprint fingerprint_;

@@ -10,6 +10,7 @@
 
 #include "comm/check.hpp"
 #include "io/namelist.hpp"
+#include "train/augment.hpp"
 
 namespace ddp {
 namespace {
@@ -102,6 +103,12 @@ const std::vector<Key>& keys() {
        "reshuffle every epoch (seeded by seed + epoch)"},
       {"data", "drop_last", field<&C::data, &D::drop_last>, any(), false,
        "drop the tail instead of padding it to a multiple of the world size"},
+      {"data", "image_size", field<&C::data, &D::image_size>, at_least(0), false,
+       "uint8 images: side the model sees (centre crop, or random_resized_crop's output); 0: as stored"},
+      {"data", "augment", field<&C::data, &D::augment>, any(), false,
+       "uint8 images, training batches: 'flip', 'crop(pad=4)', 'random_resized_crop(scale=0.08,1)'"},
+      {"data", "normalize", field<&C::data, &D::normalize>, any(), false,
+       "uint8 images: mean of each channel, then std of each channel: (x/255 - mean) / std"},
       {"model", "layers", field<&C::model, &M::layers>, any(), true,
        "layer list, e.g. 'linear(256)', 'relu', 'linear(10)'"},
       {"model", "loss", field<&C::model, &M::loss>, one_of({"auto", "cross_entropy", "mse"}), false,
@@ -484,6 +491,19 @@ Config parse_config(const std::string& text, const std::string& path,
       throw InputError(path + ": &" + ks[k].group + " " + ks[k].name + " is required");
 
   // Checks across keys, once every value is final.
+  try {
+    parse_augment(cfg.data.augment);
+  } catch (const InputError& e) {
+    set_by[find_key("data", "augment")].value_error(e.what());
+  }
+  const std::vector<double>& norm = cfg.data.normalize;
+  if (norm.size() % 2 != 0)
+    set_by[find_key("data", "normalize")].value_error(
+        std::to_string(norm.size()) + " values; expected a mean per channel, then a std per channel");
+  for (std::size_t i = norm.size() / 2; i < norm.size(); ++i)
+    if (!(norm[i] > 0))
+      set_by[find_key("data", "normalize")].value_error("std " + format_number(norm[i]) + " (value " +
+                                                        std::to_string(i + 1) + ") must be > 0");
   const TrainConfig& t = cfg.train;
   if (t.nesterov && t.momentum <= 0)
     set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");

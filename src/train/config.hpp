@@ -20,6 +20,12 @@ struct DataConfig {
   int prefetch_batches = 4;              // streaming: batches read ahead by the prefetch thread
   bool shuffle = true;                   // DistributedSampler(shuffle=...)
   bool drop_last = false;                // DistributedSampler(drop_last=...)
+  // uint8 images (train/augment.hpp): the side the model sees, 0: as stored; the
+  // training transform ('flip', 'crop(pad=N)', 'random_resized_crop(scale=lo,hi)');
+  // per channel means then standard deviations, empty: none.
+  int image_size = 0;
+  std::vector<std::string> augment;
+  std::vector<double> normalize;
 };
 
 struct ModelConfig {

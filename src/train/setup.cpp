@@ -16,6 +16,7 @@
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
 #include "model/backend.hpp"
+#include "train/augment.hpp"
 #include "train/optimizer.hpp"
 #include "train/version.hpp"
 
@@ -106,7 +107,12 @@ Data open_data(const Context& ctx, const Config& cfg) {
     data.train = std::make_unique<ShardDataset>(ctx.world(), cfg.data.train_files, "data.train_files");
     if (!cfg.data.val_files.empty())
       data.val = std::make_unique<ShardDataset>(ctx.world(), cfg.data.val_files, "data.val_files");
-    if (data.val && data.val->sample_shape() != data.train->sample_shape())
+    // Images: the transform checks every set against the model's input side and
+    // says what is wrong with data.augment, data.normalize, data.image_size.
+    const auto transform =
+        make_image_transform(cfg.data, std::uint64_t(cfg.train.seed), *data.train, data.val.get());
+    data.input_shape = model_input_shape(*data.train, transform.get());
+    if (data.val && !transform && data.val->sample_shape() != data.train->sample_shape())
       throw InputError("data.val_files: samples have shape " + shape_str(data.val->sample_shape()) +
                        " but the training samples have " + shape_str(data.train->sample_shape()));
     const DistributedSampler sampler(data.train->size(), ctx.size(), ctx.rank(), cfg.data.shuffle, 0,
@@ -135,6 +141,17 @@ Data open_data(const Context& ctx, const Config& cfg) {
   std::ostringstream os;
   os << "data: " << data.train->size() << " training samples of shape "
      << shape_str(data.train->sample_shape());
+  if (data.train->x_is_uint8() && data.train->sample_shape().size() == 3) {
+    // Which layout was read: (N, H, W, C) from decoders, or (N, C, H, W).
+    os << " uint8 " << (data.train->nhwc() ? "NHWC" : "NCHW");
+    if (data.train->class_names() > 0) os << ", " << data.train->class_names() << " class names";
+    if (data.input_shape != data.train->sample_shape()) os << ", cropped to " << shape_str(data.input_shape);
+    if (!cfg.data.augment.empty()) {
+      os << ", augmented:";
+      for (const auto& a : cfg.data.augment) os << " " << a;
+    }
+    if (!cfg.data.normalize.empty()) os << ", normalized";
+  }
   if (data.val) os << ", " << data.val->size() << " validation samples";
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
@@ -146,8 +163,7 @@ Data open_data(const Context& ctx, const Config& cfg) {
 ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
   return collective_input(ctx.world(), [&] {
     ModelSetup setup;
-    setup.model =
-        std::make_unique<Model>(cfg.model.layers, data.train->sample_shape(), std::uint64_t(cfg.train.seed));
+    setup.model = std::make_unique<Model>(cfg.model.layers, data.input_shape, std::uint64_t(cfg.train.seed));
     const Precision precision = parse_precision(cfg.train.precision);
     setup.model->set_precision(precision);  // before the summary: it plans layouts
     log::info("compute: " + compute_backend().name());

@@ -35,6 +35,7 @@ struct Data {
   std::unique_ptr<ShardDataset> train;
   std::unique_ptr<ShardDataset> val;  // null when data.val_files is empty
   int prefetch_batches = 0;           // 0 when preloaded or when MPI gives no thread support
+  Shape input_shape;                  // one sample as the model sees it (after data.image_size's crop)
 };
 
 // Opens the shard sets, preloads or streams them (data.mode) and checks the

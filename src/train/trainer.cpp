@@ -143,7 +143,10 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
       train_(train),
       val_(val),
       prefetch_(prefetch_batches),
-      stage_(cfg.train.batch_size, train.sample_numel(), train.has_class_labels(), train.target_numel()) {
+      transform_(make_image_transform(cfg.data, std::uint64_t(cfg.train.seed), train, val)),
+      stage_(cfg.train.batch_size, shape_numel(model_input_shape(train, transform_.get())),
+             train.has_class_labels(), train.target_numel(),
+             transform_ ? std::max(train.sample_numel(), val ? val->sample_numel() : 0) : 0) {
   const std::int64_t n_params = model_.num_parameters();
   std::vector<ParamRange> no_decay;  // train.decay_norm_and_bias = F: batch norms' gamma and beta, biases
   if (!cfg_.train.decay_norm_and_bias)
@@ -275,7 +278,7 @@ void Trainer::use_inputs(int slot, const Batch& batch) {
   const Inputs in = stage_.take(slot);
   x_.data = in.x;
   x_.shape = {batch.size};
-  for (auto d : train_.sample_shape()) x_.shape.push_back(d);
+  for (auto d : model_.input_shape()) x_.shape.push_back(d);
   labels_ = in.labels;
   targets_ = in.targets;
 }
@@ -522,7 +525,11 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       train_,
       epoch_indices(train_.size(), W, comm_.rank(), cfg_.data.shuffle, std::uint64_t(pos_.seed),
                     cfg_.data.drop_last, epoch, start),
-      cfg_.train.batch_size, prefetch_);
+      cfg_.train.batch_size, prefetch_, /*keep_uint8=*/transform_ != nullptr);
+  // The epoch and the global indices key each sample's draws: the same augmented
+  // sample on any number of ranks and after a resume.
+  const BatchTransform augment{transform_.get(), image_shape(train_), epoch, /*training=*/true};
+  const BatchTransform* const bt = transform_ ? &augment : nullptr;
   const std::int64_t batches = loader->num_batches();
   const int accumulation = cfg_.train.accumulation_steps;
 
@@ -561,7 +568,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   int slot = -1, next_slot = -1;
   {
     const trace::Span span("data wait", "data");
-    slot = loader->next(batch) ? stage_.put(batch) : -1;
+    slot = loader->next(batch) ? stage_.put(batch, bt) : -1;
   }
   for (std::int64_t b = 0; slot >= 0; ++b, slot = next_slot, std::swap(batch, next)) {
     if (micro == 0 && b > 0) trace_step_start();
@@ -569,7 +576,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     watchdog::set_phase(Phase::data);
     {
       const trace::Span span("data wait", "data");
-      next_slot = loader->next(next) ? stage_.put(next) : -1;
+      next_slot = loader->next(next) ? stage_.put(next, bt) : -1;
     }
     watchdog::set_phase(Phase::compute);
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
@@ -724,12 +731,14 @@ ValStats Trainer::validate(ShardDataset& data) {
     for (std::int64_t i = c * B; i < std::min(n, (c + 1) * B); ++i) indices.push_back(i);
 
   std::vector<double> chunk_sums(std::size_t(2 * chunks), 0.0);  // (loss, correct) per chunk
-  BatchLoader loader(data, std::move(indices), B, prefetch_);
+  BatchLoader loader(data, std::move(indices), B, prefetch_, /*keep_uint8=*/transform_ != nullptr);
+  // Evaluation: the centre crop, no augmentation, the same normalize.
+  const BatchTransform eval{transform_.get(), image_shape(data), 0, /*training=*/false};
   auto loss_host = Kokkos::create_mirror_view(loss_);
   auto correct_host = Kokkos::create_mirror_view(correct_);
   Batch batch;
   while (loader.next(batch)) {
-    const int slot = stage_.put(batch);
+    const int slot = stage_.put(batch, transform_ ? &eval : nullptr);
     use_inputs(slot, batch);
     const Tensor& out = model_.forward(x_, /*training=*/false);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);

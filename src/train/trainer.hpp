@@ -16,6 +16,7 @@
 #include "io/tensorboard_writer.hpp"
 #include "model/loss.hpp"
 #include "model/model.hpp"
+#include "train/augment.hpp"
 #include "train/config.hpp"
 #include "train/input_stage.hpp"
 #include "train/loss_scaler.hpp"
@@ -132,6 +133,9 @@ class Trainer {
   ShardDataset& train_;
   ShardDataset* val_;
   int prefetch_;
+  // uint8 data: the images' conversion on the rank (data.augment, data.normalize),
+  // before stage_, which sizes its slots from it; null for float32 data.
+  std::unique_ptr<ImageTransform> transform_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BucketReducer> reducer_;  // null: one all-reduce after backward
   // Where the model's gradients live in the reducer's buffer (take_gradients), they go

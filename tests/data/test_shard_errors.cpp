@@ -103,9 +103,12 @@ TEST_F(ShardErrorTest, MissingX) {
   EXPECT_EQ(open_error({dir_ + "/nox_*.h5"}), dir_ + "/nox_000.h5: has no dataset /x");
 }
 
+// uint8 (N, C, H, W) are images: the message says which extents must agree.
 TEST_F(ShardErrorTest, SampleShapesDisagree) {
   EXPECT_EQ(open_error({dir_ + "/shape_*.h5"}),
-            dir_ + "/shape_001.h5: /x has sample shape (1,4,3) but " + dir_ + "/shape_000.h5 has (1,4,4)");
+            dir_ + "/shape_001.h5: /x holds images of (C,H,W) = (1,4,3) but " + dir_ +
+                "/shape_000.h5 holds (1,4,4); every shard needs the same "
+                "side and channels");
 }
 
 TEST_F(ShardErrorTest, YCountDiffers) {

@@ -36,6 +36,16 @@ if(DDP_TORCH_PYTHON)
     COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/torch_init.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/torch_init)
 endif()
+# One step of inputs/resnet50_tiny.nml from torchvision's resnet50 (its state_dict
+# through tools/torch_to_h5) against PyTorch's step, on 1 and 2 ranks.
+if(DDP_TORCH_PYTHON)
+  foreach(np 1 2)
+    ddp_add_checkpoint_test(resnet50_step_np${np} NP ${np} TIMEOUT 300
+      COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/resnet50_step.py ${np} ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+              ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml
+              runs/resnet50_step_np${np})
+  endforeach()
+endif()
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
 # Faults (issue 11): a disk that fills up (run_dir on a small tmpfs; skipped, exit

@@ -175,6 +175,7 @@ TEST(TorchCompare, ResBlockIdentitySmall) { compare_case("resblock_identity_smal
 TEST(TorchCompare, BottleneckIdentity) { compare_case("bottleneck_identity"); }
 TEST(TorchCompare, BottleneckProjection) { compare_case("bottleneck_projection"); }
 TEST(TorchCompare, BottleneckWiden) { compare_case("bottleneck_widen"); }
+TEST(TorchCompare, BottleneckWide) { compare_case("bottleneck_wide"); }
 
 // A whole model: our names are exactly the nn.Sequential's state_dict keys (with the
 // "layers." prefix of the checkpoint), and one training step matches.

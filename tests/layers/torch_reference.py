@@ -110,6 +110,7 @@ def main():
         case(f, "bottleneck_identity", "bottleneck(4)", Bottleneck(16, 4), (3, 16, 7, 7))
         case(f, "bottleneck_projection", "bottleneck(4, stride=2)", Bottleneck(8, 4, stride=2), (3, 8, 9, 9))
         case(f, "bottleneck_widen", "bottleneck(8)", Bottleneck(16, 8), (2, 16, 6, 6))
+        case(f, "bottleneck_wide", "bottleneck(128)", Bottleneck(512, 128), (8, 512, 8, 8))
         model_group(f)
 
 

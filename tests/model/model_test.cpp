@@ -373,6 +373,10 @@ TEST(ModelFusion, ResNetBlockedMatchesUnfused) {
     expect_fusion_exact(kResNet, {1, 28, 28}, p);
     expect_fusion_exact(kBottleneckNet, {3, 29, 30}, p);
   }
+  // ResNet-50's widths: 512 channels into a 128-wide identity bottleneck.
+  expect_fusion_exact(
+      {"conv2d(512, 3, pad=1, bias=false)", "bottleneck(128)", "globalavgpool", "flatten", "linear(10)"},
+      {3, 8, 8});
   expect_fusion_exact(kResNetPadded, {3, 23, 23});
   expect_fusion_exact(kResNetNchwIn, {3, 12, 12});
 }

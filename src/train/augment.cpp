@@ -222,41 +222,58 @@ void ImageTransform::apply(const ImageShape& in, const std::uint8_t* x, const Sa
   const std::int64_t C = c_, OH = out_h_, OW = out_w_;
   const std::int64_t H = in.h, W = in.w, numel = in.numel();
   const bool nhwc = in.nhwc;
+  // One team per output row (s, c, oy): the row's box, source row and weights are
+  // worked out once, and the team's threads take its columns (consecutive outputs,
+  // coalesced on a GPU; a plain loop on the host). A flat range with the index split
+  // per element spent most of its time in 64-bit divisions: 513 ms against ? ms per
+  // batch of 256 at 224 (Xeon, one rank's core).
+  using Team = Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::parallel_for(
-      "Augment::apply", Range(0, n * C * OH * OW), KOKKOS_LAMBDA(std::int64_t e) {
-        // e = ((s * C + c) * OH + oy) * OW + ox: the output (n, C, OH, OW) in order.
-        const std::int64_t ox = e % OW;
-        std::int64_t t = e / OW;
-        const std::int64_t oy = t % OH;
-        t /= OH;
-        const std::int64_t c = t % C;
-        const std::int64_t s = t / C;
+      "Augment::apply", Kokkos::TeamPolicy<ExecSpace>(n * C * OH, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& team) {
+        // row = (s * C + c) * OH + oy: the output (n, C, OH, OW) in order.
+        const std::int64_t row = team.league_rank();
+        const std::int64_t oy = row % OH;
+        const std::int64_t c = (row / OH) % C;
+        const std::int64_t s = row / (OH * C);
         const SampleBox b = boxes[s];
         const std::uint8_t* img = x + s * numel;
-        const std::int64_t bx = b.flip ? OW - 1 - ox : ox;  // flip after the crop: mirror the output
-        float v;
+        float* dst = out + row * OW;
+        const float mean = normalize ? norm.mean[c] : 0.0f, sd = normalize ? norm.std[c] : 1.0f;
         if (b.height == OH && b.width == OW) {
-          v = pixel(img, c, b.top + oy, b.left + bx, C, H, W, nhwc);
-        } else {
-          // PyTorch's upsample_bilinear2d, align_corners=False: source index
-          // max(scale * (dst + 0.5) - 0.5, 0), the right/lower neighbour clamped.
-          const float sh = float(b.height) / float(OH), sw = float(b.width) / float(OW);
-          float fy = sh * (float(oy) + 0.5f) - 0.5f, fx = sw * (float(bx) + 0.5f) - 0.5f;
-          fy = fy < 0.0f ? 0.0f : fy;
-          fx = fx < 0.0f ? 0.0f : fx;
-          const std::int64_t y0 = std::int64_t(fy), x0 = std::int64_t(fx);
-          const std::int64_t y1 = y0 + (y0 < b.height - 1 ? 1 : 0), x1 = x0 + (x0 < b.width - 1 ? 1 : 0);
-          const float ly1 = fy - float(y0), lx1 = fx - float(x0);
-          const float ly0 = 1.0f - ly1, lx0 = 1.0f - lx1;
-          const std::int64_t top = b.top, left = b.left;
-          v = ly0 * (lx0 * pixel(img, c, top + y0, left + x0, C, H, W, nhwc) +
-                     lx1 * pixel(img, c, top + y0, left + x1, C, H, W, nhwc)) +
-              ly1 * (lx0 * pixel(img, c, top + y1, left + x0, C, H, W, nhwc) +
-                     lx1 * pixel(img, c, top + y1, left + x1, C, H, W, nhwc));
+          const std::int64_t y = b.top + oy;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, OW), [&](const std::int64_t ox) {
+            const std::int64_t bx = b.flip ? OW - 1 - ox : ox;  // flip after the crop: mirror the output
+            float v = pixel(img, c, y, b.left + bx, C, H, W, nhwc) / 255.0f;  // a division: ToTensor's floats
+            if (normalize) v = (v - mean) / sd;
+            dst[ox] = v;
+          });
+          return;
         }
-        v = v / 255.0f;  // a division: ToTensor's floats
-        if (normalize) v = (v - norm.mean[c]) / norm.std[c];
-        out[e] = v;
+        // PyTorch's upsample_bilinear2d, align_corners=False: source index
+        // max(scale * (dst + 0.5) - 0.5, 0), the lower/right neighbour clamped to the box.
+        const float sh = float(b.height) / float(OH), sw = float(b.width) / float(OW);
+        float fy = sh * (float(oy) + 0.5f) - 0.5f;
+        fy = fy < 0.0f ? 0.0f : fy;
+        const std::int64_t y0 = std::int64_t(fy);
+        const std::int64_t y1 = y0 + (y0 < b.height - 1 ? 1 : 0);
+        const float ly1 = fy - float(y0), ly0 = 1.0f - ly1;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, OW), [&](const std::int64_t ox) {
+          const std::int64_t bx = b.flip ? OW - 1 - ox : ox;
+          float fx = sw * (float(bx) + 0.5f) - 0.5f;
+          fx = fx < 0.0f ? 0.0f : fx;
+          const std::int64_t x0 = std::int64_t(fx);
+          const std::int64_t x1 = x0 + (x0 < b.width - 1 ? 1 : 0);
+          const float lx1 = fx - float(x0), lx0 = 1.0f - lx1;
+          const std::int64_t top = b.top, left = b.left;
+          float v = ly0 * (lx0 * pixel(img, c, top + y0, left + x0, C, H, W, nhwc) +
+                           lx1 * pixel(img, c, top + y0, left + x1, C, H, W, nhwc)) +
+                    ly1 * (lx0 * pixel(img, c, top + y1, left + x0, C, H, W, nhwc) +
+                           lx1 * pixel(img, c, top + y1, left + x1, C, H, W, nhwc));
+          v = v / 255.0f;
+          if (normalize) v = (v - mean) / sd;
+          dst[ox] = v;
+        });
       });
 }
 

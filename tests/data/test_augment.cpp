@@ -208,6 +208,36 @@ TEST_F(Images, MixedLayoutsSidesAndBadAttributesAreErrors) {
   EXPECT_NE(e.find("attr_0.h5: /x has layout = 'HWC'; expected 'NHWC' or 'NCHW'"), std::string::npos) << e;
 }
 
+// Rows of 64 KB or more are streamed straight into the batch, one read per row in
+// file order (shard_dataset.cpp): the same bytes as a preloaded set, in request order,
+// repeats included, across shards.
+TEST_F(Images, LargeRowsStreamStraightIntoTheBatch) {
+  const std::int64_t C = 3, H = 128, W = 192;  // 73,728 bytes a row
+  on_root([&] {
+    write_images(dir_ + "/large_0.h5", 0, 5, C, H, W, true, "NHWC");
+    write_images(dir_ + "/large_1.h5", 5, 6, C, H, W, true, "NHWC");
+  });
+  ShardDataset streamed(MPI_COMM_WORLD, {dir_ + "/large_*.h5"}, "data.train_files");
+  ShardDataset preloaded(MPI_COMM_WORLD, {dir_ + "/large_*.h5"}, "data.train_files");
+  preloaded.preload();
+  const std::vector<std::int64_t> idx = {7, 0, 10, 7, 3, 5, 3, 9, 4};
+  const std::size_t row = std::size_t(C * H * W), n = idx.size();
+  std::vector<std::uint8_t> a(n * row), b(n * row);
+  std::vector<std::int32_t> la(n), lb(n);
+  streamed.read_stored(idx.data(), std::int64_t(n), a.data(), la.data(), nullptr);
+  preloaded.read_stored(idx.data(), std::int64_t(n), b.data(), lb.data(), nullptr);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(la, lb);
+  for (std::size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(la[i], idx[i] % 3);
+    EXPECT_EQ(a[i * row + (5 * W + 7) * C + 2], pixel_value(idx[i], 2, 5, 7)) << i;  // (c, y, x) = (2, 5, 7)
+  }
+  std::vector<float> fa(n * row), fb(n * row);  // the x/255 path stages as before
+  streamed.read(idx.data(), std::int64_t(n), fa.data(), nullptr, nullptr);
+  preloaded.read(idx.data(), std::int64_t(n), fb.data(), nullptr, nullptr);
+  EXPECT_EQ(fa, fb);
+}
+
 // The model's floats of `indices` in batches of `batch`, through the loader (uint8
 // as stored) and the input stage: global index -> (C * OH * OW) floats.
 std::map<std::int64_t, std::vector<float>> transform_all(ShardDataset& ds, const ImageTransform& t,

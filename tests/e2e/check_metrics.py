@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a run's metrics.jsonl.
 
-usage: check_metrics.py RUN_DIR --epochs N --world-size W [--min-val-acc A] [--max-val-loss L]
+usage: check_metrics.py RUN_DIR --epochs N --world-size W [--min-val-acc A] [--max-val-loss L] [--loss-falls]
                        [--loss-scale-init S --min-skipped K] [--progress [--eta-decreases]]
 
 --progress: the run's output (RUN_DIR.log, as train_and_check.sh writes it) has
@@ -12,6 +12,8 @@ epoch fraction (increasing within an epoch), a positive samples/s and the time l
 for the epoch and the run (`eta epoch 4.2s, run 3m12s`), every epoch line the run's
 (`eta run 1m02s`, 0.0s on the last). --eta-decreases: the last progress line's run
 ETA is below the first's (a run long enough for the ETA's 0.1 s resolution).
+
+--loss-falls: the last epoch's train_loss is below the first's.
 
 --loss-scale-init: an fp16 run whose scale never grows (a growth interval longer
 than the run): every record must carry loss_scale and skipped_steps, with at least
@@ -31,6 +33,7 @@ def main():
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--min-val-acc", type=float)
     p.add_argument("--max-val-loss", type=float)
+    p.add_argument("--loss-falls", action="store_true")
     p.add_argument("--loss-scale-init", type=float)
     p.add_argument("--min-skipped", type=int, default=1)
     p.add_argument("--progress", action="store_true")
@@ -56,6 +59,8 @@ def main():
         errors.append(f"final val_acc {last.get('val_acc')} < {a.min_val_acc}")
     if a.max_val_loss is not None and not last.get("val_loss", math.inf) <= a.max_val_loss:
         errors.append(f"final val_loss {last.get('val_loss')} > {a.max_val_loss}")
+    if a.loss_falls and records and not last["train_loss"] < records[0]["train_loss"]:
+        errors.append(f"train_loss did not fall: {records[0]['train_loss']} in epoch 1, {last['train_loss']} last")
     if a.loss_scale_init is not None:
         skipped = sum(r.get("skipped_steps", 0) for r in records)
         if not all("loss_scale" in r and "skipped_steps" in r for r in records):

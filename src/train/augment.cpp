@@ -225,7 +225,7 @@ void ImageTransform::apply(const ImageShape& in, const std::uint8_t* x, const Sa
   // One team per output row (s, c, oy): the row's box, source row and weights are
   // worked out once, and the team's threads take its columns (consecutive outputs,
   // coalesced on a GPU; a plain loop on the host). A flat range with the index split
-  // per element spent most of its time in 64-bit divisions: 513 ms against ? ms per
+  // per element spent most of its time in 64-bit divisions: 513 ms against 61-82 ms per
   // batch of 256 at 224 (Xeon, one rank's core).
   using Team = Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::parallel_for(

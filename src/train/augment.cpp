@@ -258,6 +258,12 @@ void ImageTransform::apply(const ImageShape& in, const std::uint8_t* x, const Sa
         const std::int64_t y0 = std::int64_t(fy);
         const std::int64_t y1 = y0 + (y0 < b.height - 1 ? 1 : 0);
         const float ly1 = fy - float(y0), ly0 = 1.0f - ly1;
+        // A resized box lies inside its image (only random_resized_crop resizes), so
+        // the four taps need no bounds: rows y0, y1 of the box, (x, c) within a row.
+        const std::int64_t ys = nhwc ? W * C : W, xs = nhwc ? C : 1;
+        const std::uint8_t* plane = img + (nhwc ? c : c * H * W) + b.left * xs;
+        const std::uint8_t* r0 = plane + (b.top + y0) * ys;
+        const std::uint8_t* r1 = plane + (b.top + y1) * ys;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, OW), [&](const std::int64_t ox) {
           const std::int64_t bx = b.flip ? OW - 1 - ox : ox;
           float fx = sw * (float(bx) + 0.5f) - 0.5f;
@@ -265,11 +271,8 @@ void ImageTransform::apply(const ImageShape& in, const std::uint8_t* x, const Sa
           const std::int64_t x0 = std::int64_t(fx);
           const std::int64_t x1 = x0 + (x0 < b.width - 1 ? 1 : 0);
           const float lx1 = fx - float(x0), lx0 = 1.0f - lx1;
-          const std::int64_t top = b.top, left = b.left;
-          float v = ly0 * (lx0 * pixel(img, c, top + y0, left + x0, C, H, W, nhwc) +
-                           lx1 * pixel(img, c, top + y0, left + x1, C, H, W, nhwc)) +
-                    ly1 * (lx0 * pixel(img, c, top + y1, left + x0, C, H, W, nhwc) +
-                           lx1 * pixel(img, c, top + y1, left + x1, C, H, W, nhwc));
+          float v = ly0 * (lx0 * float(r0[x0 * xs]) + lx1 * float(r0[x1 * xs])) +
+                    ly1 * (lx0 * float(r1[x0 * xs]) + lx1 * float(r1[x1 * xs]));
           v = v / 255.0f;
           if (normalize) v = (v - mean) / sd;
           dst[ox] = v;

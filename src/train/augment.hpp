@@ -44,10 +44,10 @@ struct ImageShape {
 };
 
 // Where output sample i comes from: rows [top, top + height) and columns [left,
-// left + width) of its stored image (top and left may be negative, and the box may
-// reach past the image, with crop padding: zero there), resized to the output
-// (bilinear, align_corners=False, no antialias) when the box is not the output's
-// size, then mirrored left-right when flip is 1.
+// left + width) of its stored image, resized to the output (bilinear,
+// align_corners=False, no antialias) when the box is not the output's size, then
+// mirrored left-right when flip is 1. A box of the output's size may reach past the
+// image (crop padding: zero there); a resized box lies inside it.
 struct SampleBox {
   std::int32_t top = 0, left = 0, height = 0, width = 0, flip = 0;
 };

@@ -199,7 +199,13 @@ def main():
     xs, ys = [], []
     for f in files:
         with h5py.File(f, "r") as h:
-            xs.append(h["x"][()])
+            x = h["x"][()]
+            layout = h["x"].attrs.get("layout", b"")
+            layout = layout.decode() if isinstance(layout, bytes) else str(layout)
+            # NHWC images (tools/images_to_h5, make_synthetic_images) to NCHW, by the rule ddp_train reads them
+            if x.ndim == 4 and (layout == "NHWC" or (not layout and x.shape[3] in (1, 3, 4) and x.shape[1] not in (1, 3, 4))):
+                x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+            xs.append(x)
             ys.append(h["y"][()])
     x = np.concatenate(xs)
     x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)

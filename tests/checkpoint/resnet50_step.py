@@ -6,22 +6,25 @@ tools/torch_to_h5 writes it as a weights-only file (torchvision's names mapped t
 layer list's positions), and ddp_train on NP ranks starts from it (io.init_from) for
 one optimizer step over 16 uint8 64x64 RGB images (16 / NP a rank, unshuffled: rank r
 takes samples r, r + NP, ...). The input file's own recipe is what both sides run:
-SGD with momentum 0.875, weight decay not on batch-norm parameters and biases (a
-second parameter group), label smoothing, the warm-up's first learning rate.
+data.normalize, SGD with momentum 0.875, weight decay not on batch-norm parameters
+and biases (a second parameter group), label smoothing, the warm-up's first
+learning rate.
 The reference is PyTorch's step in float64 (the step's exact arithmetic); PyTorch's
 own float32 step is computed beside it. Checked:
 - the step's loss (metrics.jsonl's train_loss, the mean over every rank's samples)
   equals PyTorch's on the same per-rank batches (batch-norm statistics per rank, as
   without sync) to 5e-5 relative (PyTorch float32: 2.5e-6 to 1.2e-5 from float64);
-- every tensor's change in the step (the weights', the same on every rank, and rank
-  0's running statistics') is as close to PyTorch float64's as PyTorch float32's
-  is: ||ours - torch64|| / ||torch64|| <= max(4 x PyTorch float32's, 1e-4). Neither
-  float32 step is closer than about 1e-2 in the deepest tensors: a float32 rounding
-  moves a few pre-ReLU values across zero, and at layer4's 2x2 maps each such flip
-  moves a visible share of a weight's gradient (measured: ddp_train 0.9-2.6e-2,
-  PyTorch float32 0.7-2.1e-2, at most 1.9 times PyTorch float32's, 1 and 2 ranks).
-  The per-layer comparisons (tests/layers/torch_compare_test.cpp) hold every layer,
-  bottleneck included, to 1e-5 on the same inputs.
+- the whole step (every tensor's change: the weights', the same on every rank, and
+  rank 0's running statistics'): ||ours - torch64|| / ||torch64|| <= 5e-3 and <= 3 x
+  PyTorch float32's own (measured: 4.4-5.8e-4 against PyTorch float32's 4.2-7.4e-4,
+  1 and 2 ranks);
+- each tensor's change: the same ratio <= max(10 x PyTorch float32's, 1e-4). Neither
+  float32 step comes closer than about 1e-2 in some tensors: a float32 rounding moves
+  a few pre-ReLU values across zero, and at layer4's 2x2 maps each flip moves a
+  visible share of a weight's gradient (measured: largest ddp_train 1.8-2.2e-2,
+  PyTorch float32 1.7-3.1e-2; ratios up to 3.3).
+The per-layer comparisons (tests/layers/torch_compare_test.cpp) hold every layer,
+bottleneck included, to 1e-5 on the same inputs.
 
 usage: resnet50_step.py NP MPIEXEC DDP_TRAIN TORCH_TO_H5 INPUT_NML WORK_DIR
 """
@@ -47,7 +50,7 @@ nprocs, mpiexec, binary, torch_to_h5, nml, work = int(sys.argv[1]), *sys.argv[2:
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work + "/data")
 N, SIDE, CLASSES = 16, 64, 10
-RATIO, FLOOR = 4.0, 1e-4
+TOTAL_MAX, TOTAL_RATIO, TENSOR_RATIO, FLOOR = 5e-3, 3.0, 10.0, 1e-4
 LOSS_TOL = 5e-5
 torch.manual_seed(5)
 torch.set_num_threads(1)
@@ -68,9 +71,10 @@ lr = lr_peak / warmup if warmup > 0 else lr_peak  # schedule.cpp: step 0 of the 
 momentum = float(values["train.momentum"])
 weight_decay = float(values["train.weight_decay"])
 smoothing = float(values["train.label_smoothing"])
+norm = [float(v) for v in values["data.normalize"].replace(",", " ").split()]
 if values["train.decay_norm_and_bias"].strip().lower() not in ("f", ".false.", "false"):
     fail("the input file was expected to leave batch norms and biases out of weight decay")
-print(f"recipe: lr {lr} (peak {lr_peak} / {warmup} warm-up steps), momentum {momentum}, weight decay "
+print(f"recipe: normalize {norm}, lr {lr} (peak {lr_peak} / {warmup} warm-up steps), momentum {momentum}, weight decay "
       f"{weight_decay} on weights only, label smoothing {smoothing}")
 
 net = torchvision.models.resnet50(num_classes=CLASSES)
@@ -93,7 +97,8 @@ def torch_step(dtype):
     no_decay = [p for p in model.parameters() if p.dim() == 1]
     opt = torch.optim.SGD([{"params": decay, "weight_decay": weight_decay},
                            {"params": no_decay, "weight_decay": 0.0}], lr=lr, momentum=momentum)
-    X = torch.from_numpy(x).to(dtype) / 255  # ToTensor's x / 255
+    X = torch.from_numpy(x).to(dtype) / 255  # ToTensor's x / 255, then Normalize's (x - mean) / std
+    X = (X - torch.tensor(norm[:3], dtype=dtype).view(1, 3, 1, 1)) / torch.tensor(norm[3:], dtype=dtype).view(1, 3, 1, 1)
     Y = torch.from_numpy(y)
     criterion = torch.nn.CrossEntropyLoss(reduction="sum", label_smoothing=smoothing)
     loss, stats0 = 0.0, None
@@ -144,31 +149,38 @@ loader.exec_module(tool)
 mapping = tool.torchvision_resnet_names(torch_names)
 # Each tensor's change in the step (the update; the running statistics' change from
 # the file's values), ours against PyTorch's: max |ours - torch| / max |torch|.
+# Per tensor and over the whole model: ||ours - torch64|| / ||torch64|| of the change.
 worst_all, worst_name, worst32, ratio, bad = 0.0, "", 0.0, 0.0, []
+sums = {"ours": 0.0, "torch32": 0.0, "norm": 0.0}
 for name in torch_names:
     key = "layers." + mapping[name]
     if key not in got:
         fail(f"{key} ({name}) is not in the checkpoint")
     b = before[name].double().numpy()
-    e, g = state[name] - b, np.asarray(got[key], np.float64) - b
+    e, g, e32 = state[name] - b, np.asarray(got[key], np.float64) - b, state32[name] - b
     if np.shape(e) != np.shape(g):
         fail(f"{key} ({name}): shape {np.shape(g)}, PyTorch's {np.shape(e)}")
-    scale = max(float(np.max(np.abs(e))), 1e-30)
     norm = max(float(np.linalg.norm(e)), 1e-30)
-    rel = float(np.linalg.norm(e - g)) / norm
-    rel32 = float(np.linalg.norm(e - (state32[name] - b))) / norm
+    rel, rel32 = float(np.linalg.norm(e - g)) / norm, float(np.linalg.norm(e - e32)) / norm
+    sums["ours"] += float(np.sum((e - g) ** 2))
+    sums["torch32"] += float(np.sum((e - e32) ** 2))
+    sums["norm"] += float(np.sum(e ** 2))
     if os.environ.get("DEBUG_STEP"):
         print(f"{name:45s} ddp_train {rel:.2e}  PyTorch float32 {rel32:.2e}")
     if rel > worst_all:
         worst_all, worst_name, worst32 = rel, f"{key} ({name})", rel32
     ratio = max(ratio, rel / max(rel32, FLOOR))
-    if not rel <= max(RATIO * rel32, FLOOR):
+    if not rel <= max(TENSOR_RATIO * rel32, FLOOR):
         bad.append(f"{key} ({name}): {rel:.2e}, PyTorch float32 {rel32:.2e}")
 compared = len(torch_names)
 if bad:
-    fail(f"{len(bad)} tensors changed further from PyTorch float64's step than {RATIO:g} x PyTorch float32's "
-         "own error: " + "; ".join(bad))
-print(f"{compared} tensors: ddp_train's change in the step against PyTorch float64's, max |ours - torch| / "
-      f"max |torch|, is at most {ratio:.2f} x PyTorch float32's own (or {FLOOR:g}); the largest {worst_all:.2e} "
-      f"({worst_name}; PyTorch float32 {worst32:.2e})")
+    fail(f"{len(bad)} tensors changed further from PyTorch float64's step than {TENSOR_RATIO:g} x PyTorch "
+         "float32's own error: " + "; ".join(bad))
+total, total32 = (sums["ours"] / sums["norm"]) ** 0.5, (sums["torch32"] / sums["norm"]) ** 0.5
+print(f"the whole step: ||ours - torch64|| / ||torch64|| = {total:.2e}, PyTorch float32's {total32:.2e}")
+print(f"{compared} tensors, each: ||ours - torch64|| / ||torch64|| of its change at most {ratio:.2f} x PyTorch "
+      f"float32's (or {FLOOR:g}); the largest {worst_all:.2e} ({worst_name}; PyTorch float32 {worst32:.2e})")
+if not total <= min(TOTAL_MAX, TOTAL_RATIO * total32):
+    fail(f"the whole step is {total:.2e} from PyTorch float64's: more than {TOTAL_MAX:g}, or than {TOTAL_RATIO:g} x "
+         "PyTorch float32's")
 print("PASS")

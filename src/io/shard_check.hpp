@@ -11,7 +11,7 @@ namespace ddp::shard {
 
 struct Layout {
   std::vector<std::string> files;
-  std::vector<std::int64_t> counts;        // samples per file
+  std::vector<std::int64_t> counts;  // samples per file
   // /x dims after the first, images as (C, H, W) whatever their stored layout
   std::vector<std::int64_t> sample_shape;
   std::vector<std::int64_t> target_shape;  // /y dims after the first ({} for labels)
@@ -21,8 +21,8 @@ struct Layout {
   // users write from PIL and image decoders). Otherwise (N, C, H, W) or not an image.
   bool nhwc = false;
   std::int64_t class_names = 0;  // entries of the first file's root attribute class_names; 0: none
-  bool labels = false;       // /y integer
-  std::int64_t y_bytes = 0;  // bytes per /y element on disk
+  bool labels = false;           // /y integer
+  std::int64_t y_bytes = 0;      // bytes per /y element on disk
   // Per file: FNV-1a over the stored bytes of /x, then /y, at kHashRows rows evenly
   // spaced from the first to the last (every row of a smaller file). A sample of the
   // content, so that its cost does not grow with the file (README: measured).

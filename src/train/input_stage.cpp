@@ -1,5 +1,7 @@
 #include "train/input_stage.hpp"
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #if defined(KOKKOS_ENABLE_CUDA)

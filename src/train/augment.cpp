@@ -12,9 +12,17 @@
 
 namespace ddp {
 
-namespace {
-
 constexpr int kMaxNormalizeChannels = 16;
+
+// data.normalize's means and stds, captured by value in Augment::apply's kernel (at
+// namespace scope, outside the unnamed one: CUDA's extended lambdas may not capture a
+// function-local type, and a kernel's template arguments no type of internal linkage).
+struct ChannelNorm {
+  float mean[kMaxNormalizeChannels];
+  float std[kMaxNormalizeChannels];
+};
+
+namespace {
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t");
@@ -210,10 +218,7 @@ SampleBox ImageTransform::box(const ImageShape& in, std::int64_t epoch, std::int
 
 void ImageTransform::apply(const ImageShape& in, const std::uint8_t* x, const SampleBox* boxes,
                            std::int64_t n, float* out) const {
-  struct Norm {
-    float mean[kMaxNormalizeChannels];
-    float std[kMaxNormalizeChannels];
-  } norm{};
+  ChannelNorm norm{};
   const bool normalize = !mean_.empty();
   for (std::size_t i = 0; i < mean_.size(); ++i) {
     norm.mean[i] = mean_[i];

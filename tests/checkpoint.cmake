@@ -36,6 +36,15 @@ if(DDP_TORCH_PYTHON)
     COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/torch_init.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/torch_init)
 endif()
+# train.clip_grad_norm: one step of a conv + batch norm + linear model against
+# torch.nn.utils.clip_grad_norm_ and SGD, clipping and not, on 1 and 2 ranks.
+if(DDP_TORCH_PYTHON)
+  foreach(np 1 2)
+    ddp_add_checkpoint_test(clip_step_np${np} NP ${np} TIMEOUT 180
+      COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/clip_step.py ${np} ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+              ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/clip_step_np${np})
+  endforeach()
+endif()
 # One step of inputs/resnet50_tiny.nml from torchvision's resnet50 (its state_dict
 # through tools/torch_to_h5) against PyTorch's step, on 1 and 2 ranks.
 if(DDP_TORCH_PYTHON)

@@ -96,6 +96,15 @@ add_test(NAME e2e_nonfinite_np2
 set_tests_properties(e2e_nonfinite_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
                      TIMEOUT 240 PROCESSORS 2)
 
+# train.clip_grad_norm: NaN gradients behind a finite loss (DDP_INJECT_FAULT=nan_gradient
+# on one rank of 2, in its second step) make the total norm NaN; 'stop' ends every
+# rank with one line naming the step, the values and the norm (`.` for the line's ';',
+# which CMake would take for a list separator).
+ddp_add_error_test(nonfinite_grad_norm_np2 NP 2 ENV DDP_INJECT_FAULT=nan_gradient@rank1:step1
+                   REGEX "non-finite gradient at step 2 of epoch 1 \\([0-9]+ values. total gradient norm -?nan\\) while every rank's loss is finite"
+                   ARGS ${TINY} io.run_dir=runs/nonfinite_grad_norm train.clip_grad_norm=1)
+ddp_add_error_test(clip_grad_norm_negative NP 2 REGEX "train.clip_grad_norm"
+                   ARGS ${TINY} train.clip_grad_norm=-1)
 # comm.check_every: one rank's parameter moved by one ulp (DDP_INJECT_FAULT=perturb)
 # is named with the tensor, at the next check (every 2 steps here) or, with the
 # periodic check off, at the next checkpoint (the epoch's end, step 5 on 2 ranks).

@@ -23,7 +23,7 @@ namespace ddp {
 
 namespace {
 
-enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception, perturb };
+enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception, perturb, nan_gradient };
 
 struct Plan {
   Kind kind = Kind::none;
@@ -43,7 +43,8 @@ Plan read_plan() {
       {"bad_alloc", Kind::bad_alloc},
       {"view_alloc", Kind::view_alloc},
       {"loader_exception", Kind::loader_exception},
-      {"perturb", Kind::perturb}};
+      {"perturb", Kind::perturb},
+      {"nan_gradient", Kind::nan_gradient}};
   std::smatch m;
   const std::regex form(R"(([a-z_]+)@rank([0-9]+)(:step([0-9]+))?)");
   if (std::regex_match(p.spec, m, form)) {
@@ -55,7 +56,8 @@ Plan read_plan() {
   if (p.kind == Kind::none)
     DDP_FATAL("DDP_INJECT_FAULT='" << p.spec
                                    << "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, "
-                                      "bad_alloc, view_alloc, loader_exception or perturb");
+                                      "bad_alloc, view_alloc, loader_exception, perturb or "
+                                      "nan_gradient");
   return p;
 }
 
@@ -101,9 +103,10 @@ bool inject_fault(FaultSite site, std::int64_t step) {
   if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return false;
   const FaultSite home = plan.kind == Kind::loader_exception ? FaultSite::prefetch
                          : plan.kind == Kind::perturb        ? FaultSite::parameters
+                         : plan.kind == Kind::nan_gradient   ? FaultSite::loss_gradient
                                                              : FaultSite::train_step;
   if (site != home) return false;
-  if (plan.kind == Kind::perturb) return true;
+  if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient) return true;
   const std::string what = "injected fault (DDP_INJECT_FAULT=" + plan.spec + ")";
   switch (plan.kind) {
     case Kind::exception:
@@ -122,6 +125,7 @@ bool inject_fault(FaultSite site, std::int64_t step) {
     case Kind::loader_exception:
       throw std::out_of_range(what + " reading batch " + std::to_string(step));
     case Kind::perturb:
+    case Kind::nan_gradient:
     case Kind::none:
       break;
   }

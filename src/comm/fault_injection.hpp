@@ -13,6 +13,9 @@
 //                     (streamed data with prefetch)
 //   perturb           not a failure: after optimizer step s, one parameter of rank r
 //                     moves by one ulp (the consistency check must name that rank)
+//   nan_gradient      not a failure: in step s the loss gradient of rank r's first
+//                     sample is NaN (a finite loss, non-finite gradients: the guard's
+//                     and clip_grad_norm's non-finite norm path)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -22,14 +25,15 @@
 namespace ddp {
 
 enum class FaultSite {
-  train_step,  // before the forward pass of each micro-batch; `step` = optimizer steps taken
-  prefetch,    // on the prefetch thread before reading a batch; `step` = the batch's number
-  parameters,  // after an optimizer step; `step` = optimizer steps taken
+  train_step,     // before the forward pass of each micro-batch; `step` = optimizer steps taken
+  prefetch,       // on the prefetch thread before reading a batch; `step` = the batch's number
+  parameters,     // after an optimizer step; `step` = optimizer steps taken
+  loss_gradient,  // after the loss gradient of each micro-batch; `step` = optimizer steps taken
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its
 // rank and step match; returns false otherwise. A malformed value is a fatal error.
-// True: a fault the caller carries out itself is due here (perturb).
+// True: a fault the caller carries out itself is due here (perturb, nan_gradient).
 bool inject_fault(FaultSite site, std::int64_t step);
 
 // A slow exit, for the tests of exit 75 under a launcher (tests/checkpoint/exit75.py):

@@ -153,6 +153,8 @@ const std::vector<Key>& keys() {
        "optimizer steps between progress lines; 0: none"},
       {"train", "nonfinite", field<&C::train, &T::nonfinite>, one_of({"stop", "skip"}), false,
        "a non-finite loss or gradient (fp32, bf16): stop the run, or skip the step on every rank"},
+      {"train", "clip_grad_norm", field<&C::train, &T::clip_grad_norm>, at_least(0), false,
+       "max total 2-norm of the averaged gradients, as torch.nn.utils.clip_grad_norm_; 0: off"},
       {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
        "directory of metrics.jsonl and checkpoints/"},
       {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,

@@ -57,6 +57,7 @@ struct TrainConfig {
   std::int64_t seed = 0;                     // initialisation, sampler permutation, dropout
   int log_every = 100;                       // optimizer steps between progress lines; 0: none
   std::string nonfinite = "stop";            // non-finite loss or gradient: 'stop' the run | 'skip' the step
+  double clip_grad_norm = 0.0;               // max total 2-norm of the gradients, as clip_grad_norm_; 0: off
 };
 
 struct IoConfig {

@@ -19,6 +19,7 @@
 #include "comm/watchdog.hpp"
 #include "io/sampler.hpp"
 #include "model/rng.hpp"
+#include "train/clip.hpp"
 #include "train/guards.hpp"
 #include "train/schedule.hpp"
 #include "train/signals.hpp"
@@ -96,6 +97,15 @@ std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[
       },
       bad);
   return bad;
+}
+
+// Test hook (DDP_INJECT_FAULT=nan_gradient): v(0) = NaN, on the device.
+void poison_first(const View1& v) {
+  Kokkos::parallel_for(
+      "Trainer::poison_first", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
+        const float zero = v(0) * 0.0f;
+        v(0) = zero / zero;  // 0/0: NaN without <cmath> on the device
+      });
 }
 
 // (epoch, window, step) sums so far; resets the window's when asked.
@@ -311,9 +321,20 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
                                        : count_step_nonfinite(grads, loss_acc_);
   grads_nonfinite_ = bad % kLossNonfinite;
   loss_nonfinite_ = bad >= kLossNonfinite;
+  // Gradients hold per-sample sums (times fp16's loss scale): g * inv is the averaged,
+  // unscaled gradient PyTorch holds after backward (and GradScaler's unscale_).
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double inv = 1.0 / (double(samples_per_rank) * comm_.size() * loss_scale);
+  // train.clip_grad_norm: the total norm of those gradients, here so that a non-finite
+  // norm counts as a non-finite gradient in the flags below (stop, skip, or fp16's
+  // backoff). Every rank holds the same reduced gradients: the same norm, no collective.
+  const bool clip = cfg_.train.clip_grad_norm > 0.0;
+  if (clip) grad_norm_ = std::sqrt(grad_sum_of_squares(grads, 0, std::size_t(n), float(inv)));
+  norm_nonfinite_ = clip && !std::isfinite(grad_norm_);
   const double minutes = cfg_.io.checkpoint_every_minutes;
   double flags[4] = {
-      grads_nonfinite_ > 0 ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0, preemption_signal() != 0 ? 1.0 : 0.0,
+      grads_nonfinite_ > 0 || norm_nonfinite_ ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0,
+      preemption_signal() != 0 ? 1.0 : 0.0,
       comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
   comm_.allreduce_sum_host(flags, 4);
   Agreed a;
@@ -325,9 +346,7 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   const trace::Span span("optimizer", "optimizer");
   // fp16: the loss gradient was multiplied by the scale; an overflow is the loss
   // scaler's to handle: skip and halve. fp32, bf16: train.nonfinite.
-  double scale = 1.0;
   if (scaler_) {
-    scale = scaler_->scale();
     scaler_->update(a.nonfinite);
   } else if (a.nonfinite) {
     // Skipping helps only while the weights are finite (the same on every rank).
@@ -336,9 +355,21 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
     if (a.stop) return a;  // run_epoch ends the run once its loader is stopped
   }
   if (a.stepped) {
-    const float inv = float(1.0 / (double(samples_per_rank) * comm_.size() * scale));
+    // Clipping folds into the optimizer's one multiply, g * float(inv * coef), where
+    // PyTorch rounds twice, float(float(g * inv) * coef): at most an ulp of the
+    // gradient apart (6e-8 relative), below the 1e-6 its comparison asks, and no pass
+    // over the buffer. A coefficient of 1 leaves the scale, and the step, bitwise as
+    // without clipping.
+    double step_scale = inv;
+    if (clip) {
+      const double coef = clip_coefficient(grad_norm_, cfg_.train.clip_grad_norm);
+      step_scale = inv * coef;
+      stats.grad_norm_sum += grad_norm_;
+      ++stats.grad_norm_steps;
+      stats.clipped_steps += coef < 1.0;
+    }
     const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
-    optimizer_->step(model_.parameters(), grads, lr, inv);
+    optimizer_->step(model_.parameters(), grads, lr, float(step_scale));
   } else {
     if (++stats.skipped_steps == 1 && !scaler_ && comm_.rank() == 0)
       log::warn(
@@ -390,8 +421,11 @@ void Trainer::stop_nonfinite() {
   fatal_if_any(comm, loss_nonfinite_,
                "non-finite loss " + where + " on finite inputs (the step's " + std::to_string(n) +
                    " samples of this rank): the model has diverged (lower train.lr, or add warm-up)" + tail);
-  fatal_all(comm, "non-finite gradient " + where + " (" + std::to_string(grads_nonfinite_) +
-                      " values) while every rank's loss is finite: the model has diverged (lower train.lr)" +
+  // train.clip_grad_norm: the norm is named too (non-finite exactly when some value is).
+  char norm[48] = "";
+  if (cfg_.train.clip_grad_norm > 0) std::snprintf(norm, sizeof norm, "; total gradient norm %g", grad_norm_);
+  fatal_all(comm, "non-finite gradient " + where + " (" + std::to_string(grads_nonfinite_) + " values" +
+                      norm + ") while every rank's loss is finite: the model has diverged (lower train.lr)" +
                       tail);
 }
 
@@ -593,6 +627,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     dout_.shape = out.shape;
     // Per-sample sums, scaled at the step; fp16 multiplies by the loss scale first.
     loss_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, dout_, smoothing);
+    if (inject_fault(FaultSite::loss_gradient, step_)) poison_first(dout_.data);  // tests only
     if (span->on()) Kokkos::fence();
     span.emplace("backward", "backward");
     // Gradient accumulation: only the last micro-step of a group talks to the
@@ -647,18 +682,22 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       const double fraction = std::clamp(double(pos_.consumed) / double(epoch_positions_), 0.0, 1.0);
       const double loss = window_loss / double(window_samples);
       const double lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
-      char line[256];
+      // The last step's total gradient norm, before clipping (clip_grad_norm_'s value).
+      char norm[40] = "";
+      if (cfg_.train.clip_grad_norm > 0) std::snprintf(norm, sizeof norm, "  grad_norm %.4g", grad_norm_);
+      char line[320];
       std::snprintf(line, sizeof line,
-                    "  epoch %lld/%d %d%%  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g  "
+                    "  epoch %lld/%d %d%%  step %lld  loss %.4f (rank 0, last %lld samples)  lr %.4g%s  "
                     "samples/s %.0f  eta epoch %s, run %s",
                     (long long)epoch + 1, cfg_.train.epochs, int(std::floor(100.0 * fraction)),
-                    (long long)step_, loss, (long long)window_samples, lr, span_rate,
+                    (long long)step_, loss, (long long)window_samples, lr, norm, span_rate,
                     duration_text(eta_.epoch_left(epoch, pos_.consumed)).c_str(),
                     duration_text(eta_.run_left(epoch, pos_.consumed)).c_str());
       log::info(line);
       if (tb_) {
         tb_->scalar("train/loss", step_, loss);
         tb_->scalar("train/lr", step_, lr);
+        if (cfg_.train.clip_grad_norm > 0) tb_->scalar("train/grad_norm", step_, grad_norm_);
         tb_->scalar("train/samples_per_s", step_, span_rate);
         tb_->flush();
       }
@@ -835,6 +874,10 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     if (scaler_) len += std::snprintf(line + len, sizeof line - len, "  loss_scale %g", e.loss_scale);
     if (skips)
       len += std::snprintf(line + len, sizeof line - len, "  skipped %lld", (long long)e.skipped_steps);
+    const bool clip = cfg_.train.clip_grad_norm > 0;
+    if (clip)
+      len += std::snprintf(line + len, sizeof line - len, "  grad_norm %.4g  clipped %lld", e.grad_norm(),
+                           (long long)e.clipped_steps);
     std::snprintf(line + len, sizeof line - len, "  eta run %s",
                   duration_text(eta_.run_left(pos_.epoch, pos_.consumed)).c_str());
     log::info(line);
@@ -860,6 +903,10 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       r.push_back({"world_size", (long long)comm_.size()});
       if (scaler_) r.push_back({"loss_scale", e.loss_scale});
       if (skips) r.push_back({"skipped_steps", (long long)e.skipped_steps});
+      if (clip) {
+        r.push_back({"grad_norm", e.grad_norm()});
+        r.push_back({"clipped_steps", (long long)e.clipped_steps});
+      }
       metrics->write(r);
     }
     if (tb_) write_tensorboard(e, e.step - first_step, v, classify);

@@ -43,6 +43,13 @@ struct EpochStats {
   // train.nonfinite = 'skip'); their samples count in samples/s, not in train_loss.
   std::int64_t skipped_steps = 0;
   bool complete = true;  // false: stopped mid-epoch (preemption)
+  // train.clip_grad_norm > 0: the total gradient norm before clipping, summed over the
+  // epoch's steps taken (by this process: after a resume, those since), and the steps
+  // whose norm was clipped.
+  double grad_norm_sum = 0.0;
+  std::int64_t grad_norm_steps = 0;
+  std::int64_t clipped_steps = 0;
+  double grad_norm() const { return grad_norm_steps > 0 ? grad_norm_sum / double(grad_norm_steps) : 0.0; }
 };
 
 struct ValStats {
@@ -161,6 +168,10 @@ class Trainer {
   bool loss_nonfinite_ = false;             // its loss sum of the step
   std::int64_t grads_nonfinite_ = 0;        // values in the reduced gradients (same on every rank)
   std::int64_t params_nonfinite_ = 0;       // values in the parameters ('skip': skipping cannot help)
+  // train.clip_grad_norm: the last step's total norm of the averaged gradients, before
+  // clipping (the same on every rank), and whether it was inf or NaN.
+  double grad_norm_ = 0.0;
+  bool norm_nonfinite_ = false;
   // (epoch, since the last progress line, this step) sums of the per-sample loss, in
   // double on the device; a step's sum joins the others when the step is taken.
   Kokkos::View<double[3]> loss_acc_;

@@ -1,13 +1,17 @@
-// One training step of three small models (an MLP, a CNN, a ResNet) on this build's
+// One training step of four small models (an MLP, a CNN, BasicBlock and Bottleneck
+// ResNets) on this build's
 // compute backend, against the numbers the CPU build (oneDNN) wrote for the same
 // weights and batch: the GPU build's check that cuBLAS, cuDNN and the Kokkos kernels
 // on the device train as the host does. The reference file is committed
 // (tests/gpu/step_reference.h5) and the CPU build checks on every run that it still
 // reproduces it, so the file cannot go stale.
 //
-//   step_compare write FILE   the reference, from this build (the CPU build)
-//   step_compare check FILE   compare; exit 0 when every tensor is within tolerance,
-//                             1 when not, 77 in the GPU build without a device
+//   step_compare write FILE [CASE...]   the reference, from this build (the CPU build)
+//   step_compare check FILE [CASE...]   compare; exit 0 when every tensor is within
+//                                       tolerance, 1 when not, 77 in the GPU build
+//                                       without a device
+// CASE: the committed cases by default; resnet50_224 (ResNet-50 at 224x224, too large
+// to commit) only when named.
 //
 // A step: forward (training) at batch 8, cross-entropy, backward, one SGD step with
 // momentum and weight decay. Compared, each as max |got - ref| / max |ref| over the
@@ -47,7 +51,38 @@ struct Case {
   const char* name;
   std::vector<std::string> layers;
   Shape sample;
+  // Deep enough that a float32 rounding moves some pre-ReLU values across zero, which
+  // moves a visible share of a few weights' gradients (tests/checkpoint/resnet50_step.py
+  // measured 1e-2 in single tensors between two correct float32 steps of ResNet-50):
+  // the forward (logits, loss) is checked tensor by tensor, the rest on the whole step,
+  // sqrt(sum |got - ref|^2 / sum |ref|^2) over every tensor, and in fp32 only. (The
+  // CPU build's AMX and AVX2 kernels, both correct, measured at resnet50_224: fp32
+  // logits 1.6e-5 apart, the whole step 1.2e-2; bf16 logits 4.3e-2 and the whole
+  // step 0.69 apart: at initialisation one bf16 step of ResNet-50 is no reference for
+  // another's.)
+  bool whole_step = false;
 };
+
+// ResNet-50 v1.5 (inputs/resnet50.nml's layers) for `classes` classes.
+std::vector<std::string> resnet50_layers(int classes) {
+  std::vector<std::string> l = {"conv2d(64, 7, stride=2, pad=3, bias=false)", "batchnorm2d", "relu",
+                                "maxpool(3, stride=2, pad=1)"};
+  const int blocks[] = {3, 4, 6, 3};
+  for (int stage = 0, width = 64; stage < 4; ++stage, width *= 2)
+    for (int b = 0; b < blocks[stage]; ++b)
+      l.push_back("bottleneck(" + std::to_string(width) + (stage > 0 && b == 0 ? ", stride=2)" : ")"));
+  for (const char* tail : {"globalavgpool", "flatten"}) l.push_back(tail);
+  l.push_back("linear(" + std::to_string(classes) + ")");
+  return l;
+}
+
+// Cases run only when named on the command line: their references are too large to
+// commit (ResNet-50: 25.6 M parameters, some 400 MB of tensors per precision pair), so
+// a GPU session writes one with the CPU build and checks the GPU build against it.
+const std::vector<Case>& named_cases() {
+  static const std::vector<Case> c = {{"resnet50_224", resnet50_layers(1000), {3, 224, 224}, true}};
+  return c;
+}
 
 const std::vector<Case>& cases() {
   static const std::vector<Case> c = {
@@ -60,8 +95,29 @@ const std::vector<Case>& cases() {
        {"conv2d(8, 3, pad=1, bias=false)", "batchnorm2d", "relu", "resblock(8)", "resblock(16, stride=2)",
         "globalavgpool", "flatten", "linear(10)"},
        {3, 16, 16}},
+      {"bottleneck",
+       {"conv2d(16, 7, stride=2, pad=3, bias=false)", "batchnorm2d", "relu", "maxpool(3, stride=2, pad=1)",
+        "bottleneck(8)", "bottleneck(8, stride=2)", "globalavgpool", "flatten", "linear(10)"},
+       {3, 32, 32}},
   };
   return c;
+}
+
+// The committed cases, or those named (committed or not); nullptr-free.
+std::vector<Case> select_cases(const std::vector<std::string>& names) {
+  if (names.empty()) return cases();
+  std::vector<Case> chosen;
+  for (const std::string& n : names) {
+    bool found = false;
+    for (const auto* list : {&cases(), &named_cases()})
+      for (const Case& c : *list)
+        if (n == c.name) {
+          chosen.push_back(c);
+          found = true;
+        }
+    DDP_REQUIRE(found, "step_compare: no case '" << n << "'");
+  }
+  return chosen;
 }
 
 constexpr std::int64_t kBatch = 8;
@@ -154,18 +210,19 @@ bool read_dataset(hid_t file, const std::string& path, std::vector<float>* v) {
 
 const Precision kPrecisions[] = {Precision::fp32, Precision::bf16};
 
-int write(const std::string& path) {
+int write(const std::string& path, const std::vector<Case>& chosen) {
   hid_t file = H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
-  for (const Case& c : cases())
+  for (const Case& c : chosen)
     for (Precision p : kPrecisions)
-      for (const auto& [name, values] : run_step(c, p))
-        write_dataset(file, std::string("/") + c.name + "/" + precision_name(p) + "/" + name, values);
+      if (!c.whole_step || p == Precision::fp32)
+        for (const auto& [name, values] : run_step(c, p))
+          write_dataset(file, std::string("/") + c.name + "/" + precision_name(p) + "/" + name, values);
   H5Fclose(file);
   std::printf("wrote %s with %s\n", path.c_str(), compute_backend().name().c_str());
   return 0;
 }
 
-int check(const std::string& path) {
+int check(const std::string& path, const std::vector<Case>& chosen) {
   hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file < 0) {
     std::printf("FAILED: cannot open %s\n", path.c_str());
@@ -173,10 +230,13 @@ int check(const std::string& path) {
   }
   std::printf("step_compare on %s against %s\n", compute_backend().name().c_str(), path.c_str());
   int failures = 0;
-  for (const Case& c : cases())
+  for (const Case& c : chosen)
     for (Precision p : kPrecisions) {
-      const double tol = p == Precision::fp32 ? 1e-5 : 2e-2;
-      double worst = 0.0;
+      if (c.whole_step && p != Precision::fp32) continue;
+      // The whole-step cases' forward: 1e-4 (AMX against AVX2 at resnet50_224: 1.6e-5).
+      const double tol = c.whole_step ? 1e-4 : p == Precision::fp32 ? 1e-5 : 2e-2;
+      const double step_tol = 5e-2;  // whole-step cases: 4x what two CPU kernels' steps differ
+      double worst = 0.0, diff2 = 0.0, ref2 = 0.0;
       std::string worst_name;
       for (const auto& [name, got] : run_step(c, p)) {
         const std::string where = std::string("/") + c.name + "/" + precision_name(p) + "/" + name;
@@ -188,11 +248,17 @@ int check(const std::string& path) {
         }
         double diff = 0.0, scale = 0.0;
         for (std::size_t i = 0; i < ref.size(); ++i) {
-          diff = std::max(diff, std::fabs(double(got[i]) - double(ref[i])));
+          const double d = double(got[i]) - double(ref[i]);
+          diff = std::max(diff, std::fabs(d));
           scale = std::max(scale, std::fabs(double(ref[i])));
+          diff2 += d * d;
+          ref2 += double(ref[i]) * double(ref[i]);
         }
         const double err = scale > 0 ? diff / scale : diff;
-        const bool ok = err <= tol;  // false for NaN
+        // A whole-step case still holds its forward (logits, loss) tensor by tensor: a
+        // flipped ReLU moves the forward only by the value near zero it flipped.
+        const bool forward = name == "logits" || name == "loss";
+        const bool ok = (c.whole_step && !forward) || err <= tol;  // false for NaN
         if (!ok) {
           std::printf("FAILED: %-44s rel err %.3g > %.1g\n", where.c_str(), err, tol);
           ++failures;
@@ -202,8 +268,19 @@ int check(const std::string& path) {
           worst_name = name;
         }
       }
-      std::printf("%-7s %-5s worst rel err %.3g (%s), tolerance %.0e\n", c.name, precision_name(p), worst,
-                  worst_name.c_str(), tol);
+      const double step_err = std::sqrt(diff2 / ref2);
+      if (c.whole_step) {
+        std::printf("%-12s %-5s whole step rel err (L2) %.3g, tolerance %.0e; worst tensor %.3g (%s)\n",
+                    c.name, precision_name(p), step_err, step_tol, worst, worst_name.c_str());
+        if (!(step_err <= step_tol)) {
+          std::printf("FAILED: %s %s whole step rel err %.3g > %.0e\n", c.name, precision_name(p), step_err,
+                      step_tol);
+          ++failures;
+        }
+      } else {
+        std::printf("%-12s %-5s worst rel err %.3g (%s), tolerance %.0e\n", c.name, precision_name(p), worst,
+                    worst_name.c_str(), tol);
+      }
     }
   H5Fclose(file);
   std::printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
@@ -214,8 +291,10 @@ int check(const std::string& path) {
 }  // namespace ddp
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "check") != 0)) {
-    std::fprintf(stderr, "usage: step_compare write|check FILE\n");
+  if (argc < 3 || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "check") != 0)) {
+    std::fprintf(stderr,
+                 "usage: step_compare write|check FILE [CASE ...]  (default: the committed cases; "
+                 "also resnet50_224)\n");
     return 2;
   }
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -230,7 +309,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   {
     const std::string mode = argv[1], path = argv[2];
-    rc = mode == "write" ? ddp::write(path) : ddp::check(path);
+    const std::vector<ddp::Case> chosen = ddp::select_cases(std::vector<std::string>(argv + 3, argv + argc));
+    rc = mode == "write" ? ddp::write(path, chosen) : ddp::check(path, chosen);
   }
   Kokkos::finalize();
   MPI_Finalize();

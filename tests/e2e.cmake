@@ -105,6 +105,14 @@ ddp_add_error_test(nonfinite_grad_norm_np2 NP 2 ENV DDP_INJECT_FAULT=nan_gradien
                    ARGS ${TINY} io.run_dir=runs/nonfinite_grad_norm train.clip_grad_norm=1)
 ddp_add_error_test(clip_grad_norm_negative NP 2 REGEX "train.clip_grad_norm"
                    ARGS ${TINY} train.clip_grad_norm=-1)
+# Rank 0's memory line: parameters, gradients, optimizer state (0, 1, 2 copies for SGD,
+# SGD with momentum, AdamW) and the planned activations, each as the model implies.
+add_test(NAME e2e_memory_line_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/memory_line.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY}
+                 runs/memory_line)
+set_tests_properties(e2e_memory_line_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS e2e TIMEOUT 120
+                     PROCESSORS 2)
+
 # comm.check_every: one rank's parameter moved by one ulp (DDP_INJECT_FAULT=perturb)
 # is named with the tensor, at the next check (every 2 steps here) or, with the
 # periodic check off, at the next checkpoint (the epoch's end, step 5 on 2 ranks).

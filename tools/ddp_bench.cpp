@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "comm/context.hpp"
@@ -98,6 +99,22 @@ double allreduce_floor(Communicator& comm, const CommConfig& cc, MPI_Comm world,
   return median(times);
 }
 
+// Host memory of this process from /proc/self/status, in bytes: {VmHWM (the peak
+// resident set), VmRSS (now)}; {-1, -1} where the file is missing.
+std::pair<std::int64_t, std::int64_t> host_memory() {
+  std::pair<std::int64_t, std::int64_t> kb{-1, -1};
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return kb;
+  char line[256];
+  long long v = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "VmHWM: %lld kB", &v) == 1) kb.first = v;
+    if (std::sscanf(line, "VmRSS: %lld kB", &v) == 1) kb.second = v;
+  }
+  std::fclose(f);
+  return {kb.first < 0 ? -1 : kb.first * 1024, kb.second < 0 ? -1 : kb.second * 1024};
+}
+
 }  // namespace
 }  // namespace ddp
 
@@ -165,6 +182,23 @@ int main(int argc, char** argv) {
       flops * cfg.train.accumulation_steps / step * 1e-9, flops * cfg.train.accumulation_steps * 1e-9,
       compute_backend().name().c_str(), cfg.train.precision.c_str());
   log::info(text);
+  // Memory per rank: the trainer's plan beside what the process holds. The largest
+  // rank's, as with the kernels: a job fits when its fullest rank does.
+  const MemoryPlan plan = trainer.memory_plan();
+  const auto [hwm, rss] = host_memory();
+  std::int64_t host[2] = {hwm, rss};
+  MPI_Allreduce(MPI_IN_PLACE, host, 2, MPI_INT64_T, MPI_MAX, ctx.world());
+  char mem[512];
+  std::snprintf(mem, sizeof mem,
+                "  memory      per rank, planned: %s\n"
+                "              measured: host VmHWM %.2f MB, VmRSS %.2f MB (largest rank)",
+                plan.text(B).c_str(), double(host[0]) / (1024.0 * 1024.0),
+                double(host[1]) / (1024.0 * 1024.0));
+  log::info(mem);
+#if defined(KOKKOS_ENABLE_CUDA)
+  // TODO: cudaMemGetInfo through src/cuda (it has no device-memory helper yet).
+  log::info("              device memory: not measured in this build");
+#endif
   const MetricRecord json = {{"input", cfg.source_path},
                              {"world_size", (long long)ctx.size()},
                              {"batch_size", (long long)B},
@@ -182,7 +216,13 @@ int main(int argc, char** argv) {
                              {"efficiency", floor_step / step},
                              {"model_gflops_per_s", flops * cfg.train.accumulation_steps / step * 1e-9},
                              {"compute", compute_backend().name()},
-                             {"precision", cfg.train.precision}};
+                             {"precision", cfg.train.precision},
+                             {"params_bytes", (long long)plan.parameters},
+                             {"grads_bytes", (long long)plan.gradients},
+                             {"optimizer_state_bytes", (long long)plan.optimizer_state},
+                             {"activations_planned_bytes", (long long)plan.activations},
+                             {"host_hwm_bytes", (long long)host[0]},
+                             {"host_rss_bytes", (long long)host[1]}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

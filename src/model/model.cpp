@@ -168,6 +168,16 @@ void Model::plan_layouts() {
   }
 }
 
+std::int64_t Model::activation_floats(std::int64_t batch) const {
+  std::int64_t per_sample = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const std::int64_t in = shape_numel(shapes_[i]), out = shape_numel(shapes_[i + 1]);
+    per_sample += out;                         // acts_[i]
+    if (i > first_trained_) per_sample += in;  // grad_[i]
+  }
+  return batch * per_sample;
+}
+
 const Tensor& Model::forward(const Tensor& x, bool training) {
   if (x.shape.size() != input_shape().size() + 1 ||
       !std::equal(input_shape().begin(), input_shape().end(), x.shape.begin() + 1))

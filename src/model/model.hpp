@@ -79,6 +79,13 @@ class Model {
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
 
+  // Floats one training step at batch `batch` keeps between layers, planned from the
+  // shapes before any forward: every layer's output (B, out_i...) and the gradient
+  // w.r.t. the input of every layer backward reaches after the first trained one.
+  // What layers hold inside (a block's inner activations, pooling indices, dropout
+  // masks, library workspaces) is not in it: ddp_bench measures the whole.
+  std::int64_t activation_floats(std::int64_t batch) const;
+
   // One line per layer (position, spec, output shape, parameters) and the total.
   std::string summary() const;
 

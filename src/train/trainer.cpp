@@ -197,6 +197,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
                     double(n_params) * 4.0 / (1024.0 * 1024.0));
     log::info(line);
   }
+  log::info("memory per rank: " + memory_plan().text(cfg_.train.batch_size));
   // Dropout streams differ per rank and restart per micro-batch from (key, position),
   // so a checkpoint's one number (the position) restores them exactly.
   dropout_key_ = hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(comm_.rank()));
@@ -217,6 +218,26 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   correct_ = View1("Trainer::correct", std::size_t(B));
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
   if (cfg_.io.trace) open_trace();
+}
+
+std::string MemoryPlan::text(std::int64_t batch) const {
+  const auto bytes = [](std::int64_t b) {
+    char t[64];
+    std::snprintf(t, sizeof t, "%.2f MB (%lld B)", double(b) / (1024.0 * 1024.0), (long long)b);
+    return std::string(t);
+  };
+  return "parameters " + bytes(parameters) + ", gradients " + bytes(gradients) + ", optimizer state " +
+         bytes(optimizer_state) + ", activations " + bytes(activations) + " (planned at batch " +
+         std::to_string(batch) + ": layer outputs and the gradients between layers), in all " +
+         bytes(total());
+}
+
+MemoryPlan Trainer::memory_plan() const {
+  MemoryPlan m;
+  m.parameters = m.gradients = 4 * model_.num_parameters();
+  for (const auto& state : optimizer_->state()) m.optimizer_state += 4 * std::int64_t(state.second.extent(0));
+  m.activations = 4 * model_.activation_floats(cfg_.train.batch_size);
+  return m;
 }
 
 void Trainer::open_trace() {

@@ -60,6 +60,16 @@ struct ValStats {
   std::int64_t correct = 0;
 };
 
+// Bytes a rank holds for training, by kind (each rank the same under plain data
+// parallelism): the flat parameter and gradient buffers, the optimizer's state
+// buffers, and the activations Model::activation_floats plans for one batch.
+struct MemoryPlan {
+  std::int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  std::int64_t total() const { return parameters + gradients + optimizer_state + activations; }
+  // "parameters 1.02 MB (1069140 B), gradients ..., in all ...": rank 0's start-up line.
+  std::string text(std::int64_t batch) const;
+};
+
 class Trainer {
  public:
   // `prefetch_batches` > 0 reads ahead on a thread (streaming data).
@@ -85,6 +95,7 @@ class Trainer {
   EpochStats train_epoch(std::int64_t epoch);
   ValStats validate(ShardDataset& data);
 
+  MemoryPlan memory_plan() const;
   std::int64_t step() const { return step_; }
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   const TrainingState& position() const { return pos_; }

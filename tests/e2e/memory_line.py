@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Rank 0's start-up memory line: printed once, with numbers that follow from the
+model and the optimizer on the tiny set (2 ranks):
+
+- parameters = gradients = 4 x the model's parameter count (its summary's total);
+- optimizer state = 0, 1 and 2 x the parameters for SGD without momentum, SGD with
+  momentum and AdamW;
+- activations = 4 x batch x (every layer's output + the gradients between layers):
+  linear(8), relu, linear(3) on 16 features: outputs 8 + 8 + 3, gradients into the
+  relu and the second linear 8 + 8, at batch 8: 1,120 bytes;
+- the total is their sum.
+
+usage: memory_line.py MPIEXEC DDP_TRAIN TINY.nml RUN_PREFIX
+"""
+import re
+import subprocess
+import sys
+
+LINE = re.compile(r"^memory per rank: parameters [0-9.]+ MB \((\d+) B\), gradients [0-9.]+ MB \((\d+) B\), "
+                  r"optimizer state [0-9.]+ MB \((\d+) B\), activations [0-9.]+ MB \((\d+) B\) \(planned at batch "
+                  r"(\d+): [^)]*\), in all [0-9.]+ MB \((\d+) B\)$", re.M)
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+mpiexec, binary, nml, prefix = sys.argv[1:5]
+for name, overrides, copies in (("sgd", ["train.momentum=0"], 0), ("momentum", ["train.momentum=0.9"], 1),
+                                ("adamw", ["train.optimizer=adamw"], 2)):
+    cmd = [mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", binary, nml, f"io.run_dir={prefix}_{name}",
+           "train.epochs=1", "io.checkpoint_every=0", *overrides]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    print(f"$ {' '.join(cmd)}\n{p.stdout}--- standard error\n{p.stderr}--- exit {p.returncode}")
+    if p.returncode != 0:
+        fail(f"{name}: exit {p.returncode}")
+    lines = LINE.findall(p.stdout)
+    if len(lines) != 1:
+        fail(f"{name}: {len(lines)} memory lines, expected 1")
+    params, grads, state, acts, batch, total = map(int, lines[0])
+    n = int(re.search(r"total parameters: (\d+)", p.stdout).group(1))
+    print(f"{name}: {n} parameters; bytes: parameters {params}, gradients {grads}, optimizer state {state}, "
+          f"activations {acts} at batch {batch}, in all {total}")
+    if params != 4 * n or grads != 4 * n:
+        fail(f"{name}: parameters {params} B, gradients {grads} B for {n} parameters")
+    if state != copies * 4 * n:
+        fail(f"{name}: optimizer state {state} B, expected {copies} x {4 * n}")
+    if batch != 8 or acts != 4 * 8 * (8 + 8 + 3 + 8 + 8):
+        fail(f"{name}: activations {acts} B at batch {batch}, expected 1120 B at 8")
+    if total != params + grads + state + acts:
+        fail(f"{name}: the total {total} is not the sum")
+print("PASS")

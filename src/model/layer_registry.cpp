@@ -76,6 +76,12 @@ std::unique_ptr<Layer> pool(Pool2d::Op op, const Args& a, const Options& o) {
   return std::make_unique<Pool2d>(op, k, int_option(o, "stride", k, 1), pad);
 }
 
+// resblock / bottleneck: the options both take.
+std::unique_ptr<Layer> residual_block(ResBlock::Kind kind, std::int64_t channels, const Options& o) {
+  return std::make_unique<ResBlock>(kind, channels, int_option(o, "stride", 1, 1),
+                                    bool_option(o, "zero_init", false), bool_option(o, "sync", false));
+}
+
 struct LayerRow {
   const char* name;     // "linear"
   const char* usage;    // "linear(n)"
@@ -122,17 +128,13 @@ const LayerRow kLayers[] = {
      }},
     {"resblock", "resblock(channels[, stride=s][, zero_init][, sync])", 1, "stride,zero_init,sync",
      "zero_init,sync",
-     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
-       return std::make_unique<ResBlock>(ResBlock::Basic, positive(a[0], "channels"),
-                                         int_option(o, "stride", 1, 1), bool_option(o, "zero_init", false),
-                                         bool_option(o, "sync", false));
+     [](const Args& a, const Options& o) {
+       return residual_block(ResBlock::Basic, positive(a[0], "channels"), o);
      }},
     {"bottleneck", "bottleneck(width[, stride=s][, zero_init][, sync])", 1, "stride,zero_init,sync",
      "zero_init,sync",
-     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
-       return std::make_unique<ResBlock>(ResBlock::Bottleneck, positive(a[0], "width"),
-                                         int_option(o, "stride", 1, 1), bool_option(o, "zero_init", false),
-                                         bool_option(o, "sync", false));
+     [](const Args& a, const Options& o) {
+       return residual_block(ResBlock::Bottleneck, positive(a[0], "width"), o);
      }},
 };
 

@@ -165,8 +165,6 @@ for name in torch_names:
     sums["ours"] += float(np.sum((e - g) ** 2))
     sums["torch32"] += float(np.sum((e - e32) ** 2))
     sums["norm"] += float(np.sum(e ** 2))
-    if os.environ.get("DEBUG_STEP"):
-        print(f"{name:45s} ddp_train {rel:.2e}  PyTorch float32 {rel32:.2e}")
     if rel > worst_all:
         worst_all, worst_name, worst32 = rel, f"{key} ({name})", rel32
     ratio = max(ratio, rel / max(rel32, FLOOR))

@@ -59,6 +59,8 @@ ddp_add_error_test(trace_steps_reversed NP 2 REGEX "io.trace_steps=9,3: the firs
                    ARGS ${TINY} --trace io.trace_steps=9,3)
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
+ddp_add_error_test(step_delay_malformed NP 2 REGEX "DDP_TEST_STEP_DELAY_US='1ms': expected a number of microseconds"
+                   ARGS ${TINY} ENV DDP_TEST_STEP_DELAY_US=1ms)
 
 # ddp_add_fault_test(name NP n FAULT spec REGEX re ARGS ...): ddp_train on n ranks
 # with DDP_INJECT_FAULT=spec (src/comm/fault_injection.hpp): one rank fails alone,

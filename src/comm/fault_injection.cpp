@@ -96,6 +96,19 @@ const std::pair<long long, int>& exit_delay() {
   return delay;
 }
 
+// DDP_TEST_STEP_DELAY_US: microseconds; 0 when unset, -1 when malformed.
+long long read_step_delay() {
+  const char* env = std::getenv("DDP_TEST_STEP_DELAY_US");
+  if (!env || !*env) return 0;
+  if (!std::regex_match(env, std::regex("[0-9]{1,9}"))) return -1;
+  return std::stoll(env);
+}
+
+long long step_delay_us() {
+  static const long long us = read_step_delay();
+  return us;
+}
+
 }  // namespace
 
 bool inject_fault(FaultSite site, std::int64_t step) {
@@ -141,6 +154,16 @@ void inject_exit_delay() {
                int(getpid()), ms);
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+void check_step_delay(MPI_Comm world) {
+  if (step_delay_us() < 0)
+    fatal_all(world, "DDP_TEST_STEP_DELAY_US='" + std::string(std::getenv("DDP_TEST_STEP_DELAY_US")) +
+                         "': expected a number of microseconds");
+}
+
+void inject_step_delay() {
+  if (step_delay_us() > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us()));
 }
 
 }  // namespace ddp

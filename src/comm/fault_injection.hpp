@@ -20,6 +20,8 @@
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
 
+#include <mpi.h>
+
 #include <cstdint>
 
 namespace ddp {
@@ -50,5 +52,19 @@ bool inject_fault(FaultSite site, std::int64_t step);
 // inject_exit_delay() sleeps. Context calls both.
 void check_exit_delay();
 void inject_exit_delay();
+
+// A paced run, for tests that must act on a job while it trains (the Slurm requeue
+// test signals it once it has trained some epochs):
+//
+//   DDP_TEST_STEP_DELAY_US=<us>
+//
+// makes every rank sleep <us> microseconds before each training micro-batch. The
+// run takes at least that long per step whatever the CPU, and its ranks leave the
+// cores to the launcher, slurmctld and the test between steps; the numbers it
+// computes are unchanged. check_step_delay() reads the variable; a malformed value
+// ends the run as an input error (every rank has the same environment). Collective;
+// Context calls it.
+void check_step_delay(MPI_Comm world);
+void inject_step_delay();
 
 }  // namespace ddp

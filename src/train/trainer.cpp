@@ -635,6 +635,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     }
     watchdog::set_phase(Phase::compute);
     inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
+    inject_step_delay();                          // tests only: DDP_TEST_STEP_DELAY_US
     const double t_forward = now();
     model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
     // One span after the other (emplace ends the previous one first); no heap on the hot path.

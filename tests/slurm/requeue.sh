@@ -15,12 +15,16 @@ set -euo pipefail
 cluster=$1 jobs=$2 ddp_train=$3 e2e=$4 python=$5
 source "$(dirname "$0")/lib.sh"
 
-# Tiny epochs take 1.5 ms (AVX-512 machine) to 5 ms (2-core AVX2 EPYC; batch 2,
-# streamed). The signal goes once 100 epochs are done, and the rest of the run
-# (12 to 40 s) leaves this script, which may not get the CPU for seconds while the
-# 2 ranks run on the 2 cores, ample time to send it; 20,000 epochs took 213 s
-# of the suite on the AVX2 machine for both jobs.
-epochs=${DDP_REQUEUE_EPOCHS:-8000}
+# Tiny epochs take 1.3 ms (AMX Xeon) to 5 ms (2-core AVX2 EPYC; batch 2,
+# streamed): unpaced, the whole run can be over in 11 s, and a Slurm command that
+# waits out slurmctld's message timeout (10 s; it drops connections while 2 ranks
+# hold both cores) once left this script reading the finished run. So the
+# requeueable job is paced (DDP_TEST_STEP_DELAY_US: every rank sleeps before each
+# step; the numbers are unchanged): 3000 epochs of 20 steps take at least 30 s
+# wherever it runs, with the ranks off the cores most of that time. The signal
+# goes once 100 epochs are done. The reference runs unpaced.
+epochs=${DDP_REQUEUE_EPOCHS:-3000}
+step_delay_us=${DDP_REQUEUE_STEP_DELAY_US:-500}
 signal_after=${DDP_REQUEUE_SIGNAL_AFTER:-100}  # epochs trained before the signal
 out=slurm_runs/requeue
 rm -rf "$out"
@@ -48,9 +52,9 @@ tail -n 2 "$out/ref-$ref.out"
 
 # 2. The same run as a requeueable job, signalled once it is training.
 run=$out/run
-id=$(submit -n 2 --job-name=ddp_requeue --output="$out/requeue-%j.out" "$jobs/requeue.sbatch" "${args[@]}" io.run_dir=$run)
+id=$(submit -n 2 --job-name=ddp_requeue --export=ALL,DDP_TEST_STEP_DELAY_US=$step_delay_us --output="$out/requeue-%j.out" "$jobs/requeue.sbatch" "${args[@]}" io.run_dir=$run)
 log=$out/requeue-$id.out
-echo "requeue job $id: requeue.sbatch ${args[*]} io.run_dir=$run"
+echo "requeue job $id: DDP_TEST_STEP_DELAY_US=$step_delay_us requeue.sbatch ${args[*]} io.run_dir=$run"
 deadline=$((SECONDS + 90))
 polls=0
 while [ "$(records "$run")" -lt "$signal_after" ]; do

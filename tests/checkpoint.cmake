@@ -44,7 +44,22 @@ if(DDP_TORCH_PYTHON)
       COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/clip_step.py ${np} ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
               ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/clip_step_np${np})
   endforeach()
+  # ZeRO stage 2: each rank sums its share's blocks of the norm; the same step.
+  ddp_add_checkpoint_test(clip_step_zero2_np2 NP 2 TIMEOUT 180
+    COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/clip_step.py 2 ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+            ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/clip_step_zero2_np2 comm.zero=2)
 endif()
+# ZeRO stages 1 and 2 bitwise equal to plain data parallelism (tests/checkpoint/zero_equal.py).
+foreach(np 1 2 3 4)
+  ddp_add_checkpoint_test(zero_equal_np${np} FIXTURE e2e_data NP ${np} TIMEOUT 300
+    COMMAND ${DDP_PYTHON} ${CKPT}/zero_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${E2E}/tiny.nml
+            runs/zero_equal_np${np} ${np})
+endforeach()
+# A checkpoint written at zero = 2 on 3 ranks: the same file as at zero = 0; resumed at
+# zero = 0 on 2 ranks and zero = 1 on 4; loads into PyTorch (interop.py).
+ddp_add_checkpoint_test(zero_resume FIXTURE fashion NP 4 TIMEOUT 600
+  COMMAND ${DDP_PYTHON} ${CKPT}/zero_resume.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
+          runs/zero_resume "data/fashion-mnist/test_*.h5")
 # One step of inputs/resnet50_tiny.nml from torchvision's resnet50 (its state_dict
 # through tools/torch_to_h5) against PyTorch's step, on 1 and 2 ranks.
 if(DDP_TORCH_PYTHON)

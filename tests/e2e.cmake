@@ -105,8 +105,16 @@ set_tests_properties(e2e_nonfinite_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LAB
 ddp_add_error_test(nonfinite_grad_norm_np2 NP 2 ENV DDP_INJECT_FAULT=nan_gradient@rank1:step1
                    REGEX "non-finite gradient at step 2 of epoch 1 \\([0-9]+ values. total gradient norm -?nan\\) while every rank's loss is finite"
                    ARGS ${TINY} io.run_dir=runs/nonfinite_grad_norm train.clip_grad_norm=1)
+# The same at ZeRO stage 2 through MPI, where each rank counts the non-finite sums of
+# its share and sums its share's blocks of the norm (an MLP: both ranks own a share);
+# the count is stage 0's (38,260 of the 70,915 gradients).
+ddp_add_error_test(nonfinite_grad_norm_zero2_np2 NP 2 ENV DDP_INJECT_FAULT=nan_gradient@rank1:step1
+                   REGEX "non-finite gradient at step 2 of epoch 1 \(70915 values. total gradient norm -?nan\) while every rank's loss is finite"
+                   ARGS ${TINY} io.run_dir=runs/nonfinite_grad_norm_zero2 train.clip_grad_norm=1 comm.zero=2
+                        comm.shared_memory=F "model.layers=linear(256),relu,linear(256),relu,linear(3)")
 ddp_add_error_test(clip_grad_norm_negative NP 2 REGEX "train.clip_grad_norm"
                    ARGS ${TINY} train.clip_grad_norm=-1)
+ddp_add_error_test(zero_out_of_range NP 2 REGEX "comm.zero.*3" ARGS ${TINY} comm.zero=3)
 # Rank 0's memory line: parameters, gradients, optimizer state (0, 1, 2 copies for SGD,
 # SGD with momentum, AdamW) and the planned activations, each as the model implies.
 add_test(NAME e2e_memory_line_np2

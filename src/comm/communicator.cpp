@@ -42,12 +42,26 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap,
-                                                     bool shared_memory) override {
+                                                     const std::string& overlap, bool shared_memory,
+                                                     const std::vector<std::int64_t>& scatter_to) override {
     const GradientReducer::Progress progress = GradientReducer::parse_progress(overlap);
     if (shared_memory)
-      if (auto shm = ShmReducer::make(comm_, grads, buckets)) return shm;
-    return std::make_unique<GradientReducer>(comm_, grads, std::move(buckets), progress);
+      if (auto shm = ShmReducer::make(comm_, grads, buckets, scatter_to)) return shm;
+    return std::make_unique<GradientReducer>(comm_, grads, std::move(buckets), progress, scatter_to);
+  }
+
+  void allgather_shares(float* data, const std::vector<std::int64_t>& bounds) override {
+    watchdog::Collective guard("an all-gather of the parameter shares (MPI_Allgatherv)");
+    if (size_ == 1) return;
+    const ShareCounts c = share_counts(bounds, 0, bounds.back());
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c.counts.data(), c.displs.data(),
+                             MPI_FLOAT, comm_));
+  }
+
+  void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) override {
+    watchdog::Collective guard("a reduce-scatter of the gradients (MPI_Reduce_scatter)");
+    if (size_ == 1) return;
+    reduce_scatter_range(comm_, rank_, data, 0, bounds.back(), bounds, nullptr);
   }
 
   void broadcast(float* data, std::size_t n, int root) override {

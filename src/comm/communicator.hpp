@@ -28,6 +28,16 @@ class Communicator {
   virtual void allreduce_sum(float* data, std::size_t n) = 0;
   virtual void allreduce_sum(double* data, std::size_t n) = 0;
   virtual void broadcast(float* data, std::size_t n, int root) = 0;
+  // ZeRO (comm/shares.hpp), in place on the flat buffer `data` of bounds.back()
+  // floats, in the tensors' memory space:
+  // - allgather_shares: rank r's share [bounds[r], bounds[r + 1]) as rank r holds it,
+  //   to every rank (MPI_Allgatherv; on a GPU one broadcast per share);
+  // - reduce_scatter_shares: this rank's share becomes the sum over the ranks of
+  //   their values there (MPI_Reduce_scatter; on a GPU one reduce per share); the
+  //   rest of `data` is undefined after it.
+  // On a GPU queued on the compute stream's order, as allreduce_sum.
+  virtual void allgather_shares(float* data, const std::vector<std::int64_t>& bounds) = 0;
+  virtual void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) = 0;
   // The same on a small host array (flags, metric sums), done when it returns.
   virtual void allreduce_sum_host(double* data, std::size_t n) = 0;
   virtual void barrier() = 0;
@@ -36,10 +46,13 @@ class Communicator {
   // progress modes; NCCL progresses on its own stream whatever is asked). With
   // shared_memory, host buffers and every rank on one node, the sums are made in a
   // shared window instead (comm/shm_reducer.hpp; overlap does not apply). Null when
-  // the backend has none: the trainer then all-reduces after backward. Collective.
+  // the backend has none: the trainer then all-reduces after backward. scatter_to
+  // (comm.zero = 2): the share bounds; each bucket is then reduce-scattered, and a
+  // rank ends with the sums of its share only (reduce_scatter_shares, by bucket).
+  // Collective.
   virtual std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                             const std::string& overlap,
-                                                             bool shared_memory) = 0;
+                                                             const std::string& overlap, bool shared_memory,
+                                                             const std::vector<std::int64_t>& scatter_to) = 0;
   // The same ranks as an MPI communicator, for MPI-level helpers (the bucketed
   // gradient reducer makes its own duplicate of it).
   virtual MPI_Comm mpi_comm() const = 0;

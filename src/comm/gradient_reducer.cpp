@@ -1,6 +1,9 @@
 #include "comm/gradient_reducer.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstring>
 
 #include "comm/check.hpp"
 #include "comm/trace.hpp"
@@ -34,18 +37,57 @@ std::vector<Bucket> plan_buckets(const std::vector<std::pair<std::int64_t, std::
   return buckets;
 }
 
+ShareCounts share_counts(const std::vector<std::int64_t>& bounds, std::int64_t begin, std::int64_t end) {
+  ShareCounts c;
+  for (std::size_t r = 0; r + 1 < bounds.size(); ++r) {
+    const std::int64_t lo = std::clamp(bounds[r], begin, end), hi = std::clamp(bounds[r + 1], begin, end);
+    DDP_REQUIRE(hi - begin <= std::int64_t(INT_MAX),
+                "ZeRO over " << (end - begin) << " floats at once: MPI counts and displacements are int");
+    c.counts.push_back(int(hi - lo));
+    c.displs.push_back(int(lo - begin));
+  }
+  return c;
+}
+
+void reduce_scatter_range(MPI_Comm comm, int rank, float* data, std::int64_t begin, std::int64_t end,
+                          const std::vector<std::int64_t>& bounds, MPI_Request* request,
+                          const std::vector<int>* counts) {
+  std::vector<int> own;
+  if (!counts) {
+    own = share_counts(bounds, begin, end).counts;
+    counts = &own;
+  }
+  if (request) {
+    MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, data + begin, counts->data(), MPI_FLOAT, MPI_SUM, comm, request));
+    return;
+  }
+  MPI_CHECK(MPI_Reduce_scatter(MPI_IN_PLACE, data + begin, counts->data(), MPI_FLOAT, MPI_SUM, comm));
+  place_scattered(data, rank, begin, end, bounds);
+}
+
+void place_scattered(float* data, int rank, std::int64_t begin, std::int64_t end,
+                     const std::vector<std::int64_t>& bounds) {
+  const std::int64_t lo = std::clamp(bounds[std::size_t(rank)], begin, end);
+  const std::int64_t hi = std::clamp(bounds[std::size_t(rank) + 1], begin, end);
+  if (hi > lo && lo > begin) std::memmove(data + lo, data + begin, std::size_t(hi - lo) * sizeof(float));
+}
+
 GradientReducer::Progress GradientReducer::parse_progress(const std::string& name) {
   if (name == "thread") return Progress::Thread;
   if (name == "poll") return Progress::Poll;
   throw InputError("comm progress '" + name + "': expected 'poll' or 'thread'");
 }
 
-GradientReducer::GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress)
-    : grads_(grads), buckets_(std::move(buckets)), progress_(progress) {
+GradientReducer::GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress,
+                                 std::vector<std::int64_t> scatter_to)
+    : grads_(grads), buckets_(std::move(buckets)), progress_(progress), scatter_to_(std::move(scatter_to)) {
   // A communicator of its own: its collectives never interleave with the trainer's.
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  for (const Bucket& k : buckets_)
+    if (!scatter_to_.empty()) counts_.push_back(share_counts(scatter_to_, k.begin, k.end).counts);
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
   completed_index_.assign(buckets_.size(), 0);
   trace_begin_.assign(buckets_.size(), -1);
@@ -80,8 +122,11 @@ void GradientReducer::start(std::size_t b) {
     // so finish() reduces it blocking.
     if (b + 1 == buckets_.size()) return;
     if (trace::recording()) trace_begin_[b] = trace::now_ns();
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_,
-                             &requests_[b]));
+    if (!scatter_to_.empty())
+      reduce_scatter_range(comm_, rank_, grads_, k.begin, k.end, scatter_to_, &requests_[b], &counts_[b]);
+    else
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_,
+                               &requests_[b]));
     return;
   }
   {
@@ -129,11 +174,13 @@ void GradientReducer::finish() {
                                MPI_STATUSES_IGNORE));
         traced_done(count);
       }
+      // The non-blocking reduce-scatters leave their sums at the bucket's start.
+      if (!scatter_to_.empty())
+        for (std::size_t b = 0; b + 1 < buckets_.size(); ++b)
+          place_scattered(grads_, rank_, buckets_[b].begin, buckets_[b].end, scatter_to_);
       const std::size_t b = buckets_.size() - 1;
-      const Bucket& last = buckets_[b];
       if (trace::recording()) trace_begin_[b] = trace::now_ns();
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + last.begin, int(last.end - last.begin), MPI_FLOAT,
-                              MPI_SUM, comm_));
+      reduce_blocking(b);
       trace_bucket(b, trace::now_ns());
     } else {
       std::unique_lock<std::mutex> lock(mu_);
@@ -143,6 +190,14 @@ void GradientReducer::finish() {
   }
   started_ = 0;
   finish_wait_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GradientReducer::reduce_blocking(std::size_t b) {
+  const Bucket& k = buckets_[b];
+  if (!scatter_to_.empty())
+    reduce_scatter_range(comm_, rank_, grads_, k.begin, k.end, scatter_to_, nullptr, &counts_[b]);
+  else
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 void GradientReducer::run_thread() {
@@ -155,9 +210,8 @@ void GradientReducer::run_thread() {
       b = queue_.front();
       queue_.pop_front();
     }
-    const Bucket& k = buckets_[b];
     if (trace::recording()) trace_begin_[b] = trace::now_ns();
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads_ + k.begin, int(k.end - k.begin), MPI_FLOAT, MPI_SUM, comm_));
+    reduce_blocking(b);
     trace_bucket(b, trace::now_ns());
     {
       std::lock_guard<std::mutex> lock(mu_);

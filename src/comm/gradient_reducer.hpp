@@ -37,6 +37,26 @@ struct Bucket {
 std::vector<Bucket> plan_buckets(const std::vector<std::pair<std::int64_t, std::int64_t>>& tensors,
                                  double bucket_mb, double first_bucket_mb);
 
+// ZeRO (comm/shares.hpp): how much of the range [begin, end) of the flat buffer each
+// rank's share holds, as MPI counts, and where (displacements from begin). Every
+// count must fit an int.
+struct ShareCounts {
+  std::vector<int> counts, displs;
+};
+ShareCounts share_counts(const std::vector<std::int64_t>& bounds, std::int64_t begin, std::int64_t end);
+
+// The sums of data[begin, end) over the ranks of `comm`, this rank's share of them
+// only, in place: MPI_Reduce_scatter leaves them at data + begin, and
+// place_scattered moves them to their own offsets. `counts`: share_counts(bounds,
+// begin, end).counts. With a request, MPI_Ireduce_scatter is started (counts must
+// outlive it) and place_scattered is the caller's to call once it completes;
+// without, it is blocking and placed on return.
+void reduce_scatter_range(MPI_Comm comm, int rank, float* data, std::int64_t begin, std::int64_t end,
+                          const std::vector<std::int64_t>& bounds, MPI_Request* request,
+                          const std::vector<int>* counts = nullptr);
+void place_scattered(float* data, int rank, std::int64_t begin, std::int64_t end,
+                     const std::vector<std::int64_t>& bounds);
+
 // What the trainer sees of a bucketed all-reduce, whichever communicator runs it
 // (Communicator::make_bucket_reducer): MPI on host buffers (GradientReducer below),
 // a node's shared memory (comm/shm_reducer.hpp) or NCCL on device buffers
@@ -70,8 +90,10 @@ class GradientReducer final : public BucketReducer {
   enum class Progress { Poll, Thread };
   static Progress parse_progress(const std::string& name);  // "poll" | "thread"
 
-  // grads: the gradient buffer (host memory); buckets from plan_buckets.
-  GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress);
+  // grads: the gradient buffer (host memory); buckets from plan_buckets. scatter_to:
+  // empty, or the ZeRO share bounds (comm.zero = 2): each bucket is reduce-scattered.
+  GradientReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets, Progress progress,
+                  std::vector<std::int64_t> scatter_to = {});
   ~GradientReducer() override;
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -82,13 +104,15 @@ class GradientReducer final : public BucketReducer {
 
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   std::string method() const override {
-    return progress_ == Progress::Poll ? "MPI during backward, progressed by polling"
-                                       : "MPI during backward, by a communication thread";
+    return std::string(scatter_to_.empty() ? "MPI all-reduce" : "MPI reduce-scatter to the shares") +
+           (progress_ == Progress::Poll ? " during backward, progressed by polling"
+                                        : " during backward, by a communication thread");
   }
   double finish_wait_seconds() const { return finish_wait_; }  // last finish(): time blocked
 
  private:
   void start(std::size_t bucket);
+  void reduce_blocking(std::size_t bucket);  // all-reduce or reduce-scatter, placed
   void run_thread();
   void traced_done(int count);  // completed_index_[0, count) just completed (MPI_UNDEFINED: none left)
   void trace_bucket(std::size_t bucket, std::int64_t end_ns);  // its span in the timeline (io.trace)
@@ -97,7 +121,9 @@ class GradientReducer final : public BucketReducer {
   float* grads_;
   std::vector<Bucket> buckets_;
   Progress progress_;
-  int size_ = 1;
+  int size_ = 1, rank_ = 0;
+  std::vector<std::int64_t> scatter_to_;    // ZeRO share bounds; empty: all-reduce
+  std::vector<std::vector<int>> counts_;    // per bucket, scatter_to_ only: share_counts
   std::size_t started_ = 0;  // buckets [0, started_) have been started this step
   std::vector<MPI_Request> requests_;
   std::vector<int> completed_index_;       // MPI_Testsome/Waitsome's output

@@ -26,7 +26,8 @@ char* page_aligned(char* p) {
 
 }  // namespace
 
-std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets) {
+std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets,
+                                             const std::vector<std::int64_t>& scatter_to) {
   int rank = 0, size = 1, local = 1;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   MPI_CHECK(MPI_Comm_size(comm, &size));
@@ -36,13 +37,14 @@ std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::v
   MPI_CHECK(MPI_Comm_free(&node));
   // Every rank finds its node to hold all ranks, or every rank finds it to hold fewer.
   if (local != size || buckets.empty()) return nullptr;
-  std::unique_ptr<ShmReducer> r(new ShmReducer(comm, grads, std::move(buckets)));
+  std::unique_ptr<ShmReducer> r(new ShmReducer(comm, grads, std::move(buckets), scatter_to));
   if (r->win_ == MPI_WIN_NULL) return nullptr;  // the constructor said why
   return r;
 }
 
-ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
-    : grads_(grads), buckets_(std::move(buckets)), block_(std::size_t(kBlock)) {
+ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets,
+                       const std::vector<std::int64_t>& scatter_to)
+    : grads_(grads), buckets_(std::move(buckets)), scatter_(!scatter_to.empty()), block_(std::size_t(kBlock)) {
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -55,9 +57,17 @@ ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets)
   }
   if (covered != n_)
     DDP_FATAL("shared-memory all-reduce: the buckets cover " << covered << " of " << n_ << " floats");
-  // Shares of whole 64-byte lines, so that no two ranks write one line.
+  // Shares of whole 64-byte lines, so that no two ranks write one line; ZeRO's own
+  // (4 KB-aligned) when each rank keeps the sums of its share only.
   share_.resize(std::size_t(size_) + 1);
   for (int r = 0; r <= size_; ++r) share_[std::size_t(r)] = std::min(n_, round_up(n_ * r / size_, 16));
+  if (scatter_) {
+    if (scatter_to.size() != share_.size() || scatter_to.back() != n_)
+      DDP_FATAL("shared-memory reduce-scatter: " << scatter_to.size() - 1 << " shares of "
+                                                 << scatter_to.back() << " floats for " << size_
+                                                 << " ranks and " << n_ << " floats");
+    share_ = scatter_to;
+  }
 
   // This rank's segment: its control line, then its gradients at the page offset of
   // the buffer they replace (make_buffer chose it apart from the parameters' and the
@@ -112,8 +122,8 @@ ShmReducer::~ShmReducer() {
 }
 
 std::string ShmReducer::method() const {
-  return "summed in a shared-memory window after backward (" + std::to_string(size_) +
-         " ranks on one node; comm.shared_memory)";
+  return std::string(scatter_ ? "each rank's share " : "") + "summed in a shared-memory window after backward (" +
+         std::to_string(size_) + " ranks on one node; comm.shared_memory)";
 }
 
 float* ShmReducer::take_gradients() {
@@ -174,8 +184,19 @@ void ShmReducer::finish() {
   barrier();  // every share is summed (its count published before, by the barrier's release)
 
   nonfinite_ = 0;
+  for (int r = 0; r < size_; ++r) nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
+  if (scatter_) {
+    // ZeRO stage 2: the share's sums are all this rank keeps. No rank reads another's
+    // gradients after the barrier above, so each may write its own again.
+    if (grads_ != out) std::memcpy(grads_ + lo, out + lo, std::size_t(hi - lo) * sizeof(float));
+    if (t0 >= 0 && trace::recording()) {
+      const std::int64_t t1 = trace::now_ns();
+      for (std::size_t b = 0; b < buckets_.size(); ++b)
+        trace::record_bucket(b, (buckets_[b].end - buckets_[b].begin) * 4, t0, t1);
+    }
+    return;
+  }
   for (int r = 0; r < size_; ++r) {
-    nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
     if (r == rank_) continue;
     const std::int64_t begin = share_[std::size_t(r)], end = share_[std::size_t(r) + 1];
     std::memcpy(out + begin, slot_[std::size_t(r)] + begin, std::size_t(end - begin) * sizeof(float));

@@ -41,7 +41,10 @@ class ShmReducer final : public BucketReducer {
  public:
   // Collective over `comm`. Null when its ranks do not all share a node (the caller
   // then reduces through MPI). grads: the buckets' span of host memory, [0, n).
-  static std::unique_ptr<ShmReducer> make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets);
+  // scatter_to: empty, or ZeRO's share bounds (comm.zero = 2): each rank sums its
+  // share and keeps those sums only (no copies of the others', one barrier less).
+  static std::unique_ptr<ShmReducer> make(MPI_Comm comm, float* grads, std::vector<Bucket> buckets,
+                                          const std::vector<std::int64_t>& scatter_to = {});
   ~ShmReducer() override;  // collective: frees the window
   ShmReducer(const ShmReducer&) = delete;
   ShmReducer& operator=(const ShmReducer&) = delete;
@@ -61,13 +64,15 @@ class ShmReducer final : public BucketReducer {
     std::atomic<std::int64_t> nonfinite;  // non-finite sums of its share, at the last finish()
     std::int64_t slot_at;                 // byte offset of its gradients in its segment
   };
-  ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets);
+  ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets,
+             const std::vector<std::int64_t>& scatter_to);
   void barrier();  // every rank has reached as many barriers as this one
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   float* grads_;  // the gradients this rank reduces: the caller's, or slot_[rank_] once taken
   std::vector<Bucket> buckets_;
+  bool scatter_ = false;  // ZeRO stage 2: keep the sums of this rank's share only
   int rank_ = 0, size_ = 1;
   std::int64_t n_ = 0;               // floats in the buffer: [0, n_)
   std::vector<std::int64_t> share_;  // rank r sums [share_[r], share_[r + 1])

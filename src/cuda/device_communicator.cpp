@@ -25,6 +25,12 @@ class DeviceMpiCommunicator final : public Communicator {
   void broadcast(float* data, std::size_t n, int root) override {
     run(data, n, [&](auto* p) { mpi_->broadcast(p, n, root); });
   }
+  void allgather_shares(float* data, const std::vector<std::int64_t>& bounds) override {
+    run(data, std::size_t(bounds.back()), [&](auto* p) { mpi_->allgather_shares(p, bounds); });
+  }
+  void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) override {
+    run(data, std::size_t(bounds.back()), [&](auto* p) { mpi_->reduce_scatter_shares(p, bounds); });
+  }
   void allreduce_sum_host(double* data, std::size_t n) override { mpi_->allreduce_sum_host(data, n); }
   void barrier() override {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
@@ -32,8 +38,8 @@ class DeviceMpiCommunicator final : public Communicator {
   }
   // MPI's non-blocking collectives know no streams: the gradients are all-reduced
   // after backward, in one call.
-  std::unique_ptr<BucketReducer> make_bucket_reducer(float*, std::vector<Bucket>, const std::string&,
-                                                     bool) override {
+  std::unique_ptr<BucketReducer> make_bucket_reducer(float*, std::vector<Bucket>, const std::string&, bool,
+                                                     const std::vector<std::int64_t>&) override {
     return nullptr;
   }
   MPI_Comm mpi_comm() const override { return mpi_->mpi_comm(); }

@@ -80,8 +80,13 @@ namespace {
 // in finish(), which waits for the stream when the timeline records.
 class NcclBucketReducer final : public BucketReducer {
  public:
-  NcclBucketReducer(NcclCommunicator& comm, float* grads, std::vector<Bucket> buckets)
-      : comm_(comm), grads_(grads), buckets_(std::move(buckets)), trace_begin_(buckets_.size(), -1) {}
+  NcclBucketReducer(NcclCommunicator& comm, float* grads, std::vector<Bucket> buckets,
+                    std::vector<std::int64_t> scatter_to)
+      : comm_(comm),
+        grads_(grads),
+        buckets_(std::move(buckets)),
+        scatter_to_(std::move(scatter_to)),
+        trace_begin_(buckets_.size(), -1) {}
   ~NcclBucketReducer() override {
     for (cudaEvent_t e : done_) cudaEventDestroy(e);
   }
@@ -105,14 +110,20 @@ class NcclBucketReducer final : public BucketReducer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) trace_bucket(b, t);
   }
   const std::vector<Bucket>& buckets() const override { return buckets_; }
-  std::string method() const override { return "NCCL during backward, on its own stream"; }
+  std::string method() const override {
+    return scatter_to_.empty() ? "NCCL during backward, on its own stream"
+                               : "NCCL reduce to the shares' owners during backward, on its own stream";
+  }
 
  private:
   void start(std::size_t b) {
     const Bucket& k = buckets_[b];
     const bool traced = trace::recording();
     if (traced) trace_begin_[b] = trace::now_ns();
-    comm_.allreduce_sum_detached(grads_ + k.begin, std::size_t(k.end - k.begin));
+    if (scatter_to_.empty())
+      comm_.allreduce_sum_detached(grads_ + k.begin, std::size_t(k.end - k.begin));
+    else
+      comm_.reduce_to_shares_detached(grads_, k.begin, k.end, scatter_to_);
     if (!traced) return;
     if (done_.empty()) {
       done_.resize(buckets_.size());
@@ -129,6 +140,7 @@ class NcclBucketReducer final : public BucketReducer {
   NcclCommunicator& comm_;
   float* grads_;
   std::vector<Bucket> buckets_;
+  std::vector<std::int64_t> scatter_to_;  // ZeRO share bounds; empty: all-reduce
   std::size_t started_ = 0;
   std::vector<std::int64_t> trace_begin_;  // per bucket: its all-reduce's start on the timeline; -1: none
   std::vector<cudaEvent_t> done_;          // per bucket, made at the first traced step
@@ -138,8 +150,42 @@ class NcclBucketReducer final : public BucketReducer {
 std::unique_ptr<BucketReducer> NcclCommunicator::make_bucket_reducer(float* grads,
                                                                      std::vector<Bucket> buckets,
                                                                      const std::string& /*overlap*/,
-                                                                     bool /*shared_memory*/) {
-  return std::make_unique<NcclBucketReducer>(*this, grads, std::move(buckets));
+                                                                     bool /*shared_memory*/,
+                                                                     const std::vector<std::int64_t>& scatter_to) {
+  return std::make_unique<NcclBucketReducer>(*this, grads, std::move(buckets), scatter_to);
+}
+
+void NcclCommunicator::reduce_to_shares_detached(float* data, std::int64_t begin, std::int64_t end,
+                                                 const std::vector<std::int64_t>& bounds) {
+  enqueue(
+      "reduce to the shares (bucket)", std::size_t(end - begin), "floats",
+      [&] {
+        NCCL_CHECK(ncclGroupStart());
+        for (int r = 0; r + 1 < int(bounds.size()); ++r) {
+          const std::int64_t lo = std::clamp(bounds[std::size_t(r)], begin, end);
+          const std::int64_t hi = std::clamp(bounds[std::size_t(r) + 1], begin, end);
+          if (hi > lo)
+            NCCL_CHECK(ncclReduce(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, ncclSum, r, comm_, stream_));
+        }
+        return ncclGroupEnd();
+      },
+      /*join=*/false);
+}
+
+void NcclCommunicator::reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) {
+  reduce_to_shares_detached(data, 0, bounds.back(), bounds);
+  join();
+}
+
+void NcclCommunicator::allgather_shares(float* data, const std::vector<std::int64_t>& bounds) {
+  enqueue("broadcast of the shares", std::size_t(bounds.back()), "floats", [&] {
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r + 1 < int(bounds.size()); ++r) {
+      const std::int64_t lo = bounds[std::size_t(r)], hi = bounds[std::size_t(r) + 1];
+      if (hi > lo) NCCL_CHECK(ncclBroadcast(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, r, comm_, stream_));
+    }
+    return ncclGroupEnd();
+  });
 }
 
 void NcclCommunicator::allreduce_sum(float* data, std::size_t n) {

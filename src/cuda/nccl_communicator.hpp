@@ -43,9 +43,19 @@ class NcclCommunicator final : public Communicator {
   MPI_Comm mpi_comm() const override { return mpi_comm_; }
   // NcclBucketReducer: each bucket starts on the NCCL stream when backward has made
   // it, and the compute stream waits for all of them only at finish().
-  // (Device buffers: shared_memory does not apply.)
+  // (Device buffers: shared_memory does not apply.) scatter_to: each bucket goes to
+  // the shares' owners, one ncclReduce per share it touches, in one group.
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap, bool shared_memory) override;
+                                                     const std::string& overlap, bool shared_memory,
+                                                     const std::vector<std::int64_t>& scatter_to) override;
+  // ZeRO: one ncclBroadcast per share from its owner / one ncclReduce per share to its
+  // owner, in one group (the shares differ in size: ncclAllGather and
+  // ncclReduceScatter take equal ones).
+  void allgather_shares(float* data, const std::vector<std::int64_t>& bounds) override;
+  void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) override;
+  // reduce_scatter_shares of data[begin, end) only, detached as allreduce_sum_detached.
+  void reduce_to_shares_detached(float* data, std::int64_t begin, std::int64_t end,
+                                 const std::vector<std::int64_t>& bounds);
 
   // An all-reduce that starts after the compute work queued so far but that the
   // compute stream does not wait for, until join(): the buckets of backward.

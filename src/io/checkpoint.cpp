@@ -570,7 +570,7 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck) {
 }
 
 // Everything a checkpoint holds, by path; the checksum covers it in path order.
-Blobs collect_blobs(const Model& model, Optimizer& optimizer, const TrainingState& state,
+Blobs collect_blobs(const Model& model, const OptimizerSnapshot& optimizer, const TrainingState& state,
                     const DataFingerprint* data) {
   Blobs blobs;
   auto add_table = [&](const std::vector<Model::ParamEntry>& table, const std::vector<float>& flat) {
@@ -580,11 +580,13 @@ Blobs collect_blobs(const Model& model, Optimizer& optimizer, const TrainingStat
   };
   add_table(model.parameter_table(), to_host(model.parameters()));
   add_table(model.buffer_table(), to_host(model.buffers()));
-  for (auto& [sname, view] : optimizer.state()) {
-    const std::vector<float> v = to_host(view);
+  for (const auto& [sname, v] : optimizer.state) {
+    if (std::int64_t(v.size()) != model.num_parameters())
+      DDP_FATAL("checkpoint: /optimizer/" << sname << " of " << v.size() << " values for "
+                                          << model.num_parameters() << " parameters");
     blobs["/optimizer/" + sname] = make_blob(Blob::F32, {hsize_t(v.size())}, v.data(), v.size());
   }
-  blobs["/optimizer/steps"] = scalar(std::int64_t(optimizer.steps()));
+  blobs["/optimizer/steps"] = scalar(std::int64_t(optimizer.steps));
   blobs["/state/epoch"] = scalar(state.epoch);
   blobs["/state/step"] = scalar(state.step);
   blobs["/state/consumed"] = scalar(state.consumed);
@@ -611,7 +613,7 @@ Blobs collect_blobs(const Model& model, Optimizer& optimizer, const TrainingStat
 
 // The bytes of the checkpoint file, made by HDF5 in memory. `name` only tells HDF5's
 // open files apart.
-std::vector<char> file_image(const std::string& name, const Model& model, Optimizer& optimizer,
+std::vector<char> file_image(const std::string& name, const Model& model, const OptimizerSnapshot& optimizer,
                              const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
   Blobs blobs = collect_blobs(model, optimizer, state, data);
   const std::string checksum = checksum_text(checksum_of(blobs));
@@ -631,7 +633,7 @@ std::vector<char> file_image(const std::string& name, const Model& model, Optimi
     std::vector<unsigned char>().swap(b.bytes);  // the image has it now: one copy at a time
   }
   const hid_t opt = H5_CHECK(H5Gopen2(file, "/optimizer", H5P_DEFAULT));
-  write_string_attr(opt, "name", optimizer.name());
+  write_string_attr(opt, "name", optimizer.name);
   H5Gclose(opt);
   if (data) {
     std::string files;
@@ -843,8 +845,20 @@ std::string checkpoint_name(std::int64_t step) {
   return buf;
 }
 
+OptimizerSnapshot snapshot_of(Optimizer& optimizer) {
+  OptimizerSnapshot snap{optimizer.name(), optimizer.steps(), {}};
+  for (auto& [name, view] : optimizer.state()) snap.state.emplace_back(name, to_host(view));
+  return snap;
+}
+
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
+  return save_checkpoint(run_dir, keep, model, snapshot_of(optimizer), state, cfg, data);
+}
+
+std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
+                            const OptimizerSnapshot& optimizer, const TrainingState& state, const Config& cfg,
+                            const DataFingerprint* data) {
   const std::string dir = checkpoint_dir(run_dir);
   const std::string name = checkpoint_name(state.step);
   const std::string path = dir + "/" + name;

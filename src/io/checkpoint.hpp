@@ -105,6 +105,20 @@ std::string checkpoint_name(std::int64_t step);          // ckpt_000001234.h5
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data);
 
+// What a checkpoint holds of the optimizer: its name, steps and whole state on the
+// host (num_parameters each, by torch's names), however the run keeps it (under
+// ZeRO the trainer gathers the ranks' shares into one). The overload above takes
+// it from an optimizer that owns every parameter.
+struct OptimizerSnapshot {
+  std::string name;
+  std::int64_t steps = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> state;
+};
+OptimizerSnapshot snapshot_of(Optimizer& optimizer);
+std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
+                            const OptimizerSnapshot& optimizer, const TrainingState& state, const Config& cfg,
+                            const DataFingerprint* data);
+
 // Any process. Reads `path`, verifies format, checksum and finite values
 // (CheckpointError when the file is unusable) and its fit to `model` (InputError: the
 // model or the optimizer differs from the run's). `optimizer` empty: weights only,

@@ -1,20 +1,33 @@
 #include "train/clip.hpp"
 
+#include "comm/shares.hpp"
+
 namespace ddp {
 
-double grad_sum_of_squares(ConstView1 grads, std::size_t begin, std::size_t end, float scale) {
-  double sum = 0.0;
-  // In double: no overflow from any float gradient (squares up to 1.2e77), so the sum
-  // is non-finite exactly when some gradient is, and the rounding of the norm stays
-  // far below float's (PyTorch's float32 norm differs from it by ~1e-7 relative).
-  Kokkos::parallel_reduce(
-      "clip::grad_sum_of_squares", Range(begin, end),
-      KOKKOS_LAMBDA(std::size_t i, double& acc) {
-        const double g = double(grads(i) * scale);
-        acc += g * g;
-      },
-      sum);
-  return sum;
+std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale) {
+  const std::int64_t blocks = (end - begin + kShareAlign - 1) / kShareAlign;
+  Kokkos::View<double*> sums("clip::block_sums", std::size_t(blocks));
+  // Four interleaved partial sums per block, combined in one order: the adds of one
+  // chain overlap three others', and the result depends on the data alone.
+  Kokkos::parallel_for(
+      "clip::grad_block_sums", Range(0, std::size_t(blocks)), KOKKOS_LAMBDA(std::size_t k) {
+        const std::int64_t lo = begin + std::int64_t(k) * kShareAlign;
+        const std::int64_t hi = lo + kShareAlign < end ? lo + kShareAlign : end;
+        double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        for (std::int64_t i = lo; i < hi; ++i) {
+          const double g = double(grads(std::size_t(i)) * scale);
+          acc[(i - lo) & 3] += g * g;
+        }
+        sums(k) = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      });
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  return std::vector<double>(host.data(), host.data() + blocks);
+}
+
+double sum_in_order(const std::vector<double>& block_sums) {
+  double total = 0.0;
+  for (double s : block_sums) total += s;
+  return total;
 }
 
 double clip_coefficient(double norm, double max_norm) {

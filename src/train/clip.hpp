@@ -6,23 +6,32 @@
 //   clip_coef  = max_norm / (total_norm + 1e-6)
 //   g_j       *= min(clip_coef, 1)              (always multiplied, by 1.0 when not clipping)
 //
-// The norm is a sum of squares over ranges of the flat gradient buffer: under
-// today's data parallelism every rank holds the whole reduced buffer and sums all of
-// it; a rank holding a share of it sums its share, and the partial sums are
-// all-reduced before the square root.
+// The squared norm is summed in blocks of kShareAlign floats (comm/shares.hpp), each
+// block's sum in a fixed order, and the block sums added in block order on the host:
+// the same bits whatever holds the gradients. Under plain data parallelism and ZeRO
+// stage 1 every rank holds the whole reduced buffer and sums every block; at stage 2
+// a rank holds its share's sums only, sums its share's blocks, and the block sums are
+// all-gathered (share boundaries are block boundaries). So clipping leaves the
+// stages bitwise equal.
 
-#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "model/tensor.hpp"
 
 namespace ddp {
 
-// sum over i in [begin, end) of (grads(i) * scale)^2, where each product is rounded
-// to float first (the gradient the optimizer reads, scaled by the same float) and
-// squared and summed in double. One labelled Kokkos reduction over the default
-// execution space; the same buffer and thread count give the same bits, so ranks
-// holding the same gradients agree without a collective.
-double grad_sum_of_squares(ConstView1 grads, std::size_t begin, std::size_t end, float scale);
+// For each block k of kShareAlign floats in [begin, end) (begin a multiple of
+// kShareAlign, end a multiple or the buffer's end): the sum over its i of
+// (grads(i) * scale)^2, where each product is rounded to float first (the gradient
+// the optimizer reads, scaled by the same float) and squared and summed in double
+// (no overflow from any float gradient: the sum is non-finite exactly when some
+// gradient is). One labelled Kokkos kernel over the default execution space; the
+// sums are copied to the host. Deterministic: no thread count or schedule enters.
+std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale);
+
+// The block sums added in order: the squared total norm.
+double sum_in_order(const std::vector<double>& block_sums);
 
 // min(max_norm / (norm + 1e-6), 1): PyTorch's clip_coef_clamped, in double.
 double clip_coefficient(double norm, double max_norm);

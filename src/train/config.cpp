@@ -55,6 +55,11 @@ Rule unit_interval() {  // [0, 1)
   r.hi_open = true;
   return r;
 }
+Rule between(double lo, double hi) {  // [lo, hi]
+  Rule r = at_least(lo);
+  r.hi = hi;
+  return r;
+}
 Rule one_of(std::vector<std::string> choices) {
   Rule r;
   r.choices = std::move(choices);
@@ -186,6 +191,9 @@ const std::vector<Key>& keys() {
       {"comm", "shared_memory", field<&C::comm, &K::shared_memory>, any(), false,
        "gradients summed in a shared-memory window, not by MPI_Allreduce, where every rank is on one node "
        "and gradients are in host memory (with comm.overlap = 'poll' or 'thread')"},
+      {"comm", "zero", field<&C::comm, &K::zero>, between(0, 2), false,
+       "ZeRO stage: 0 every rank keeps the whole optimizer state; 1 each keeps and updates its 1/W share, "
+       "parameters all-gathered; 2 also gradients reduce-scattered to the shares"},
       {"comm", "bucket_mb", field<&C::comm, &K::bucket_mb>, above(0), false, "gradient bucket size in MB"},
       {"comm", "first_bucket_mb", field<&C::comm, &K::first_bucket_mb>, above(0), false,
        "size of the first bucket (the last layers), in MB"},

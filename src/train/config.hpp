@@ -80,6 +80,7 @@ struct CommConfig {
   std::string backend = "auto";  // 'auto' | 'mpi' | 'nccl' (NCCL needs the GPU build)
   std::string overlap = "poll";  // gradient all-reduce during backward: 'poll' | 'thread' | 'none'
   bool shared_memory = true;     // gradient sums in a shared window when every rank is on one node (host)
+  int zero = 0;                  // ZeRO stage: 0 DDP; 1 sharded optimizer state; 2 and sharded gradient sums
   double bucket_mb = 25.0;       // gradient bucket size, as DDP's bucket_cap_mb
   double first_bucket_mb = 1.0;  // the first (last layers') bucket, small so it starts early
   double timeout_s = 600.0;      // seconds in one collective that make a hang: name the missing ranks, abort

@@ -1,6 +1,8 @@
 #include "train/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "comm/check.hpp"
 #include "model/tensor.hpp"
@@ -69,14 +71,17 @@ namespace {
 
 // 1 where weight decay applies, 0 in the no_decay ranges; empty when there are none
 // or there is no decay.
-Kokkos::View<std::uint8_t*> decay_mask(const TrainConfig& cfg, std::size_t n,
+// Of the owned range only: element i is the flat buffer's owned.offset + i.
+Kokkos::View<std::uint8_t*> decay_mask(const TrainConfig& cfg, ParamRange owned,
                                        const std::vector<ParamRange>& no_decay) {
   if (no_decay.empty() || cfg.weight_decay == 0.0) return {};
-  Kokkos::View<std::uint8_t*> mask("Optimizer::decays", n);
+  Kokkos::View<std::uint8_t*> mask("Optimizer::decays", std::size_t(owned.size));
   auto mask_host = Kokkos::create_mirror_view(mask);
-  for (std::size_t i = 0; i < n; ++i) mask_host(i) = 1;
+  for (std::int64_t i = 0; i < owned.size; ++i) mask_host(i) = 1;
   for (const ParamRange& r : no_decay)
-    for (std::int64_t i = r.offset; i < r.offset + r.size; ++i) mask_host(i) = 0;
+    for (std::int64_t i = std::max(r.offset, owned.offset); i < std::min(r.offset + r.size, owned.offset + owned.size);
+         ++i)
+      mask_host(i - owned.offset) = 0;
   Kokkos::deep_copy(mask, mask_host);
   return mask;
 }
@@ -87,21 +92,28 @@ void check_sizes(const Kokkos::View<float*>& p, const Kokkos::View<const float*>
                                                                            << g.extent(0));
 }
 
+// The owned range of a whole buffer.
+template <class V>
+V owned_part(const V& whole, Optimizer::Range r) {
+  return Kokkos::subview(whole, std::make_pair(std::size_t(r.offset), std::size_t(r.offset + r.size)));
+}
+
 class SGD : public Optimizer {
  public:
-  SGD(const TrainConfig& cfg, std::size_t n, Kokkos::View<std::uint8_t*> decays)
+  SGD(const TrainConfig& cfg, std::size_t n, Range owned, Kokkos::View<std::uint8_t*> decays)
       : n_(n),
         momentum_(cfg.momentum),
         weight_decay_(cfg.weight_decay),
         nesterov_(cfg.nesterov),
         decays_(decays) {
-    if (momentum_ != 0.0) buf_ = make_buffer("SGD::momentum_buffer", std::int64_t(n));
+    owned_ = owned;
+    if (momentum_ != 0.0) buf_ = make_buffer("SGD::momentum_buffer", owned.size);
   }
 
   void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
             float grad_scale) override {
     check_sizes(params, grads, n_);
-    sgd_update(params, grads, grad_scale, buf_, static_cast<float>(lr), static_cast<float>(weight_decay_),
+    sgd_update(owned_part(params, owned_), owned_part(grads, owned_), grad_scale, buf_, static_cast<float>(lr), static_cast<float>(weight_decay_),
                decays_, static_cast<float>(momentum_), nesterov_, steps_ == 0);
     ++steps_;
   }
@@ -121,15 +133,17 @@ class SGD : public Optimizer {
 
 class AdamW : public Optimizer {
  public:
-  AdamW(const TrainConfig& cfg, std::size_t n, Kokkos::View<std::uint8_t*> decays)
+  AdamW(const TrainConfig& cfg, std::size_t n, Range owned, Kokkos::View<std::uint8_t*> decays)
       : n_(n),
         beta1_(cfg.betas.at(0)),
         beta2_(cfg.betas.at(1)),
         eps_(cfg.eps),
         weight_decay_(cfg.weight_decay),
         decays_(decays),
-        exp_avg_(make_buffer("AdamW::exp_avg", std::int64_t(n))),
-        exp_avg_sq_(make_buffer("AdamW::exp_avg_sq", std::int64_t(n))) {}
+        exp_avg_(make_buffer("AdamW::exp_avg", owned.size)),
+        exp_avg_sq_(make_buffer("AdamW::exp_avg_sq", owned.size)) {
+    owned_ = owned;
+  }
 
   void step(Kokkos::View<float*> params, Kokkos::View<const float*> grads, double lr,
             float grad_scale) override {
@@ -137,7 +151,7 @@ class AdamW : public Optimizer {
     const double t = static_cast<double>(steps_ + 1);  // 1-based, as torch counts
     const double bias_correction1 = 1.0 - std::pow(beta1_, t);
     const double bias_correction2 = 1.0 - std::pow(beta2_, t);
-    adamw_update(params, grads, grad_scale, exp_avg_, exp_avg_sq_,
+    adamw_update(owned_part(params, owned_), owned_part(grads, owned_), grad_scale, exp_avg_, exp_avg_sq_,
                  static_cast<float>(1.0 - lr * weight_decay_), decays_, static_cast<float>(beta1_),
                  static_cast<float>(beta2_), static_cast<float>(1.0 - beta1_),
                  static_cast<float>(1.0 - beta2_), static_cast<float>(lr / bias_correction1),
@@ -160,11 +174,15 @@ class AdamW : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params,
-                                          const std::vector<ParamRange>& no_decay) {
-  if (cfg.optimizer == "sgd")
-    return std::make_unique<SGD>(cfg, n_params, decay_mask(cfg, n_params, no_decay));
+                                          const std::vector<ParamRange>& no_decay, ParamRange owned) {
+  if (owned.size < 0) owned = {0, std::int64_t(n_params)};
+  DDP_REQUIRE(owned.offset >= 0 && owned.offset + owned.size <= std::int64_t(n_params),
+              "optimizer share [" << owned.offset << ", " << owned.offset + owned.size << ") of " << n_params
+                                  << " parameters");
+  const Optimizer::Range range{owned.offset, owned.size};
+  if (cfg.optimizer == "sgd") return std::make_unique<SGD>(cfg, n_params, range, decay_mask(cfg, owned, no_decay));
   if (cfg.optimizer == "adamw")
-    return std::make_unique<AdamW>(cfg, n_params, decay_mask(cfg, n_params, no_decay));
+    return std::make_unique<AdamW>(cfg, n_params, range, decay_mask(cfg, owned, no_decay));
   throw InputError("train.optimizer = '" + cfg.optimizer + "': expected one of 'sgd', 'adamw'");
 }
 

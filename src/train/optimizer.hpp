@@ -25,15 +25,24 @@ class Optimizer {
                     float grad_scale = 1.0f) = 0;
   virtual std::string name() const = 0;  // "SGD" | "AdamW"
 
-  // State buffers (n each) by torch's names, for checkpoints: "momentum_buffer";
-  // "exp_avg", "exp_avg_sq". Writing into them restores the state.
+  // State buffers by torch's names, for checkpoints: "momentum_buffer"; "exp_avg",
+  // "exp_avg_sq". Each holds the owned range of the flat buffer (all n floats but
+  // under ZeRO). Writing into them restores the state.
   virtual std::vector<std::pair<std::string, Kokkos::View<float*>>> state() = 0;
+
+  // The range [offset, offset + size) of the flat buffers this optimizer updates and
+  // keeps state for: everything, or under ZeRO this rank's share (comm/shares.hpp).
+  struct Range {
+    std::int64_t offset = 0, size = 0;
+  };
+  Range owned() const { return owned_; }
 
   std::int64_t steps() const { return steps_; }           // steps taken (AdamW's t before the next one)
   void set_steps(std::int64_t steps) { steps_ = steps; }  // on resume, with state()
 
  protected:
   std::int64_t steps_ = 0;
+  Range owned_;
 };
 
 // cfg.optimizer picks the rule ('sgd' | 'adamw'); n_params sizes the state buffers.
@@ -43,7 +52,10 @@ class Optimizer {
 struct ParamRange {
   std::int64_t offset, size;
 };
+// owned: the range it updates (ZeRO's share); size -1: all n_params. step() still
+// takes the whole buffers and reads and writes that range of them only.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params,
-                                          const std::vector<ParamRange>& no_decay = {});
+                                          const std::vector<ParamRange>& no_decay = {},
+                                          ParamRange owned = {0, -1});
 
 }  // namespace ddp

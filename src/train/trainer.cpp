@@ -162,7 +162,12 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   if (!cfg_.train.decay_norm_and_bias)
     for (const Model::ParamEntry& e : model_.parameter_table())
       if (e.shape.size() == 1) no_decay.push_back({e.offset, e.size});
-  optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params), no_decay);
+  // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
+  if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
+  const ParamRange owned = cfg_.comm.zero > 0
+                               ? ParamRange{shares_.begin(comm_.rank()), shares_.size(comm_.rank())}
+                               : ParamRange{0, -1};
+  optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params), no_decay, owned);
 
   const Precision precision = parse_precision(cfg_.train.precision);
   model_.set_precision(precision);
@@ -181,7 +186,8 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
     for (const Model::ParamEntry& p : model_.parameter_table()) tensors.push_back({p.offset, p.size});
     reducer_ = comm_.make_bucket_reducer(
         model_.gradients().data(), plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
-        cfg_.comm.overlap, cfg_.comm.shared_memory);
+        cfg_.comm.overlap, cfg_.comm.shared_memory,
+        cfg_.comm.zero == 2 ? shares_.bounds : std::vector<std::int64_t>{});
     if (float* shared = reducer_ ? reducer_->take_gradients() : nullptr) {
       model_.place_gradients(shared);
       placed_gradients_.model = &model_;
@@ -198,6 +204,16 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
     log::info(line);
   }
   log::info("memory per rank: " + memory_plan().text(cfg_.train.batch_size));
+  if (cfg_.comm.zero > 0) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "ZeRO stage %d: each of %d ranks keeps the optimizer state of its share of the %lld "
+                  "parameters (at most %lld, rank 0's above) and updates it; parameters all-gathered after "
+                  "each step%s",
+                  cfg_.comm.zero, comm_.size(), (long long)n_params, (long long)shares_.size(0),
+                  cfg_.comm.zero == 2 ? "; gradients reduce-scattered to the shares" : "");
+    log::info(line);
+  }
   // Dropout streams differ per rank and restart per micro-batch from (key, position),
   // so a checkpoint's one number (the position) restores them exactly.
   dropout_key_ = hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(comm_.rank()));
@@ -325,6 +341,8 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
     const trace::Span span(reducer_ ? "all-reduce wait" : "all-reduce", "comm");
     if (reducer_) {
       reducer_->finish();  // the buckets started during backward; waits for the rest
+    } else if (cfg_.comm.zero == 2) {
+      comm_.reduce_scatter_shares(grads.data(), shares_.bounds);
     } else {
       comm_.allreduce_sum(grads.data(), std::size_t(n));
     }
@@ -337,9 +355,18 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
   // agreed in one all-reduce of four numbers, so every rank takes the same decision.
   // A reducer that counted the non-finite sums as it made them leaves only the loss.
+  // ZeRO stage 2: a rank holds the sums of its share only; it counts there, and the
+  // counts are added in the flags' all-reduce below.
+  const bool scattered = cfg_.comm.zero == 2;
+  const Shares::Part mine = scattered ? shares_.part(comm_.rank()) : Shares::Part{0, n};
   const std::int64_t summed = reducer_ ? reducer_->nonfinite_sums() : -1;
-  const std::int64_t bad = summed >= 0 ? summed + count_step_nonfinite(View1(), loss_acc_)
-                                       : count_step_nonfinite(grads, loss_acc_);
+  const std::int64_t bad =
+      summed >= 0 ? summed + count_step_nonfinite(View1(), loss_acc_)
+                  : count_step_nonfinite(
+                        scattered ? View1(Kokkos::subview(grads, std::make_pair(std::size_t(mine.begin),
+                                                                                std::size_t(mine.end))))
+                                  : grads,
+                        loss_acc_);
   grads_nonfinite_ = bad % kLossNonfinite;
   loss_nonfinite_ = bad >= kLossNonfinite;
   // Gradients hold per-sample sums (times fp16's loss scale): g * inv is the averaged,
@@ -347,19 +374,32 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const double inv = 1.0 / (double(samples_per_rank) * comm_.size() * loss_scale);
   // train.clip_grad_norm: the total norm of those gradients, here so that a non-finite
-  // norm counts as a non-finite gradient in the flags below (stop, skip, or fp16's
-  // backoff). Every rank holds the same reduced gradients: the same norm, no collective.
+  // norm counts as a non-finite gradient (stop, skip, or fp16's backoff). Summed by
+  // blocks (train/clip.hpp): every rank holding the reduced gradients sums them all,
+  // the same bits with no collective; at stage 2 each sums its share's blocks, and
+  // the flags' all-reduce below carries them (one rank's sum plus zeros: exact).
   const bool clip = cfg_.train.clip_grad_norm > 0.0;
-  if (clip) grad_norm_ = std::sqrt(grad_sum_of_squares(grads, 0, std::size_t(n), float(inv)));
-  norm_nonfinite_ = clip && !std::isfinite(grad_norm_);
+  std::vector<double> blocks;
+  if (clip) blocks = grad_block_sums(grads, mine.begin, mine.end, float(inv));
   const double minutes = cfg_.io.checkpoint_every_minutes;
-  double flags[4] = {
-      grads_nonfinite_ > 0 || norm_nonfinite_ ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0,
-      preemption_signal() != 0 ? 1.0 : 0.0,
-      comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0};
-  comm_.allreduce_sum_host(flags, 4);
+  constexpr std::size_t kFlags = 5;
+  std::vector<double> flags = {
+      grads_nonfinite_ > 0 ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0, preemption_signal() != 0 ? 1.0 : 0.0,
+      comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0,
+      double(grads_nonfinite_)};
+  if (clip && scattered) {
+    flags.resize(kFlags + std::size_t((n + kShareAlign - 1) / kShareAlign), 0.0);
+    std::copy(blocks.begin(), blocks.end(), flags.begin() + std::ptrdiff_t(kFlags + mine.begin / kShareAlign));
+  }
+  comm_.allreduce_sum_host(flags.data(), flags.size());
+  if (scattered && summed < 0) grads_nonfinite_ = std::int64_t(flags[4]);  // every share's count
+  if (clip) {
+    if (scattered) blocks.assign(flags.begin() + kFlags, flags.end());
+    grad_norm_ = std::sqrt(sum_in_order(blocks));
+  }
+  norm_nonfinite_ = clip && !std::isfinite(grad_norm_);
   Agreed a;
-  a.nonfinite = flags[0] > 0 || flags[1] > 0;
+  a.nonfinite = flags[0] > 0 || flags[1] > 0 || norm_nonfinite_;
   a.preempt = flags[2] > 0;
   a.time_due = flags[3] > 0;
   a.stepped = !a.nonfinite;
@@ -391,6 +431,8 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
     }
     const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
     optimizer_->step(model_.parameters(), grads, lr, float(step_scale));
+    // ZeRO: each rank updated its share; every rank needs every share for the next step.
+    if (cfg_.comm.zero > 0) comm_.allgather_shares(model_.parameters().data(), shares_.bounds);
   } else {
     if (++stats.skipped_steps == 1 && !scaler_ && comm_.rank() == 0)
       log::warn(
@@ -475,7 +517,12 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     auto it = std::find_if(ck.optimizer_state.begin(), ck.optimizer_state.end(),
                            [&](const auto& e) { return e.first == name; });
     if (it == ck.optimizer_state.end()) DDP_FATAL("checkpoint " << ck.path << " has no /optimizer/" << name);
-    Kokkos::deep_copy(state.second, HostIn(it->second.data(), it->second.size()));
+    // The file holds the whole state; under ZeRO this rank takes its share of it.
+    const Optimizer::Range owned = optimizer_->owned();
+    DDP_REQUIRE(std::int64_t(it->second.size()) >= owned.offset + owned.size,
+                "checkpoint " << ck.path << ": /optimizer/" << name << " holds " << it->second.size()
+                              << " values");
+    Kokkos::deep_copy(state.second, HostIn(it->second.data() + owned.offset, std::size_t(owned.size)));
   }
   optimizer_->set_steps(ck.optimizer_steps);
   if (scaler_ && ck.state.loss_scale > 0)
@@ -536,9 +583,12 @@ std::string Trainer::checkpoint() {
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
   const trace::Span span("checkpoint", "io");
   watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 in the agreement below
+  // The file holds the whole optimizer state whatever the stage: under ZeRO rank 0
+  // gathers the shares first (io/checkpoint.hpp, OptimizerSnapshot).
+  const OptimizerSnapshot snapshot = optimizer_snapshot();
   if (comm_.rank() == 0) {
     try {
-      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, *optimizer_, pos_, cfg_,
+      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, snapshot, pos_, cfg_,
                              &train_.fingerprint());
     } catch (const CheckpointWriteError& e) {
       error = e.what();
@@ -551,6 +601,27 @@ std::string Trainer::checkpoint() {
   if (failed > 0) throw CheckpointWriteError(error);  // fit() ends the job; only rank 0's has the text
   last_checkpoint_time_ = now();
   return path;
+}
+
+OptimizerSnapshot Trainer::optimizer_snapshot() {
+  OptimizerSnapshot snap{optimizer_->name(), optimizer_->steps(), {}};
+  const bool root = comm_.rank() == 0;
+  const ShareCounts c =
+      cfg_.comm.zero > 0 ? share_counts(shares_.bounds, 0, shares_.bounds.back()) : ShareCounts{};
+  for (auto& [name, view] : optimizer_->state()) {
+    const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+    std::vector<float> mine(host.data(), host.data() + host.extent(0));
+    if (cfg_.comm.zero == 0) {
+      if (root) snap.state.emplace_back(name, std::move(mine));
+      continue;
+    }
+    watchdog::Collective guard("the gather of the optimizer state's shares for a checkpoint (MPI_Gatherv)");
+    std::vector<float> whole(root ? std::size_t(shares_.bounds.back()) : 0);
+    MPI_CHECK(MPI_Gatherv(mine.data(), int(mine.size()), MPI_FLOAT, whole.data(), c.counts.data(),
+                          c.displs.data(), MPI_FLOAT, 0, comm_.mpi_comm()));
+    if (root) snap.state.emplace_back(name, std::move(whole));
+  }
+  return snap;
 }
 
 int Trainer::stop() {

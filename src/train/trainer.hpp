@@ -9,6 +9,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/gradient_reducer.hpp"
+#include "comm/shares.hpp"
 #include "io/batch_loader.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
@@ -121,6 +122,9 @@ class Trainer {
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
   std::string checkpoint();  // every rank calls it; rank 0 writes pos_
+  // The optimizer's whole state, on rank 0 (under ZeRO gathered from the shares;
+  // collective); the other ranks' snapshot has no state.
+  OptimizerSnapshot optimizer_snapshot();
   // Collective: why the state must not be saved ("" when it may): parameters that
   // differ between ranks, or are not finite.
   std::string unsafe_to_save();
@@ -155,6 +159,7 @@ class Trainer {
   // before stage_, which sizes its slots from it; null for float32 data.
   std::unique_ptr<ImageTransform> transform_;
   std::unique_ptr<Optimizer> optimizer_;
+  Shares shares_;  // comm.zero >= 1: the ranks' shares of the flat buffers (optimizer_ has this rank's)
   std::unique_ptr<BucketReducer> reducer_;  // null: one all-reduce after backward
   // Where the model's gradients live in the reducer's buffer (take_gradients), they go
   // back into the model's own before the reducer goes, also when the constructor

@@ -13,7 +13,10 @@ clamped to 1, and the gradients always multiplied by it. Three runs:
 - max_norm above the norm: the same checks, clipped_steps 0, and the weights bitwise
   those of a third run without clipping (a coefficient of 1 changes no bit).
 
-usage: clip_step.py NP MPIEXEC DDP_TRAIN TORCH_TO_H5 WORK_DIR
+With further group.key=value arguments (comm.zero=2: the gradient norm from the
+ranks' shares) every ddp_train run takes them too.
+
+usage: clip_step.py NP MPIEXEC DDP_TRAIN TORCH_TO_H5 WORK_DIR [group.key=value ...]
 """
 import json
 import os
@@ -27,6 +30,7 @@ import torch
 from common import fail, latest, mpirun, run
 
 nprocs, mpiexec, binary, torch_to_h5, work = int(sys.argv[1]), *sys.argv[2:6]
+extra = sys.argv[6:]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work + "/data")
 N, LR, MOMENTUM, TOL = 16, 0.1, 0.9, 1e-6
@@ -78,7 +82,7 @@ def ours(name, *overrides):
     """The weights after ddp_train's step, and its one metrics record."""
     run_dir = f"{work}/{name}"
     rc, out, err = run(mpirun(mpiexec, nprocs, binary, [nml, f"io.init_from={weights}", f"io.run_dir={run_dir}",
-                                                        *overrides]), timeout=120)
+                                                        *overrides, *extra]), timeout=120)
     if rc != 0:
         fail(f"{name}: ddp_train exited {rc}")
     records = [json.loads(l) for l in open(run_dir + "/metrics.jsonl")]

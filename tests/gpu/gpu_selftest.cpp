@@ -228,7 +228,7 @@ void test_collectives(MPI_Comm world, cudaStream_t compute, int size) {
         {0, 1000}, {1000, 50000}, {51000, std::int64_t(n) - 51000}};
     const std::vector<ddp::Bucket> buckets = ddp::plan_buckets(tensors, 0.1, 0.01);
     DeviceBuffer<float> d(mine);
-    auto reducer = nccl.make_bucket_reducer(d.ptr, buckets, "poll", false);
+    auto reducer = nccl.make_bucket_reducer(d.ptr, buckets, "poll", false, {});
     for (std::int64_t ready : {std::int64_t(51000), std::int64_t(1000), std::int64_t(0)})
       reducer->mark_ready(ready);
     reducer->finish();

@@ -162,10 +162,14 @@ class CountingCommunicator final : public Communicator {
   void broadcast(float* d, std::size_t n, int root) override { inner_->broadcast(d, n, root); }
   void allreduce_sum_host(double* d, std::size_t n) override { inner_->allreduce_sum_host(d, n); }
   void barrier() override { inner_->barrier(); }
+  void allgather_shares(float* d, const std::vector<std::int64_t>& b) override { inner_->allgather_shares(d, b); }
+  void reduce_scatter_shares(float* d, const std::vector<std::int64_t>& b) override {
+    inner_->reduce_scatter_shares(d, b);
+  }
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
-                                                     const std::string& overlap,
-                                                     bool shared_memory) override {
-    return inner_->make_bucket_reducer(grads, std::move(buckets), overlap, shared_memory);
+                                                     const std::string& overlap, bool shared_memory,
+                                                     const std::vector<std::int64_t>& scatter_to) override {
+    return inner_->make_bucket_reducer(grads, std::move(buckets), overlap, shared_memory, scatter_to);
   }
   MPI_Comm mpi_comm() const override { return inner_->mpi_comm(); }
   int float_allreduces = 0;

@@ -22,6 +22,9 @@
 #include "model/kernel_trace.hpp"
 #include "train/setup.hpp"
 #include "train/trainer.hpp"
+#if defined(KOKKOS_ENABLE_CUDA)  // defined by the Kokkos headers above
+#include "cuda/device.hpp"
+#endif
 
 namespace ddp {
 namespace {
@@ -79,7 +82,7 @@ double allreduce_floor(Communicator& comm, const CommConfig& cc, MPI_Comm world,
   std::unique_ptr<BucketReducer> reducer;
   if (cc.overlap != "none")
     reducer =
-        comm.make_bucket_reducer(buf.data(), {Bucket{0, std::int64_t(n)}}, cc.overlap, cc.shared_memory);
+        comm.make_bucket_reducer(buf.data(), {Bucket{0, std::int64_t(n)}}, cc.overlap, cc.shared_memory, {});
   if (reducer) reducer->take_gradients();  // where the trainer's gradients are then, as there
   std::vector<double> times;
   for (int r = 0; r < repeats + 2; ++r) {
@@ -188,16 +191,31 @@ int main(int argc, char** argv) {
   const auto [hwm, rss] = host_memory();
   std::int64_t host[2] = {hwm, rss};
   MPI_Allreduce(MPI_IN_PLACE, host, 2, MPI_INT64_T, MPI_MAX, ctx.world());
-  char mem[512];
+  // The optimizer state each rank allocated (under ZeRO its share's): the largest and
+  // the smallest over the ranks.
+  std::int64_t state_max = plan.optimizer_state, state_min = plan.optimizer_state;
+  MPI_Allreduce(MPI_IN_PLACE, &state_max, 1, MPI_INT64_T, MPI_MAX, ctx.world());
+  MPI_Allreduce(MPI_IN_PLACE, &state_min, 1, MPI_INT64_T, MPI_MIN, ctx.world());
+  char mem[768];
   std::snprintf(mem, sizeof mem,
                 "  memory      per rank, planned: %s\n"
-                "              measured: host VmHWM %.2f MB, VmRSS %.2f MB (largest rank)",
+                "              measured: host VmHWM %.2f MB, VmRSS %.2f MB (largest rank); optimizer state "
+                "allocated %.2f MB (largest rank) to %.2f MB (smallest), comm.zero = %d",
                 plan.text(B).c_str(), double(host[0]) / (1024.0 * 1024.0),
-                double(host[1]) / (1024.0 * 1024.0));
+                double(host[1]) / (1024.0 * 1024.0), double(state_max) / (1024.0 * 1024.0),
+                double(state_min) / (1024.0 * 1024.0), cfg.comm.zero);
   log::info(mem);
+  std::int64_t device_used = -1;
 #if defined(KOKKOS_ENABLE_CUDA)
-  // TODO: cudaMemGetInfo through src/cuda (it has no device-memory helper yet).
-  log::info("              device memory: not measured in this build");
+  // Every process's use of the rank's GPU (cudaMemGetInfo), the largest rank's: with a
+  // GPU per rank, this run's allocations, caches and CUDA context.
+  std::int64_t device_total = -1;
+  cuda::device_memory(&device_used, &device_total);
+  MPI_Allreduce(MPI_IN_PLACE, &device_used, 1, MPI_INT64_T, MPI_MAX, ctx.world());
+  char dev[160];
+  std::snprintf(dev, sizeof dev, "              device memory in use: %.2f MB of %.2f MB (largest rank)",
+                double(device_used) / (1024.0 * 1024.0), double(device_total) / (1024.0 * 1024.0));
+  log::info(dev);
 #endif
   const MetricRecord json = {{"input", cfg.source_path},
                              {"world_size", (long long)ctx.size()},
@@ -219,10 +237,14 @@ int main(int argc, char** argv) {
                              {"precision", cfg.train.precision},
                              {"params_bytes", (long long)plan.parameters},
                              {"grads_bytes", (long long)plan.gradients},
+                             {"zero", (long long)cfg.comm.zero},
                              {"optimizer_state_bytes", (long long)plan.optimizer_state},
+                             {"optimizer_state_bytes_max", (long long)state_max},
+                             {"optimizer_state_bytes_min", (long long)state_min},
                              {"activations_planned_bytes", (long long)plan.activations},
                              {"host_hwm_bytes", (long long)host[0]},
-                             {"host_rss_bytes", (long long)host[1]}};
+                             {"host_rss_bytes", (long long)host[1]},
+                             {"device_used_bytes", (long long)device_used}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

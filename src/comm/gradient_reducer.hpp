@@ -81,6 +81,13 @@ class BucketReducer {
   // mark_ready; it lives as long as the reducer. nullptr: the reducer works on the
   // buffer it was given, as most do.
   virtual float* take_gradients() { return nullptr; }
+  // ZeRO: the all-gather of the parameter shares (Communicator::allgather_shares)
+  // through this reducer's own means, after the optimizer step (the gradients are
+  // spent then and may be written over until the next backward). False where it has
+  // none: the caller asks the communicator.
+  virtual bool allgather_shares(float* /*params*/, const std::vector<std::int64_t>& /*bounds*/) {
+    return false;
+  }
   // How the sums are made, for the log: "MPI during backward, progressed by polling".
   virtual std::string method() const = 0;
 };

@@ -210,4 +210,20 @@ void ShmReducer::finish() {
   }
 }
 
+bool ShmReducer::allgather_shares(float* params, const std::vector<std::int64_t>& bounds) {
+  if (bounds.size() != std::size_t(size_) + 1 || bounds.back() > n_) return false;
+  watchdog::Collective guard("the all-gather of the parameter shares (shared memory)");
+  float* own = slot_[std::size_t(rank_)];
+  const std::int64_t lo = bounds[std::size_t(rank_)], hi = bounds[std::size_t(rank_) + 1];
+  std::memcpy(own + lo, params + lo, std::size_t(hi - lo) * sizeof(float));
+  barrier();  // every share is in its owner's slot
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const std::int64_t begin = bounds[std::size_t(r)], end = bounds[std::size_t(r) + 1];
+    std::memcpy(params + begin, slot_[std::size_t(r)] + begin, std::size_t(end - begin) * sizeof(float));
+  }
+  barrier();  // every rank has its copies: backward may write the slots again
+  return true;
+}
+
 }  // namespace ddp

@@ -56,6 +56,10 @@ class ShmReducer final : public BucketReducer {
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   std::int64_t nonfinite_sums() const override { return nonfinite_; }
   float* take_gradients() override;
+  // Through the window: each rank writes its updated share into its gradients' slot
+  // (spent after the step), and after a barrier copies the others' from theirs; a
+  // second barrier before any backward writes its slot again. Host memory.
+  bool allgather_shares(float* params, const std::vector<std::int64_t>& bounds) override;
   std::string method() const override;
 
  private:

@@ -18,6 +18,18 @@ int device_count(std::string* why) {
   return n;
 }
 
+bool device_memory(std::int64_t* used, std::int64_t* total) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    *used = *total = -1;
+    return false;
+  }
+  *used = std::int64_t(total_bytes - free_bytes);
+  *total = std::int64_t(total_bytes);
+  return true;
+}
+
 DeviceChoice bind_device(int local_rank) {
   std::string why;
   int n = device_count(&why);

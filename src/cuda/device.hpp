@@ -1,6 +1,9 @@
 #pragma once
 // Binding a rank to its GPU (the choice itself is ddp::pick_device, tested on the CPU).
 
+#include <cstdint>
+#include <string>
+
 #include "comm/backend.hpp"
 
 namespace ddp::cuda {
@@ -12,5 +15,9 @@ DeviceChoice bind_device(int local_rank);
 
 // cudaGetDeviceCount, 0 on any failure; `why` (optional) receives CUDA's error text.
 int device_count(std::string* why = nullptr);
+
+// The current device's memory in use (total - free, every process's) and its total,
+// in bytes, from cudaMemGetInfo; false (and -1s) when CUDA cannot tell.
+bool device_memory(std::int64_t* used, std::int64_t* total);
 
 }  // namespace ddp::cuda

@@ -432,7 +432,12 @@ Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochSta
     const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
     optimizer_->step(model_.parameters(), grads, lr, float(step_scale));
     // ZeRO: each rank updated its share; every rank needs every share for the next step.
-    if (cfg_.comm.zero > 0) comm_.allgather_shares(model_.parameters().data(), shares_.bounds);
+    // On one node through the reducer's shared window, else the communicator.
+    if (cfg_.comm.zero > 0) {
+      float* params = model_.parameters().data();
+      if (!(reducer_ && reducer_->allgather_shares(params, shares_.bounds)))
+        comm_.allgather_shares(params, shares_.bounds);
+    }
   } else {
     if (++stats.skipped_steps == 1 && !scaler_ && comm_.rank() == 0)
       log::warn(

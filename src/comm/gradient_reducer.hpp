@@ -111,7 +111,7 @@ class GradientReducer final : public BucketReducer {
 
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   std::string method() const override {
-    return std::string(scatter_to_.empty() ? "MPI all-reduce" : "MPI reduce-scatter to the shares") +
+    return std::string(scatter_to_.empty() ? "MPI" : "MPI reduce-scatter to the shares") +
            (progress_ == Progress::Poll ? " during backward, progressed by polling"
                                         : " during backward, by a communication thread");
   }

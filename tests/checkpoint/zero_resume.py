@@ -5,24 +5,29 @@
 1. On 3 ranks at comm.zero = 0 and at comm.zero = 2: every checkpoint of the two runs
    holds the same datasets, bit for bit (model, optimizer state and steps, training
    state): rank 0 gathers the shares into the layout plain data parallelism writes.
-2. The zero = 2 run's step-200 checkpoint (mid epoch 1), copied into new run
-   directories, resumes (io.resume = 'auto') at zero = 0 on 2 ranks, and at zero = 1
-   and zero = 0 on 4 ranks. Each says it resumed at step 200 and ends epoch 2 with
-   val_acc >= MIN_ACC; the zero = 1 run ends bitwise equal to the zero = 0 run on
-   the same 4 ranks (every rank took its share of the file's state). That a resume
-   on another rank count trains every sample once is any_world_size.py's.
+2. A zero = 2 run on 3 ranks stopped by SIGUSR1 40% into epoch 1 (exit 75 and its
+   checkpoint), its run directory copied, resumes (io.resume = 'auto') at zero = 0
+   on 2 ranks, and at zero = 1 and zero = 0 on 4 ranks. Each says it resumed from
+   that checkpoint, trains every sample once across the stop and the resume (plus
+   the padding the new rank count needs, as any_world_size.py counts with
+   io.trace_samples), and ends epoch 2 with val_acc >= MIN_ACC; the zero = 1 run
+   ends bitwise equal to the zero = 0 run on the same 4 ranks (every rank took its
+   share of the file's state).
 3. The zero = 2 run's last checkpoint loads into PyTorch by name and predicts the
    test set as the run counted (interop.py).
 
 usage: zero_resume.py MPIEXEC DDP_TRAIN FASHION_MLP.nml WORK_DIR TEST_SHARD_GLOB
 """
+import collections
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-from common import arrays, bitwise_equal, checkpoints, fail, mpirun, run
+from common import (EX_TEMPFAIL, arrays, bitwise_equal, checkpoints, fail, latest, mpirun, progress_step, run,
+                    run_until, state)
 
 mpiexec, binary, nml, work, test_glob = sys.argv[1:6]
 MIN_ACC = 0.80
@@ -60,21 +65,46 @@ for n in names_a:
     if not ok:
         fail(f"{n} written at zero = 2 differs from zero = 0's: {report}")
 
-# 2. Resume the zero = 2 file elsewhere.
-start = f"ckpt_{STEP:09d}.h5"
-if start not in names_b:
-    fail(f"no {start} among {names_b}")
+# 2. Stop a zero = 2 run on 3 ranks with SIGUSR1 (exit 75, its checkpoint) 40% into
+# epoch 1, and resume copies of its run directory elsewhere.
+N = 60000
+STEPS = -(-N // (64 * 3))  # 313 steps per epoch on 3 ranks
+stopped = f"{work}/stopped_z2_np3"
+rc, out, sent = run_until(mpirun(mpiexec, 3, binary, base + ["comm.zero=2", "train.log_every=20",
+                                                             "io.trace_samples=.true.", f"io.run_dir={stopped}"]),
+                          lambda line: (progress_step(line, 1) or 0) >= 0.4 * STEPS)
+if not sent or rc != EX_TEMPFAIL:
+    fail(f"the zero = 2 run: signal sent {sent}, exit status {rc}, expected {EX_TEMPFAIL}")
+stop_name = latest(stopped)
+st = state(f"{stopped}/checkpoints/{stop_name}")
+C = st["consumed"]
+print(f"stopped: {stop_name}, state {st}")
+if not (st["epoch"] == 0 and 0 < C < N and st["world_size"] == 3):
+    fail(f"not stopped mid-epoch 1 on 3 ranks: {st}")
+
+
+def samples(run_dir, epoch):
+    c = collections.Counter()
+    for f in glob.glob(os.path.join(run_dir, f"samples_rank*_epoch{epoch}.txt")):
+        c.update(int(x) for x in open(f).read().split())
+    return c
 
 
 def resume(name, np_, zero):
     run_dir = f"{work}/{name}"
-    os.makedirs(f"{run_dir}/checkpoints")
-    shutil.copy(f"{b}/checkpoints/{start}", f"{run_dir}/checkpoints/{start}")
-    with open(f"{run_dir}/checkpoints/latest", "w") as f:
-        f.write(start + "\n")
-    run_dir, out, records = train(name, np_, zero)
-    if f"resumed from {run_dir}/checkpoints/{start}" not in out or f" step {STEP} " not in out:
-        fail(f"{name}: no 'resumed from ...{start} ... step {STEP}' line")
+    shutil.copytree(stopped, run_dir)
+    run_dir, out, records = train(name, np_, zero, ["io.trace_samples=.true."])
+    if f"resumed from {run_dir}/checkpoints/{stop_name} at epoch 1 step {st['step']}" not in out:
+        fail(f"{name}: no 'resumed from ...{stop_name} at epoch 1 step {st['step']}' line")
+    # As any_world_size.py counts: the stopped epoch trains every sample once, plus the
+    # padding the new rank count needs for the rest; the next epoch every sample once.
+    pad = (np_ - (N - C) % np_) % np_
+    c1, c2 = samples(run_dir, 1), samples(run_dir, 2)
+    once = set(c2.values()) == {1} and len(c2) == N
+    print(f"{name}: epoch 1 trained {sum(c1.values())} = {N} + padding {pad}, {len(c1)} distinct; epoch 2 "
+          f"{sum(c2.values())}, {'each sample once' if once else 'NOT each sample once'}")
+    if len(c1) != N or sum(c1.values()) != N + pad or max(c1.values()) > 2 or not once:
+        fail(f"{name}: samples trained across the stop and resume are not each once (plus padding)")
     last = records[-1]
     print(f"{name}: epoch {last['epoch']} step {last['step']} val_acc {last['val_acc']}")
     if last["epoch"] != 2 or last["world_size"] != np_ or last["val_acc"] < MIN_ACC:

@@ -69,7 +69,7 @@ option(DDP_ENABLE_CUDA "Train with tensors in GPU memory (needs a CUDA-enabled K
 if(DDP_ENABLE_CUDA AND NOT _kk_cuda)
   message(FATAL_ERROR "DDP_ENABLE_CUDA=ON needs a Kokkos built with Kokkos_ENABLE_CUDA=ON, and the Kokkos "
                       "in ${DDP_KOKKOS_INCLUDE_DIR} has no CUDA backend: build Kokkos 4.x with "
-                      "-DKokkos_ENABLE_CUDA=ON -DKokkos_ARCH_<GPU>=ON (README, 'GPU build') and configure with "
+                      "-DKokkos_ENABLE_CUDA=ON -DKokkos_ARCH_<GPU>=ON (docs/gpu.md) and configure with "
                       "-DKokkos_ROOT=<its prefix> -DCMAKE_CXX_COMPILER=<its prefix>/bin/nvcc_wrapper, or leave "
                       "DDP_ENABLE_CUDA off")
 endif()

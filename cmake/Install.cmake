@@ -7,7 +7,8 @@
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
 #   share/ddp_train/inputs/                ready input files
 #   share/ddp_train/jobs/                  Slurm job templates
-#   share/doc/ddp_train/README.md
+#   share/doc/ddp_train/README.md, docs/*.md   the front page and the manual (docs/index.md)
+#   share/man/man1/ddp_train.1             the man page, written by ddp_train --man (src/CMakeLists.txt)
 #   share/modulefiles/ddp_train/<version>  Tcl modulefile (Environment Modules, Lmod)
 # The modulefile is written at install time, so it names the prefix actually
 # installed into (--prefix), not only CMAKE_INSTALL_PREFIX.
@@ -37,6 +38,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/inputs/ DESTINATION ${CMAKE_INSTALL_DATA
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/jobs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/jobs
         USE_SOURCE_PERMISSIONS)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs FILES_MATCHING PATTERN "*.md")
+install(FILES ${DDP_MAN_PAGE} DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 
 # The modulefile: what the build used is filled in now, the prefix at install time.
 set(_ddp_mpi "${DDP_MPI_LIBRARY_BUILT}")  # from BuildInfo.cmake

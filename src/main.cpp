@@ -4,6 +4,7 @@
 #include "comm/watchdog.hpp"  // comm.timeout_s: a collective that never completes names the missing ranks
 #include "io/metrics.hpp"     // metrics.jsonl
 #include "io/tensorboard_writer.hpp"  // <run_dir>/tb: TensorBoard scalars
+#include "train/command_line.hpp"     // options; --help, --version, --keys, --man print and exit
 #include "train/setup.hpp"            // input file, data sets, model, run directory, checkpoint to start from
 #include "train/signals.hpp"          // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
 #include "train/trainer.hpp"          // the DDP loop
@@ -12,9 +13,10 @@
 // Context installs, un-unwound, and ends the job in one line (comm/check.cpp says why).
 int main(int argc, char** argv) {
   ddp::install_preemption_handlers();  // first: every thread, MPI's too, inherits the blocked signals
-  ddp::Context ctx(argc, argv);
+  ddp::Context ctx(argc, argv, ddp::Context::Start::mpi_only);
   const ddp::CommandLine cli = ddp::parse_command_line(ctx, argc, argv);
-  if (cli.exit_now) return cli.exit_code;
+  if (cli.exit_now) return cli.exit_code;  // before Kokkos: --help needs no GPU
+  ctx.start_kokkos(argc, argv);            // the rank's GPU; --kokkos-* options
   const ddp::Config cfg = ddp::load_config(ctx, cli);
   if (cli.check) return ddp::check_run(ctx, cfg);
   ddp::Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // names a rank that hangs

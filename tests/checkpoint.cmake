@@ -70,6 +70,15 @@ if(DDP_TORCH_PYTHON)
               runs/resnet50_step_np${np})
   endforeach()
 endif()
+# A checkpoint an earlier build wrote (tests/checkpoint/fixtures/ckpt_v1.h5, format_version
+# 1: conv, batch norm, dropout, AdamW, cosine, stopped mid-epoch on 2 ranks), resumed on 2
+# ranks ('auto') and on 1 (io.resume = its path) and as io.init_from, continues bitwise as
+# that build continued it (fixtures/fixture_v1_expected.*). CPU build: the recording is
+# the CPU's arithmetic.
+if(NOT DDP_ENABLE_CUDA)
+  ddp_add_checkpoint_test(fixture_v1 NP 2 TIMEOUT 300
+    COMMAND ${DDP_PYTHON} ${CKPT}/fixture_v1.py check ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>)
+endif()
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
 # Faults (issue 11): a disk that fills up (run_dir on a small tmpfs; skipped, exit

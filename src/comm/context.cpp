@@ -13,7 +13,7 @@
 
 namespace ddp {
 
-Context::Context(int& argc, char**& argv) {
+Context::Context(int& argc, char**& argv, Start start) {
   // From here on an exception nobody catches, on any thread, is one line and an
   // MPI_Abort (see check.hpp), not `terminate called` and a stack dump.
   install_terminate_handler();
@@ -32,7 +32,10 @@ Context::Context(int& argc, char**& argv) {
   MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_CHECK(MPI_Comm_free(&node));
+  if (start == Start::mpi_and_kokkos) start_kokkos(argc, argv);
+}
 
+void Context::start_kokkos(int& argc, char**& argv) {
 #if defined(KOKKOS_ENABLE_CUDA)
   // One GPU per rank: from Slurm's binding or CUDA_VISIBLE_DEVICES when they leave
   // one visible, else node-local rank modulo the devices (comm/backend.hpp,
@@ -44,12 +47,11 @@ Context::Context(int& argc, char**& argv) {
   setenv("KOKKOS_DEVICE_ID", std::to_string(device.device).c_str(), 1);
   device_ = device.reason;
 #endif
-  // --kokkos-* options are taken out of argv here.
   Kokkos::initialize(argc, argv);
 }
 
 Context::~Context() {
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   // The last synchronisation: no rank leaves before every rank has torn down what it
   // had (main's objects, Kokkos). A launcher that treats the first exit 75 as a failed
   // job (mpirun; srun --kill-on-bad-exit) then finds the other ranks past this point,

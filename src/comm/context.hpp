@@ -1,6 +1,7 @@
 #pragma once
 // The run's parallel context: MPI (world, node-local rank) and Kokkos, set up in
-// the constructor and torn down in the destructor, in the right order. Constructed
+// the constructor (Kokkos, in ddp_train, by start_kokkos() after the command line)
+// and torn down in the destructor, in the right order. Constructed
 // first in main, it is destroyed last: its destructor's barrier before MPI_Finalize
 // is the ranks' last synchronisation, so every rank has finished its teardown before
 // any exits (a launcher may take the first exit 75 for a failed job).
@@ -13,7 +14,11 @@ namespace ddp {
 
 class Context {
  public:
-  Context(int& argc, char**& argv);
+  // What the constructor starts. ddp_train starts MPI alone, reads its command line
+  // (--help, --version, --keys, --man print and exit without Kokkos, so without a GPU
+  // in the GPU build), then calls start_kokkos().
+  enum class Start { mpi_and_kokkos, mpi_only };
+  explicit Context(int& argc, char**& argv, Start start = Start::mpi_and_kokkos);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -29,6 +34,10 @@ class Context {
   // The GPU build: which device this rank bound and why ("device 1 of 4 (local
   // rank 5)"); empty in the CPU build.
   const std::string& device() const { return device_; }
+
+  // Binds this rank's GPU (the GPU build), then Kokkos::initialize, which takes the
+  // --kokkos-* options out of argv (--kokkos-help: Kokkos prints its options).
+  void start_kokkos(int& argc, char**& argv);
 
  private:
   MPI_Comm world_ = MPI_COMM_NULL;  // a dup of MPI_COMM_WORLD, errors returned

@@ -35,6 +35,16 @@
 // value of /model or /optimizer is NaN or Inf: resume 'auto' then takes the one before.
 // /data/train missing (a checkpoint from before it was recorded) loads, with a warning
 // that the data cannot be checked.
+//
+// The checkpoint layer knows nothing of src/train: what a checkpoint holds of the
+// run's config and optimizer comes in as plain data (RunInput, OptimizerSnapshot,
+// ResumeOptions), assembled by train/checkpointing.hpp. Its sources, by job:
+// checkpoint_format.cpp (the schema, blobs and checksum, the file made in memory),
+// checkpoint_read.cpp (read and verified, load_checkpoint), checkpoint_write.cpp
+// (temp file, fsync, rename, `latest`, keep-K, room on a full disk),
+// checkpoint_select.cpp (candidates, the start of a run, its broadcast, the resumed
+// sample order), checkpoint_data.cpp (the training data then and now),
+// checkpoint_init_from.cpp (io.init_from: ours or PyTorch's weights).
 
 #include <mpi.h>
 
@@ -47,8 +57,6 @@
 
 #include "io/shard_dataset.hpp"
 #include "model/model.hpp"
-#include "train/config.hpp"
-#include "train/optimizer.hpp"
 
 namespace ddp {
 
@@ -96,28 +104,31 @@ struct Checkpoint {
 std::string checkpoint_dir(const std::string& run_dir);  // <run_dir>/checkpoints
 std::string checkpoint_name(std::int64_t step);          // ckpt_000001234.h5
 
+// What a checkpoint keeps of the run's input file: attributes of /.
+struct RunInput {
+  std::string config;       // the resolved namelist (Config::to_namelist)
+  std::string source_path;  // the input file's path
+  std::string source_text;  // the input file as read
+};
+
+// What a checkpoint holds of the optimizer: its name, steps and whole state on the
+// host (num_parameters each, by torch's names), however the run keeps it (under
+// ZeRO the trainer gathers the ranks' shares into one).
+struct OptimizerSnapshot {
+  std::string name;
+  std::int64_t steps = 0;
+  std::vector<std::pair<std::string, std::vector<float>>> state;
+};
+
 // Rank 0 only. Writes the checkpoint of `step` with the fingerprint of the training
 // data (`data`; null: none), updates `latest`, removes all but the newest `keep`
 // checkpoints. Returns the path; CheckpointWriteError when it cannot (disk full, see
 // above). Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
 // the temp file (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill
 // the writer at that point. Takes hdf5_mutex().
-std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
-                            const TrainingState& state, const Config& cfg, const DataFingerprint* data);
-
-// What a checkpoint holds of the optimizer: its name, steps and whole state on the
-// host (num_parameters each, by torch's names), however the run keeps it (under
-// ZeRO the trainer gathers the ranks' shares into one). The overload above takes
-// it from an optimizer that owns every parameter.
-struct OptimizerSnapshot {
-  std::string name;
-  std::int64_t steps = 0;
-  std::vector<std::pair<std::string, std::vector<float>>> state;
-};
-OptimizerSnapshot snapshot_of(Optimizer& optimizer);
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
-                            const OptimizerSnapshot& optimizer, const TrainingState& state, const Config& cfg,
-                            const DataFingerprint* data);
+                            const OptimizerSnapshot& optimizer, const TrainingState& state,
+                            const RunInput& input, const DataFingerprint* data);
 
 // Any process. Reads `path`, verifies format, checksum and finite values
 // (CheckpointError when the file is unusable) and its fit to `model` (InputError: the
@@ -139,6 +150,14 @@ Checkpoint load_initial_weights(const std::string& path, const Model& model);
 // newest first.
 std::vector<std::string> checkpoint_candidates(const std::string& run_dir);
 
+// Where a run starts from: the io.* settings that say so.
+struct ResumeOptions {
+  std::string resume = "auto";     // io.resume: 'auto' | 'never' | a checkpoint's path
+  std::string run_dir;             // io.run_dir: where 'auto' looks
+  std::string init_from;           // io.init_from: weights for a new run ("": none)
+  bool allow_data_change = false;  // io.allow_data_change
+};
+
 // Collective. The checkpoint a run starts from, per io.resume ('auto': the newest
 // valid one of run_dir, each unusable newer one skipped with a warning; 'never';
 // a path: that file, an error when unusable), then io.init_from (weights only).
@@ -147,9 +166,9 @@ std::vector<std::string> checkpoint_candidates(const std::string& run_dir);
 // the checkpoint's training data with `data` (this run's; null: not checked): another
 // sample count is a collective error unless io.allow_data_change (then a warning),
 // any other difference a warning.
-std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
-                                                const std::string& optimizer, bool* weights_only,
-                                                const DataFingerprint* data);
+std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
+                                                const Model& model, const std::string& optimizer,
+                                                bool* weights_only, const DataFingerprint* data);
 
 // How this run's training data differs from the one a checkpoint recorded, each a
 // list of what changed ("e2e/train_001.h5 (40 samples) is gone; ..."), or "":

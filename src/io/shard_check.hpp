@@ -25,7 +25,7 @@ struct Layout {
   std::int64_t y_bytes = 0;      // bytes per /y element on disk
   // Per file: FNV-1a over the stored bytes of /x, then /y, at kHashRows rows evenly
   // spaced from the first to the last (every row of a smaller file). A sample of the
-  // content, so that its cost does not grow with the file (README: measured).
+  // content, so that its cost does not grow with the file (docs/checkpoints.md: measured).
   std::vector<std::uint64_t> hashes;
 };
 

@@ -276,6 +276,13 @@ std::string describe(const Rule& r) {
   return (r.hi_open ? "< " : "<= ") + format_number(r.hi);
 }
 
+// "one of 'sgd', 'adamw'": a string key's choices, in errors and in the reference.
+std::string choices_text(const std::vector<std::string>& choices) {
+  std::string s;
+  for (const auto& c : choices) s += (s.empty() ? "one of '" : ", '") + c + "'";
+  return s;
+}
+
 void check_range(double x, const Rule& r, const Site& site, const char* subject = "must be") {
   const bool low = r.lo_open ? !(x > r.lo) : !(x >= r.lo);
   const bool high = r.hi_open ? !(x < r.hi) : !(x <= r.hi);
@@ -323,11 +330,8 @@ void store(bool& out, const std::vector<Value>& vs, const Rule&, const Site& sit
 void store(std::string& out, const std::vector<Value>& vs, const Rule& r, const Site& site) {
   const Value& v = single(vs, site, "a string");
   if (v.kind != Kind::String) site.type_error("a string", v.text);
-  if (!r.choices.empty() && std::find(r.choices.begin(), r.choices.end(), v.s) == r.choices.end()) {
-    std::string allowed;
-    for (const auto& c : r.choices) allowed += (allowed.empty() ? "'" : ", '") + c + "'";
-    site.value_error("expected one of " + allowed);
-  }
+  if (!r.choices.empty() && std::find(r.choices.begin(), r.choices.end(), v.s) == r.choices.end())
+    site.value_error("expected " + choices_text(r.choices));
   out = v.s;
 }
 
@@ -440,6 +444,44 @@ struct FieldText {
 
 std::string format_field(const Field& f) { return std::visit(FieldText{}, f); }
 
+// A key's type as the user writes its value.
+struct TypeName {
+  std::string operator()(const int*) const { return "integer"; }
+  std::string operator()(const std::int64_t*) const { return "integer"; }
+  std::string operator()(const double*) const { return "real"; }
+  std::string operator()(const bool*) const { return "logical (T/F)"; }
+  std::string operator()(const std::string*) const { return "string"; }
+  std::string operator()(const std::vector<std::string>*) const { return "list of strings"; }
+  std::string operator()(const std::vector<double>*) const { return "list of reals"; }
+  std::string operator()(const std::vector<std::int64_t>*) const { return "list of integers"; }
+};
+
+bool is_list(const Field& f) {
+  return std::holds_alternative<std::vector<std::string>*>(f) ||
+         std::holds_alternative<std::vector<double>*>(f) ||
+         std::holds_alternative<std::vector<std::int64_t>*>(f);
+}
+
+// What a key's rule accepts, in words: "> 0", "[0, 1)", "one of 'sgd', 'adamw'",
+// "2 values, each in [0, 1)"; "" when the type alone says it.
+std::string range_text(const Rule& r, const Field& f) {
+  if (!r.choices.empty()) return choices_text(r.choices);
+  const std::string range = std::isfinite(r.lo) || std::isfinite(r.hi) ? describe(r) : "";  // "in [0, 1)"
+  if (r.count != 0) return std::to_string(r.count) + " values" + (range.empty() ? "" : ", each " + range);
+  if (is_list(f) && !range.empty()) return "each " + range;
+  return range.rfind("in ", 0) == 0 ? range.substr(3) : range;
+}
+
+// A default as the reference shows it: as the input file would write it, logicals
+// as T/F, an empty list as "". A default that depends on how ddp_train was built
+// is stated as its rule, so that the reference, and docs/input.md, fit every build.
+std::string default_text(const Key& k, const Field& f) {
+  if (std::string(k.group) == "io" && std::string(k.name) == "tensorboard")  // kTensorBoardBuilt
+    return "T (F without protobuf)";
+  if (const bool* const* b = std::get_if<bool*>(&f)) return **b ? "T" : "F";
+  return format_field(f);
+}
+
 }  // namespace
 
 Config parse_config(const std::string& text, const std::string& path,
@@ -549,6 +591,23 @@ std::string Config::to_namelist() const {
     os << "/\n";
   }
   return os.str();
+}
+
+std::vector<KeyDoc> key_reference() {
+  Config defaults;  // the field accessors take a mutable Config
+  std::vector<KeyDoc> docs;
+  for (const Key& k : keys()) {
+    const Field f = k.field(defaults);
+    KeyDoc d;
+    d.name = std::string(k.group) + "." + k.name;
+    d.type = std::visit(TypeName{}, f);
+    d.default_value = k.required ? "" : default_text(k, f);
+    d.range = range_text(k.rule, f);
+    d.required = k.required;
+    d.meaning = k.doc;
+    docs.push_back(std::move(d));
+  }
+  return docs;
 }
 
 }  // namespace ddp

@@ -109,4 +109,19 @@ struct Config {
 Config parse_config(const std::string& text, const std::string& path,
                     const std::vector<std::string>& overrides);
 
+// One key of the input file as its reference shows it (ddp_train --keys, the man
+// page, docs/input.md's table). Every text comes from the key table: the type from
+// the field, the default read from a default Config, the range from the key's rule.
+struct KeyDoc {
+  std::string name;           // "train.lr"
+  std::string type;           // "integer", "real", "logical (T/F)", "string", "list of strings", ...
+  std::string default_value;  // as in the input file: "0.01", "'sgd'", "T", "0.9, 0.999"; "": none
+  std::string range;          // "> 0", "[0, 1)", "one of 'sgd', 'adamw'", "2 values, each >= 1"; "": any
+  bool required = false;      // no default: the input file must set it
+  std::string meaning;
+};
+
+// Every key, in the key table's order (group by group, as to_namelist() writes them).
+std::vector<KeyDoc> key_reference();
+
 }  // namespace ddp

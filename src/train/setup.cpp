@@ -17,65 +17,10 @@
 #include "io/sampler.hpp"
 #include "model/backend.hpp"
 #include "train/augment.hpp"
+#include "train/checkpointing.hpp"
 #include "train/optimizer.hpp"
-#include "train/version.hpp"
 
 namespace ddp {
-
-namespace {
-
-const char* kUsage =
-    "usage: ddp_train [--help] [--version] [--check] [--trace] input.nml [group.key=value ...]\n"
-    "\n"
-    "Data-parallel training on MPI ranks, configured by a Fortran namelist file.\n"
-    "Launch with srun or mpirun, e.g.  mpirun -np 2 ddp_train inputs/fashion_mlp.nml\n"
-    "\n"
-    "  input.nml          namelist with groups &data, &model, &train, &io\n"
-    "  group.key=value    override one key of the input file, e.g. train.epochs=3\n"
-    "                     io.run_dir=runs/try1 (strings need no quotes)\n"
-    "  --check            validate the input, the data files and the model, then exit\n"
-    "                     without training (exit status 0 when all is well)\n"
-    "  --trace            io.trace=T: a timeline of io.trace_steps per rank in\n"
-    "                     <run_dir>/trace (Perfetto; tools/merge_traces merges the ranks)\n"
-    "  --help             this text\n"
-    "  --version          version and build configuration\n";
-
-}  // namespace
-
-CommandLine parse_command_line(const Context& ctx, int argc, char** argv) {
-  CommandLine cli;
-  std::string problem;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      if (ctx.rank() == 0) std::fputs(kUsage, stdout);
-      cli.exit_now = true;
-      return cli;
-    }
-    if (arg == "--version") {
-      if (ctx.rank() == 0) std::fputs(version_text().c_str(), stdout);
-      cli.exit_now = true;
-      return cli;
-    }
-    if (arg == "--check") {
-      cli.check = true;
-    } else if (arg == "--trace") {
-      cli.overrides.push_back("io.trace=T");
-    } else if (arg.rfind("-", 0) == 0) {
-      problem = "unknown option '" + arg + "'";
-    } else if (cli.input_file.empty() && arg.find('=') == std::string::npos) {
-      cli.input_file = arg;
-    } else if (arg.find('=') != std::string::npos) {
-      cli.overrides.push_back(arg);
-    } else {
-      problem = "unexpected argument '" + arg + "' (overrides look like group.key=value)";
-    }
-    if (!problem.empty()) break;
-  }
-  if (problem.empty() && cli.input_file.empty()) problem = "no input file given";
-  if (!problem.empty()) fatal_all(ctx.world(), problem + "\n" + kUsage);
-  return cli;
-}
 
 Config load_config(const Context& ctx, const CommandLine& cli) {
   // Rank 0 reads the file once; a shared file system is not asked N times.

@@ -1,5 +1,5 @@
 #pragma once
-// Start-up of a run, between the context and the trainer: the command line, the
+// Start-up of a run, between the command line (command_line.hpp) and the trainer: the
 // input file (read once by rank 0, shared with every rank), the data sets and the
 // model, each checked against the others. Errors here are the user's: they are
 // reported once, in one line, and every rank exits non-zero.
@@ -13,20 +13,11 @@
 #include "io/shard_dataset.hpp"
 #include "model/loss.hpp"
 #include "model/model.hpp"
+#include "train/command_line.hpp"
 #include "train/config.hpp"
 #include "train/trainer.hpp"
 
 namespace ddp {
-
-struct CommandLine {
-  std::string input_file;
-  std::vector<std::string> overrides;  // "group.key=value"
-  bool check = false;                  // --check: validate input, data and model, do not train
-  bool exit_now = false;               // --help, --version
-  int exit_code = 0;
-};
-
-CommandLine parse_command_line(const Context& ctx, int argc, char** argv);
 
 // Rank 0 reads the file; all ranks parse the same text, so all hold the same Config.
 Config load_config(const Context& ctx, const CommandLine& cli);

@@ -112,6 +112,10 @@ class Trainer {
     bool stop = false;       // non-finite and not to be skipped: the run ends (stop_nonfinite)
   };
   Agreed poll();
+  // The constructor's steps: the optimizer (its share under ZeRO) and fp16's loss
+  // scaler; the gradient buckets (comm.overlap) and their line on rank 0.
+  void make_optimizer_and_scaler();
+  void make_reducer();
   // fit() but for the ending of a failed checkpoint: checkpoint() throws
   // CheckpointWriteError on every rank when rank 0 could not write (its text on rank 0).
   int fit_epochs(MetricsWriter* metrics);
@@ -121,6 +125,41 @@ class Trainer {
   // them mid-epoch at the step/time cadence and stops at a preemption (complete =
   // false); `pending` then holds the flags of the epoch's last step.
   EpochStats run_epoch(bool checkpoints, Agreed* pending);
+  // What run_epoch's steps share of the epoch in progress.
+  struct EpochRun {
+    std::int64_t epoch = 0;      // 0-based
+    std::int64_t start = 0;      // positions of the global order done when it began (a resume)
+    std::int64_t batches = 0;    // this rank's
+    double prior_loss = 0.0;     // the epoch's loss sum of the run resumed from (rank 0; else 0)
+    double prior_samples = 0.0;  // and its samples
+    double t0 = 0.0;             // its start
+    double mark = 0.0;           // the last progress line (or the start): its samples/s
+    std::int64_t mark_consumed = 0;
+    // Samples trained (samples/s), and those of the steps taken (the loss's mean), of
+    // the progress line's window and of the step's micro-batches so far.
+    std::int64_t samples = 0, loss_samples = 0, window_samples = 0, group_samples = 0;
+    int micro = 0;           // micro-batches of the step so far
+    bool stopped = false;    // a preemption's checkpoint is written
+    bool nonfinite = false;  // stop_nonfinite() once the loader is stopped
+    std::string problem;     // a collective error found mid-epoch, reported once the loader is stopped
+  };
+  EpochRun begin_epoch();
+  // Forward, loss and backward of one micro-batch (the stage's slot `slot`); with
+  // `last_micro` backward starts the gradient buckets; adds to `stats`' times.
+  void forward_backward(int slot, const Batch& batch, bool last_micro, EpochStats& stats);
+  // After a step: its samples counted, gradients zeroed, the position advanced, the
+  // comm.check_every comparison and the progress line. False: stop (r.problem).
+  bool after_step(EpochRun& r, const Agreed& a);
+  void progress_line(EpochRun& r);
+  // The step/time/preemption checkpoint inside an epoch. True: stop the epoch
+  // (preempted, or r.problem).
+  bool checkpoint_mid_epoch(EpochRun& r, const Agreed& a);
+  // The loader stopped, non-finite or collective errors reported, the epoch's stats
+  // summed over the ranks, the position moved to the next epoch when it completed.
+  EpochStats end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader, EpochStats& stats);
+  // fit()'s epoch line on rank 0 and metrics record.
+  void log_epoch(const EpochStats& e, const ValStats& v, double val_seconds);
+  void write_metrics(MetricsWriter& metrics, const EpochStats& e, const ValStats& v, double val_seconds);
   std::string checkpoint();  // every rank calls it; rank 0 writes pos_
   // The optimizer's whole state, on rank 0 (under ZeRO gathered from the shares;
   // collective); the other ranks' snapshot has no state.
@@ -136,6 +175,12 @@ class Trainer {
   // Returns with `stop`, having changed nothing, when the run must end
   // (train.nonfinite = 'stop', or 'skip' with non-finite parameters).
   Agreed reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
+  // reduce_and_step's steps: the gradients summed over the ranks (or the buckets
+  // waited for); the step's health and flags agreed on (`inv`: the gradients' scale
+  // to their mean); the optimizer step (and ZeRO's all-gather) at `step_scale`.
+  void reduce_gradients();
+  Agreed agree_on_step(double inv);
+  void take_step(double step_scale, EpochStats& stats);
   // Collective, after the epoch's loader is stopped: the one line that says which
   // step went non-finite and, where a batch is the cause, its shards and samples;
   // then every rank exits 1 without a checkpoint.

@@ -105,7 +105,7 @@ def fail(msg):
 
 
 def computed_checksum(path):
-    """The checksum attribute as ddp_train computes it (src/io/checkpoint.cpp):
+    """The checksum attribute as ddp_train computes it (src/io/checkpoint_format.cpp):
     FNV-1a 64 over every dataset's path (with its NUL) then its bytes, in path order."""
     datasets = []
     with h5py.File(path, "r") as f:

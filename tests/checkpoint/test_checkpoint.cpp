@@ -12,6 +12,7 @@
 #include "io/checkpoint.hpp"
 #include "io/sampler.hpp"
 #include "model/model.hpp"
+#include "train/checkpointing.hpp"
 #include "train/optimizer.hpp"
 
 namespace {

@@ -2,9 +2,11 @@
 # usage: install_load_run.sh BUILD_DIR VERSION MPIEXEC PYTHON [lmod]
 #
 # Installs the build into a temporary prefix, loads it as an environment module
-# in a fresh bash, and from a directory outside the source tree runs
-# `ddp_train --version`, a 2-rank training run on data made by the installed
-# tool, with the installed input file, and the installed plot_metrics on it.
+# in a fresh bash, checks that `module help` names the manual and that `man ddp_train`
+# renders the installed man page (the system's pages still found), and from a
+# directory outside the source tree runs `ddp_train --version`, `--help`, `--keys`,
+# a 2-rank training run on data made by the installed tool, with the installed
+# input file, and the installed plot_metrics on it.
 # The module system: Environment Modules (Lmod when it is the only one), or with
 # `lmod` Lmod alone, from its own init script (Debian's lmod, or the copy that
 # tools/install_deps --test unpacks into /opt/lmod). Exit 77 (skipped) without it.
@@ -38,7 +40,9 @@ cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/i
 modulefile=$prefix/share/modulefiles/ddp_train/$version
 for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/merge_traces bin/torch_to_h5 \
          share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
-         share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version; do
+         share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version \
+         share/man/man1/ddp_train.1 share/doc/ddp_train/README.md share/doc/ddp_train/docs/index.md \
+         share/doc/ddp_train/docs/input.md; do
   [ -e "$prefix/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
 done
 echo "== $modulefile"
@@ -74,8 +78,26 @@ if [ "$SYSTEM" = lmod ]; then
   shows "Description: $whatis" ||
     fail "module spider ddp_train/$VERSION shows no Description with \"$whatis\""
 fi
+# module help names the manual, installed where it says.
+echo "== module help ddp_train"
+module help ddp_train 2>&1 | tee out.txt
+manual="$PREFIX/share/doc/ddp_train/docs/index.md"
+shows "$manual" || fail "module help ddp_train does not name the manual $manual"
+shows "man ddp_train" || fail "module help ddp_train does not mention man ddp_train"
+[ -f "$manual" ] || fail "the manual $manual is not installed"
 rm out.txt
 module load ddp_train
+echo "== man ddp_train (MANPATH=$MANPATH)"
+MANPAGER=cat MANWIDTH=80 man ddp_train >man.txt 2>&1 || { cat man.txt; fail "man ddp_train failed"; }
+head -n 25 man.txt
+grep -q "^SYNOPSIS" man.txt || fail "man ddp_train: no SYNOPSIS"
+grep -q "^INPUT KEYS" man.txt || fail "man ddp_train: no INPUT KEYS"
+grep -q "^ *train\.lr" man.txt || fail "man ddp_train: no train.lr"
+rm man.txt
+# The module puts its pages before the system'"'"'s, not in their place.
+if [ -e /usr/share/man/man1/ls.1.gz ]; then
+  man -w ls >/dev/null 2>&1 || fail "after module load, man finds no system page (MANPATH=$MANPATH)"
+fi
 [ "$(command -v ddp_train)" = "$PREFIX/bin/ddp_train" ] || fail "ddp_train on PATH is $(command -v ddp_train)"
 [ "$DDP_TRAIN_ROOT" = "$PREFIX" ] || fail "DDP_TRAIN_ROOT=$DDP_TRAIN_ROOT"
 [ -f "$DDP_TRAIN_INPUTS/regression.nml" ] || fail "DDP_TRAIN_INPUTS=$DDP_TRAIN_INPUTS"
@@ -88,6 +110,10 @@ echo "== ddp_train --version (in $PWD)"
 ddp_train --version | tee version.txt
 grep -q "^ddp_train $VERSION" version.txt || fail "--version: no \"ddp_train $VERSION\" line"
 grep -q "HDF5" version.txt || fail "--version: no HDF5"
+ddp_train --help >help.txt
+head -n 1 help.txt | grep -q "^usage: ddp_train" || fail "--help: the first line is not ddp_train'"'"'s usage"
+ddp_train --keys >keys.txt
+grep -q "^train\.lr " keys.txt || fail "--keys: no train.lr"
 
 echo "== make_regression_data data/regression"
 make_regression_data data/regression

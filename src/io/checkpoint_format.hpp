@@ -1,0 +1,85 @@
+#pragma once
+// Inside the checkpoint layer (src/io/checkpoint_*.cpp), not for its users: the
+// file's datasets as typed byte blobs and the checksum over them, the HDF5 helpers
+// of writing and reading, a file read and verified, and what the sources of
+// io/checkpoint.hpp share of each other's jobs.
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.hpp"
+
+namespace ddp::ckpt {
+
+constexpr const char* kFormat = "ddp_train.checkpoint";
+constexpr std::int64_t kFormatVersion = 1;
+
+// ---- the schema (checkpoint_format.cpp)
+
+// One dataset of the file: its element type and shape, and its bytes.
+struct Blob {
+  enum Type { F32, I64, F64 } type = F32;
+  std::vector<hsize_t> shape;  // {} for a scalar
+  std::vector<unsigned char> bytes;
+};
+using Blobs = std::map<std::string, Blob>;  // by path, e.g. "/model/layers.1.weight"
+
+// FNV-1a 64 over every blob's path (with its NUL), then its bytes, in path order.
+std::uint64_t checksum_of(const Blobs& blobs);
+std::string checksum_text(std::uint64_t h);  // "fnv1a64:<16 hex>"
+
+hid_t native(Blob::Type t);
+std::vector<float> to_host(View1 v);
+std::string shape_text(const std::vector<hsize_t>& s);  // "(3,4)"
+
+// The bytes of the checkpoint file, made by HDF5 in memory. `name` only tells HDF5's
+// open files apart.
+std::vector<char> file_image(const std::string& name, const Model& model, const OptimizerSnapshot& optimizer,
+                             const TrainingState& state, const RunInput& input, const DataFingerprint* data);
+
+// ---- reading (checkpoint_read.cpp; any process, every problem a CheckpointError)
+
+struct H5Quiet {  // no HDF5 error stack printed while we probe a possibly broken file
+  H5E_auto2_t func = nullptr;
+  void* data = nullptr;
+  H5Quiet() {
+    H5Eget_auto2(H5E_DEFAULT, &func, &data);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func, data); }
+};
+
+std::string read_string_attr(hid_t file, const char* name);
+// Ours ("format" = kFormat, fixed-length, as save_checkpoint writes it) or not.
+bool is_checkpoint_file(hid_t file);
+std::vector<std::int64_t> need_ints(const Blobs& b, const std::string& path);
+
+// A checkpoint file read and checked: format, version, checksum, finite values
+// (of the optimizer state too unless `weights_only`).
+struct FileContents {
+  Blobs blobs;
+  std::string config;
+  std::string optimizer;             // /optimizer's `name`; "" without /optimizer
+  std::optional<std::string> files;  // /data/train's `files`, when recorded
+};
+FileContents read_verified(const std::string& path, bool weights_only);
+
+// ---- the training data (checkpoint_data.cpp)
+
+// /data/train as a DataFingerprint; none when the file has no record.
+std::optional<DataFingerprint> read_fingerprint(const FileContents& c);
+// Rank 0, a resume: the checkpoint's training data against this run's. InputError
+// when the sample count changed (unless `allow_change`); warnings otherwise.
+void check_training_data(const Checkpoint& ck, const DataFingerprint& now, bool allow_change);
+
+// ---- the checkpoint directory (checkpoint_write.cpp)
+
+std::vector<std::string> list_dir(const std::string& dir);  // sorted; empty when unreadable
+bool is_checkpoint_name(const std::string& n);              // ckpt_<9 digits>.h5
+
+}  // namespace ddp::ckpt

@@ -1,0 +1,239 @@
+// Where a run starts (io/checkpoint.hpp): the run directory's checkpoints in the
+// order resume 'auto' tries them, the choice rank 0 makes among them (or
+// io.resume's path, or io.init_from's weights), its broadcast to every rank, and the
+// resumed epoch's sample order.
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "comm/check.hpp"
+#include "comm/log.hpp"
+#include "io/checkpoint_format.hpp"
+#include "io/sampler.hpp"
+
+namespace ddp {
+
+namespace {
+
+// ---- broadcast of a Checkpoint (rank 0's) as one byte buffer
+
+struct Packer {
+  std::vector<char> buf;
+  std::size_t at = 0;
+  template <class T>
+  void put(const T& v) {
+    const char* p = reinterpret_cast<const char*>(&v);
+    buf.insert(buf.end(), p, p + sizeof(T));
+  }
+  void put(const std::string& s) {
+    put(std::uint64_t(s.size()));
+    buf.insert(buf.end(), s.begin(), s.end());
+  }
+  template <class T>
+  void put(const std::vector<T>& v) {  // T: a number
+    put(std::uint64_t(v.size()));
+    const char* p = reinterpret_cast<const char*>(v.data());
+    buf.insert(buf.end(), p, p + v.size() * sizeof(T));
+  }
+  void put(const std::vector<std::string>& v) {
+    put(std::uint64_t(v.size()));
+    for (const auto& s : v) put(s);
+  }
+  template <class T>
+  void get(T& v) {
+    std::memcpy(&v, buf.data() + at, sizeof(T));
+    at += sizeof(T);
+  }
+  void get(std::string& s) {
+    std::uint64_t n;
+    get(n);
+    s.assign(buf.data() + at, n);
+    at += n;
+  }
+  template <class T>
+  void get(std::vector<T>& v) {
+    std::uint64_t n;
+    get(n);
+    v.resize(n);
+    // An empty vector's data() may be null, and memcpy from or to null is undefined
+    // even for 0 bytes (a model without buffers sends none).
+    if (n != 0) std::memcpy(v.data(), buf.data() + at, n * sizeof(T));
+    at += n * sizeof(T);
+  }
+  void get(std::vector<std::string>& v) {
+    std::uint64_t n;
+    get(n);
+    v.resize(n);
+    for (auto& s : v) get(s);
+  }
+};
+
+template <class P, class C>
+void fields(P& p, C& c) {
+  p.put_or_get(c.path);
+  p.put_or_get(c.state);
+  p.put_or_get(c.parameters);
+  p.put_or_get(c.buffers);
+  p.put_or_get(c.optimizer);
+  p.put_or_get(c.optimizer_steps);
+  std::uint64_t n = c.optimizer_state.size();
+  p.put_or_get(n);
+  c.optimizer_state.resize(n);
+  for (auto& [name, v] : c.optimizer_state) {
+    p.put_or_get(name);
+    p.put_or_get(v);
+  }
+  p.put_or_get(c.config);
+  std::uint8_t has_data = c.data.has_value();
+  p.put_or_get(has_data);
+  if (has_data) {
+    if (!c.data) c.data.emplace();
+    p.put_or_get(c.data->files);
+    p.put_or_get(c.data->counts);
+    p.put_or_get(c.data->hashes);
+    p.put_or_get(c.data->x_shape);
+    p.put_or_get(c.data->y_shape);
+  }
+}
+struct Put : Packer {
+  template <class T>
+  void put_or_get(const T& v) {
+    put(v);
+  }
+};
+struct Get : Packer {
+  template <class T>
+  void put_or_get(T& v) {
+    get(v);
+  }
+};
+
+void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck) {
+  Put out;
+  if (rank == 0) fields(out, ck);
+  long long n = (long long)out.buf.size();
+  MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
+  out.buf.resize(std::size_t(n));
+  // In pieces below 2^31 bytes: MPI counts are ints.
+  for (long long at = 0; at < n; at += (1ll << 30)) {
+    const int len = int(std::min<long long>(n - at, 1ll << 30));
+    MPI_CHECK(MPI_Bcast(out.buf.data() + at, len, MPI_CHAR, 0, comm));
+  }
+  if (rank != 0) {
+    Get in;
+    in.buf = std::move(out.buf);
+    fields(in, ck);
+  }
+}
+
+// ---- rank 0's choice
+
+enum Found { kNone = 0, kResume = 1, kInitFrom = 2 };
+
+// io.resume: the checkpoint to continue, into `ck`; kNone when there is none.
+// InputError when io.resume names an unusable file.
+Found resume_from(const ResumeOptions& o, const Model& model, const std::string& optimizer, Checkpoint& ck) {
+  if (o.resume == "auto") {
+    for (const std::string& path : checkpoint_candidates(o.run_dir)) {
+      try {
+        ck = load_checkpoint(path, model, optimizer);
+        return kResume;
+      } catch (const CheckpointError& e) {
+        log::warn("checkpoint " + path + " is unusable (" + e.what() + "); trying the previous one");
+      }
+    }
+  } else if (o.resume != "never") {
+    try {
+      ck = load_checkpoint(o.resume, model, optimizer);
+      return kResume;
+    } catch (const CheckpointError& e) {
+      throw InputError("io.resume: checkpoint " + o.resume + " is unusable: " + e.what());
+    }
+  }
+  return kNone;
+}
+
+// Rank 0: what the run starts from, into `ck`; an InputError's text into `problem`.
+Found choose(const ResumeOptions& o, const Model& model, const std::string& optimizer,
+             const DataFingerprint* data, Checkpoint& ck, std::string& problem) {
+  try {
+    Found found = resume_from(o, model, optimizer, ck);
+    if (found && data) ckpt::check_training_data(ck, *data, o.allow_data_change);
+    if (!found && !o.init_from.empty()) {
+      try {
+        ck = load_initial_weights(o.init_from, model);
+        found = kInitFrom;
+      } catch (const CheckpointError& e) {
+        throw InputError("io.init_from: " + o.init_from + " is unusable: " + e.what());
+      }
+    }
+    return found;
+  } catch (const InputError& e) {
+    problem = e.what();
+    return kNone;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_candidates(const std::string& run_dir) {
+  const std::string dir = checkpoint_dir(run_dir);
+  std::vector<std::string> names;
+  for (const std::string& n : ckpt::list_dir(dir))
+    if (ckpt::is_checkpoint_name(n)) names.push_back(n);
+  std::reverse(names.begin(), names.end());  // newest first
+  std::ifstream in(dir + "/latest");
+  std::string latest;
+  if (in >> latest) {
+    auto it = std::find(names.begin(), names.end(), latest);
+    if (it != names.end()) std::rotate(names.begin(), it, it + 1);
+  }
+  for (auto& n : names) n = dir + "/" + n;
+  return names;
+}
+
+std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
+                                                const Model& model, const std::string& optimizer,
+                                                bool* weights_only, const DataFingerprint* data) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  Checkpoint ck;
+  int found = kNone;
+  std::string problem;
+  if (rank == 0) found = choose(options, model, optimizer, data, ck, problem);
+  int status[2] = {found, problem.empty() ? 0 : 1};
+  MPI_CHECK(MPI_Bcast(status, 2, MPI_INT, 0, comm));
+  if (status[1]) fatal_all(comm, problem);
+  if (weights_only) *weights_only = status[0] == kInitFrom;
+  if (status[0] == kNone) return std::nullopt;
+  broadcast_checkpoint(comm, rank, ck);
+  return ck;
+}
+
+std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, int world, int rank, bool shuffle,
+                                        std::uint64_t seed, bool drop_last, std::int64_t epoch,
+                                        std::int64_t consumed) {
+  DistributedSampler sampler(dataset_size, world, rank, shuffle, seed, drop_last);
+  sampler.set_epoch(epoch);
+  if (consumed <= 0) return sampler.indices();
+  std::vector<std::int64_t> order;  // P: the unpadded order
+  if (shuffle) {
+    order = seeded_permutation(dataset_size, seed + std::uint64_t(epoch));
+  } else {
+    order.resize(std::size_t(dataset_size));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+  }
+  std::vector<std::int64_t> rest(order.begin() + std::min<std::int64_t>(consumed, dataset_size), order.end());
+  const std::size_t w = std::size_t(world);
+  if (drop_last) {
+    rest.resize(rest.size() / w * w);
+  } else if (!order.empty()) {
+    for (std::size_t i = 0; rest.size() % w != 0; ++i) rest.push_back(order[i % order.size()]);
+  }
+  std::vector<std::int64_t> mine;
+  for (std::size_t i = std::size_t(rank); i < rest.size(); i += w) mine.push_back(rest[i]);
+  return mine;
+}
+
+}  // namespace ddp

@@ -1,0 +1,234 @@
+// Putting a checkpoint on disk (io/checkpoint.hpp), rank 0: the file made in memory
+// by HDF5 (the core driver) and written with write(2), so that its size is known
+// before the disk is touched, a failure is errno's own (ENOSPC, EDQUOT, EIO), and
+// HDF5 never holds a half-written file; temp file, fsync, rename, fsync of the
+// directory, then `latest` the same way; room made on a full disk; the newest K kept.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "comm/log.hpp"
+#include "io/checkpoint_format.hpp"
+#include "io/metrics.hpp"
+
+namespace ddp {
+
+namespace ckpt {
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) names.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool is_checkpoint_name(const std::string& n) {
+  return n.size() == checkpoint_name(0).size() && n.rfind("ckpt_", 0) == 0 &&
+         n.compare(n.size() - 3, 3, ".h5") == 0;
+}
+
+namespace {
+
+// Why a step of putting the file on disk failed: "fsync: Input/output error".
+struct WriteFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw WriteFailure(what.empty() ? std::strerror(errno) : what + ": " + std::strerror(errno));
+}
+
+// Writes `n` bytes to a new file `path` and fsyncs it.
+void write_file(const std::string& path, const char* data, std::size_t n) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("");
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t w = write(fd, data + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const int e = errno;
+      close(fd);
+      errno = e;
+      throw_errno("");
+    }
+    done += std::size_t(w);
+  }
+  // A file system that allocates late (NFS, XFS) reports a full disk here or at close.
+  if (fsync(fd) != 0) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    throw_errno("fsync");
+  }
+  if (close(fd) != 0) throw_errno("close");
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw_errno("open of the directory for fsync");
+  const int rc = fsync(fd);
+  const int e = errno;
+  close(fd);
+  errno = e;
+  if (rc != 0) throw_errno("fsync of the directory");
+}
+
+void rename_durably(const std::string& from, const std::string& to, const std::string& dir) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) throw_errno("rename to " + to);
+  fsync_dir(dir);
+}
+
+// Temp files our writers make: ckpt_<step>.h5.tmp.<pid>, latest.tmp.<pid>.
+bool is_our_temp_name(const std::string& n) {
+  return (n.rfind("ckpt_", 0) == 0 || n.rfind("latest.tmp.", 0) == 0) && n.find(".tmp.") != std::string::npos;
+}
+
+// Bytes the file system of `dir` has free for us; -1 when it does not say.
+long long free_bytes(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return -1;
+  return (long long)st.f_bavail * (long long)st.f_frsize;
+}
+long long block_size(const std::string& dir) {
+  struct statvfs st {};
+  return statvfs(dir.c_str(), &st) == 0 && st.f_frsize > 0 ? (long long)st.f_frsize : 4096;
+}
+
+std::string human_bytes(long long n) {
+  char buf[32];
+  if (n < 0) return "unknown";
+  if (n < 1024) return std::to_string(n) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(n) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 3) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// Frees `need` bytes in the checkpoint directory if it has less: removes its oldest
+// checkpoints, never the newest valid one (resume 'auto' would take it), and warns.
+// Removes nothing when no checkpoint is valid: then nothing tells what is safe to lose.
+void make_room(const std::string& run_dir, long long need, const std::string& writing) {
+  const std::string dir = checkpoint_dir(run_dir);
+  const long long before = free_bytes(dir);
+  if (before < 0 || before >= need) return;
+  std::string keep;
+  for (const std::string& path : checkpoint_candidates(run_dir)) {
+    try {
+      read_verified(path, /*weights_only=*/false);
+      keep = path.substr(dir.size() + 1);
+      break;
+    } catch (const CheckpointError&) {
+    }
+  }
+  if (keep.empty()) return;
+  std::string removed;
+  for (const std::string& n : list_dir(dir)) {  // oldest first
+    if (free_bytes(dir) >= need) break;
+    if (is_checkpoint_name(n) && n != keep && std::remove((dir + "/" + n).c_str()) == 0)
+      removed += (removed.empty() ? "" : ", ") + n;
+  }
+  if (!removed.empty())
+    log::warn("checkpoint: " + dir + " has " + human_bytes(before) + " free and " + writing + " needs " +
+              human_bytes(need) + ": removed the older " + removed + " (" + keep +
+              ", the newest valid checkpoint, stays)");
+}
+
+// The checkpoint directory made, and what an earlier attempt left in it (a writer
+// killed, or refused by a full disk) removed: it may hold the very space this one needs.
+void prepare_dir(const std::string& dir, const std::string& path) {
+  const std::string problem = make_directories(dir);
+  if (!problem.empty()) throw CheckpointWriteError("cannot write checkpoint " + path + ": " + problem);
+  for (const std::string& n : list_dir(dir))
+    if (is_our_temp_name(n)) std::remove((dir + "/" + n).c_str());
+}
+
+// `image` as dir/name through a temp file, then `latest` naming it. A failure leaves
+// the directory as it was (no temp file to fill the disk for the next attempt, no
+// checkpoint that `latest` does not name) and throws CheckpointWriteError.
+void put_on_disk(const std::string& dir, const std::string& name, const std::vector<char>& image) {
+  const std::string path = dir + "/" + name;
+  std::string previous;  // what `latest` names now: it stays so if this write fails
+  {
+    std::ifstream in(dir + "/latest");
+    in >> previous;
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const std::string latest_tmp = dir + "/latest.tmp." + std::to_string(getpid());
+  bool renamed = false;
+  try {
+    write_file(tmp, image.data(), image.size());
+    if (const char* delay = std::getenv("DDP_TEST_CHECKPOINT_DELAY_MS"))  // test hook, see the header
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(delay)));
+    rename_durably(tmp, path, dir);
+    renamed = true;
+    // The pointer, the same way: a reader sees the old name or the new one, never a torn one.
+    const std::string line = name + "\n";
+    write_file(latest_tmp, line.data(), line.size());
+    rename_durably(latest_tmp, dir + "/latest", dir);
+  } catch (const WriteFailure& e) {
+    std::remove(tmp.c_str());
+    std::remove(latest_tmp.c_str());
+    if (renamed && name != previous) std::remove(path.c_str());
+    throw CheckpointWriteError("cannot write checkpoint " + path + ": " + e.what() + " (" + dir + " has " +
+                               human_bytes(free_bytes(dir)) + " free, the checkpoint needs " +
+                               human_bytes((long long)image.size()) + "); " +
+                               (previous.empty() ? "no earlier checkpoint" : previous + " stays the latest"));
+  }
+}
+
+// Keeps the newest `keep` checkpoints of `dir`, and `name` whatever its age.
+void keep_newest(const std::string& dir, int keep, const std::string& name) {
+  std::vector<std::string> ckpts;
+  for (const std::string& n : list_dir(dir))
+    if (is_checkpoint_name(n)) ckpts.push_back(n);
+  for (std::size_t i = 0; i + std::size_t(keep) < ckpts.size(); ++i)
+    if (ckpts[i] != name) std::remove((dir + "/" + ckpts[i]).c_str());
+}
+
+}  // namespace
+}  // namespace ckpt
+
+std::string checkpoint_dir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
+
+std::string checkpoint_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt_%09lld.h5", (long long)step);
+  return buf;
+}
+
+std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
+                            const OptimizerSnapshot& optimizer, const TrainingState& state,
+                            const RunInput& input, const DataFingerprint* data) {
+  using namespace ckpt;
+  const std::string dir = checkpoint_dir(run_dir);
+  const std::string name = checkpoint_name(state.step);
+  const std::string path = dir + "/" + name;
+  prepare_dir(dir, path);
+  const std::vector<char> image = file_image(path, model, optimizer, state, input, data);
+  const long long block = block_size(dir);
+  // The file in whole blocks, and a block for `latest`.
+  const long long need = ((long long)image.size() + block - 1) / block * block + block;
+  make_room(run_dir, need, name);
+  put_on_disk(dir, name, image);
+  keep_newest(dir, keep, name);
+  return path;
+}
+
+}  // namespace ddp

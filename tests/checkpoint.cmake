@@ -106,7 +106,7 @@ ddp_add_error_test(check_bad_labels NP 2 REGEX "badlabels/train_001.h5.*17.*7"
 # runs 30 of these under AddressSanitizer.
 ddp_add_checkpoint_test(stop_stress_np2 FIXTURE fashion NP 2 TIMEOUT 600
   COMMAND ${DDP_PYTHON} ${CKPT}/stop_stress.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
-          runs/stop_stress --runs 10 --max-delay 4)
+          runs/stop_stress --runs 6 --max-delay 4)
 # Exit 75 from every rank under mpiexec, which answers the first rank's exit 75 with
 # SIGTERM to the others 1 s later and SIGKILL 1 s after that: a rank 8 s slow to exit
 # (DDP_TEST_EXIT_DELAY_MS, after MPI_Finalize) exits 75 too and the checkpoint resumes;

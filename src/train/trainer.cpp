@@ -319,17 +319,14 @@ std::string Trainer::checkpoint() {
 }
 
 OptimizerSnapshot Trainer::optimizer_snapshot() {
-  OptimizerSnapshot snap{optimizer_->name(), optimizer_->steps(), {}};
   const bool root = comm_.rank() == 0;
-  const ShareCounts c =
-      cfg_.comm.zero > 0 ? share_counts(shares_.bounds, 0, shares_.bounds.back()) : ShareCounts{};
+  // Unsharded, rank 0 holds the whole state; the other ranks copy nothing.
+  if (cfg_.comm.zero == 0) return root ? snapshot_of(*optimizer_) : OptimizerSnapshot{};
+  OptimizerSnapshot snap{optimizer_->name(), optimizer_->steps(), {}};
+  const ShareCounts c = share_counts(shares_.bounds, 0, shares_.bounds.back());
   for (auto& [name, view] : optimizer_->state()) {
     const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
     std::vector<float> mine(host.data(), host.data() + host.extent(0));
-    if (cfg_.comm.zero == 0) {
-      if (root) snap.state.emplace_back(name, std::move(mine));
-      continue;
-    }
     watchdog::Collective guard("the gather of the optimizer state's shares for a checkpoint (MPI_Gatherv)");
     std::vector<float> whole(root ? std::size_t(shares_.bounds.back()) : 0);
     MPI_CHECK(MPI_Gatherv(mine.data(), int(mine.size()), MPI_FLOAT, whole.data(), c.counts.data(),

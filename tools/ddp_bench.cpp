@@ -8,9 +8,16 @@
 // alone at the same shapes, plus one all-reduce of the gradient bytes. Prints
 // samples/s, the per-step split, the floor and the efficiency floor/actual, and a
 // JSON line for scripts.
+//
+// DDP_LAUNCH_COUNT=1: also counts what the epoch dispatched (Kokkos kernels, deep
+// copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step.
+// Kokkos fences around every kernel while it counts: take the times from a run
+// without it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -143,6 +150,9 @@ int main(int argc, char** argv) {
   EpochStats e;
   double seconds = 0.0, wait = 0.0, fwd = 0.0, bwd = 0.0, com = 0.0, opt = 0.0, samples = 0.0;
   std::int64_t steps = 0;
+  const char* count_env = std::getenv("DDP_LAUNCH_COUNT");
+  const bool count = count_env && std::strcmp(count_env, "0") != 0 && *count_env;
+  if (count) kernel_trace::start_counting();
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
     const std::int64_t before = trainer.step();
     e = trainer.train_epoch(epoch);
@@ -152,6 +162,7 @@ int main(int argc, char** argv) {
     wait += e.data_wait_seconds, fwd += e.forward_seconds, bwd += e.backward_seconds;
     com += e.comm_seconds, opt += e.optimizer_seconds;
   }
+  const kernel_trace::Dispatches dispatched = count ? kernel_trace::stop_counting() : kernel_trace::Dispatches{};
 
   const std::int64_t B = cfg.train.batch_size;
   std::size_t n_kernels = 0;
@@ -185,6 +196,16 @@ int main(int argc, char** argv) {
       flops * cfg.train.accumulation_steps / step * 1e-9, flops * cfg.train.accumulation_steps * 1e-9,
       compute_backend().name().c_str(), cfg.train.precision.c_str());
   log::info(text);
+  const double per = 1.0 / double(steps);
+  if (count) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
+                  "calls (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
+                  double(dispatched.total()) * per, double(dispatched.kokkos) * per,
+                  double(dispatched.copies) * per, double(dispatched.library) * per);
+    log::info(line);
+  }
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.
   const MemoryPlan plan = trainer.memory_plan();
@@ -244,7 +265,10 @@ int main(int argc, char** argv) {
                              {"activations_planned_bytes", (long long)plan.activations},
                              {"host_hwm_bytes", (long long)host[0]},
                              {"host_rss_bytes", (long long)host[1]},
-                             {"device_used_bytes", (long long)device_used}};
+                             {"device_used_bytes", (long long)device_used},
+                             {"launches_per_step", count ? double(dispatched.total()) * per : -1.0},
+                             {"kokkos_kernels_per_step", count ? double(dispatched.kokkos) * per : -1.0},
+                             {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

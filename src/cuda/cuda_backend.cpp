@@ -172,6 +172,7 @@ class CudaBackend final : public ComputeBackend {
     const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
     const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
     gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t);
+    kernel_trace::count_library_call();
     if (kernel_trace::recording())
       kernel_trace::record({std::string("gemm ") + precision_name(precision) + " " + std::to_string(m) + "x" +
                                 std::to_string(n) + "x" + std::to_string(k),
@@ -248,6 +249,7 @@ void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weig
   void* y_op = io_ == DType::F32 ? static_cast<void*>(y) : scratch.get(Scratch::C, ny * dtype_size(io_));
   CudnnConv& c = conv();
   c.forward(s, x_op, w_op, y_op);
+  kernel_trace::count_library_call();
   bias_relu(y_op, io_, y, bias, B, g_.out, g_.ho() * g_.wo(), fused_relu_, stream);
   if (kernel_trace::recording())
     kernel_trace::record(
@@ -279,6 +281,7 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   if (io_ == DType::F32) {
     const float beta = accumulate ? 1.0f : 0.0f;
     c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
+    kernel_trace::count_library_call();
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B), [&c, s, x_op, dy_op, dweight, beta] {
                               c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
@@ -286,6 +289,7 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   } else {
     void* dw_op = scratch.get(Scratch::C, nw * dtype_size(io_));
     c.backward_filter(s, x_op, dy_op, dw_op);
+    kernel_trace::count_library_call();
     ::ddp::cuda::accumulate(dw_op, io_, dweight, nw, accumulate, stream);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
@@ -311,6 +315,7 @@ void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const floa
   void* dx_op = io_ == DType::F32 ? static_cast<void*>(dx) : scratch.get(Scratch::C, nx * dtype_size(io_));
   CudnnConv& c = conv();
   c.backward_data(s, w_op, dy_op, dx_op);
+  kernel_trace::count_library_call();
   if (io_ != DType::F32) convert_to_f32(dx_op, io_, dx, nx, stream);
   if (kernel_trace::recording())
     kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),

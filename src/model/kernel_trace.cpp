@@ -1,10 +1,29 @@
 #include "model/kernel_trace.hpp"
 
+#include <Kokkos_Core.hpp>
+
 namespace ddp::kernel_trace {
 
 namespace {
 bool g_on = false;
 std::vector<Kernel> g_kernels;
+bool g_counting = false;
+Dispatches g_counts;
+
+namespace tools = Kokkos::Tools::Experimental;
+
+void count_kernel(const char*, std::uint32_t, std::uint64_t*) { ++g_counts.kokkos; }
+void count_copy(Kokkos::Profiling::SpaceHandle, const char*, const void*, Kokkos::Profiling::SpaceHandle,
+                const char*, const void*, std::uint64_t) {
+  ++g_counts.copies;
+}
+
+void set_callbacks(bool on) {
+  tools::set_begin_parallel_for_callback(on ? count_kernel : nullptr);
+  tools::set_begin_parallel_reduce_callback(on ? count_kernel : nullptr);
+  tools::set_begin_parallel_scan_callback(on ? count_kernel : nullptr);
+  tools::set_begin_deep_copy_callback(on ? count_copy : nullptr);
+}
 }  // namespace
 
 void start() {
@@ -21,6 +40,22 @@ void record(Kernel kernel) {
 std::vector<Kernel> stop() {
   g_on = false;
   return std::move(g_kernels);
+}
+
+void start_counting() {
+  g_counts = {};
+  g_counting = true;
+  set_callbacks(true);
+}
+
+Dispatches stop_counting() {
+  set_callbacks(false);
+  g_counting = false;
+  return g_counts;
+}
+
+void count_library_call() {
+  if (g_counting) ++g_counts.library;
 }
 
 }  // namespace ddp::kernel_trace

@@ -4,7 +4,15 @@
 // is measured against. Recording is off unless a benchmark turns it on; then each
 // GEMM and convolution registers a replay of itself. A replay reuses the buffers
 // of the recorded call, so it is only for a model that is no longer training.
+//
+// Also a count of what a step dispatches, for a benchmark that asks: every Kokkos
+// kernel (parallel_for, parallel_reduce, parallel_scan, through Kokkos's tool
+// callbacks), every deep copy, and every GEMM or convolution call of the backend.
+// On a GPU each is at least one launch. Kokkos fences around each kernel while
+// a count runs (its tool interface asks that of a tool by default), so a counted
+// run's times are not the uncounted run's.
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,5 +29,16 @@ void start();
 bool recording();
 void record(Kernel kernel);
 std::vector<Kernel> stop();
+
+struct Dispatches {
+  std::int64_t kokkos = 0;   // Kokkos kernels
+  std::int64_t copies = 0;   // Kokkos deep copies
+  std::int64_t library = 0;  // GEMM and convolution calls (oneDNN, cuBLAS, cuDNN)
+  std::int64_t total() const { return kokkos + copies + library; }
+};
+void start_counting();
+Dispatches stop_counting();
+// The backends call this once per GEMM or convolution call.
+void count_library_call();
 
 }  // namespace ddp::kernel_trace

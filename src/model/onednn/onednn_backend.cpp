@@ -160,6 +160,7 @@ class OnednnBackend final : public ComputeBackend {
     if (m == 0 || n == 0) return;  // an empty batch: nothing to compute
     dnnl_stream();                 // pins this thread's OpenMP team to the rank's thread count
     run_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, precision);
+    kernel_trace::count_library_call();
     if (kernel_trace::recording())
       kernel_trace::record(
           {std::string("gemm ") + precision_name(precision) + " " + std::to_string(m) + "x" +

@@ -77,6 +77,7 @@ namespace {
 // backward-data and backward-weights each cost the forward's flops.
 void trace(const char* what, double flops, const dnnl::primitive& prim,
            const std::unordered_map<int, memory>& args) {
+  kernel_trace::count_library_call();
   if (!kernel_trace::recording()) return;
   kernel_trace::record({what, flops, [prim, args] {
                           prim.execute(dnnl_stream(), args);

@@ -3,7 +3,8 @@
 file for one epoch under torch.distributed (gloo, DistributedDataParallel), one
 thread per rank, and prints the samples/s as ddp_bench does.
 
-usage: tools/torch_bench.py -n N INPUT.nml [group.key=value ...]
+usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W]
+                            [-n N] INPUT.nml [group.key=value ...]
        (or torchrun --nproc_per_node N tools/torch_bench.py INPUT.nml ...)
 
 With -n it starts its N ranks itself (RANK, WORLD_SIZE, MASTER_ADDR/PORT on
@@ -18,8 +19,16 @@ peak learning rate), the same training shards preloaded into memory as ddp_train
 preload mode does (uint8 pixels scaled by 1/255), and DistributedSampler's
 shuffled, padded split of the epoch. The epoch is timed as ddp_train's is: from its
 first batch to the last optimizer step, no validation. Prints one line:
-  torch_bench: INPUT, N rank(s), batch B per rank, S steps, samples/s X, torch V, threads T,
-               parameters P, final loss L
+  torch_bench: INPUT, N rank(s), device D, mode M, batch B per rank, S steps, samples/s X,
+               torch V, threads T, parameters P, final loss L
+
+--device cuda (one GPU per rank; NCCL between ranks, none for one): the shards are
+held in GPU memory as they are stored (uint8 pixels are scaled on the GPU per batch,
+as ddp_train's GPU build does), W warm-up steps (default 10 on a GPU, 0 on the CPU)
+run before the timed epoch, and the clock waits for the GPU. --mode:
+  eager    float32 (TF32 off, as ddp_train's fp32)
+  amp      torch.autocast bf16, model and batches channels_last (PyTorch's AMP recipe)
+  compile  torch.compile of the amp model (its compilation in the warm-up steps)
 """
 import glob
 import os
@@ -185,14 +194,42 @@ def launch(n, args):
     return max(abs(p.wait()) for p in procs)
 
 
+def options(argv):
+    """--device, --mode, --warmup and -n before INPUT; the rest is INPUT and overrides."""
+    opts = {"device": "cpu", "mode": "eager", "warmup": None, "n": None}
+    i = 0
+    while i < len(argv) and argv[i] in ("--device", "--mode", "--warmup", "-n"):
+        if i + 1 >= len(argv):
+            sys.exit(f"torch_bench: {argv[i]} needs a value")
+        opts[argv[i].lstrip("-")] = argv[i + 1]
+        i += 2
+    if opts["device"] not in ("cpu", "cuda"):
+        sys.exit(f"torch_bench: --device {opts['device']}: cpu or cuda")
+    if opts["mode"] not in ("eager", "amp", "compile"):
+        sys.exit(f"torch_bench: --mode {opts['mode']}: eager, amp or compile")
+    if i >= len(argv):
+        sys.exit("usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W] "
+                 "[-n N] INPUT.nml [group.key=value ...]")
+    return opts, argv[:i], argv[i:]
+
+
+MODE_NAMES = {"eager": "eager fp32", "amp": "AMP bf16 channels_last", "compile": "torch.compile AMP bf16 channels_last"}
+
+
 def main():
-    if sys.argv[1] == "-n":
-        sys.exit(launch(int(sys.argv[2]), sys.argv[3:]))
-    path = sys.argv[1]
+    opts, own, rest = options(sys.argv[1:])
+    if opts["n"] is not None:
+        # the ranks get the same options, without -n
+        passed = [a for i, a in enumerate(own) if a != "-n" and (i == 0 or own[i - 1] != "-n")]
+        sys.exit(launch(int(opts["n"]), passed + rest))
+    path = rest[0]
     v = namelist_values(path)
-    for override in sys.argv[2:]:
+    for override in rest[1:]:
         key, _, value = override.partition("=")
         v[key] = value
+    cuda = opts["device"] == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("torch_bench: --device cuda, but PyTorch finds no CUDA device")
     files = sorted(f for g in strings(v["data.train_files"]) for f in glob.glob(g))
     if not files:
         sys.exit(f"torch_bench: {v['data.train_files']} matches no file")
@@ -208,43 +245,90 @@ def main():
             xs.append(x)
             ys.append(h["y"][()])
     x = np.concatenate(xs)
-    x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)
     y = torch.from_numpy(np.concatenate(ys).astype(np.int64))
+    # On the CPU the pixels are scaled once, as before; on a GPU they stay as stored
+    # and each batch is scaled there.
+    scale_per_batch = cuda and x.dtype == np.uint8
+    if scale_per_batch:
+        x = torch.from_numpy(x)
+    else:
+        x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32, as ddp_train's
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
+        if world_env > 1:
+            dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo")
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(int(v.get("train.seed", "1")))
-    model = build_model(strings(v["model.layers"]), x.shape[1:])
-    ddp = nn.parallel.DistributedDataParallel(model)
+    model = build_model(strings(v["model.layers"]), x.shape[1:]).to(device)
+    channels_last = opts["mode"] in ("amp", "compile") and x.ndim == 4
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ddp = nn.parallel.DistributedDataParallel(model) if distributed else model
+    run = torch.compile(ddp) if opts["mode"] == "compile" else ddp
+    x, y = x.to(device), y.to(device)
     batch = int(v.get("train.batch_size", "64"))
     lr = float(v.get("train.lr", "0.01"))
     momentum = float(v.get("train.momentum", "0"))
     weight_decay = float(v.get("train.weight_decay", "0"))
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     loss_fn = nn.CrossEntropyLoss()
+    amp = opts["mode"] in ("amp", "compile")
+
+    def step(idx):
+        xb = x[idx]
+        if scale_per_batch:
+            xb = xb.to(torch.float32).div_(255.0)
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = loss_fn(run(xb), y[idx])
+        loss.backward()
+        opt.step()
+        return loss
 
     sampler = torch.utils.data.DistributedSampler(torch.arange(len(y)), num_replicas=world, rank=rank,
                                                   shuffle=True, seed=1)
     sampler.set_epoch(0)
-    indices = torch.tensor(list(sampler))
+    indices = torch.tensor(list(sampler)).to(device)
     steps = (len(indices) + batch - 1) // batch
-    dist.barrier()
+    warmup = int(opts["warmup"]) if opts["warmup"] is not None else (10 if cuda else 0)
+    for s in range(warmup):  # not timed: cuDNN's autotuning, torch.compile's compilation
+        step(indices[(s % steps) * batch:(s % steps + 1) * batch])
+
+    def wait():
+        if cuda:
+            torch.cuda.synchronize()
+        if distributed:
+            dist.barrier()
+
+    wait()
     start = time.perf_counter()
     for s in range(steps):
-        idx = indices[s * batch:(s + 1) * batch]
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-    dist.barrier()
+        loss = step(indices[s * batch:(s + 1) * batch])
+    wait()
     seconds = time.perf_counter() - start
     if rank == 0:
         samples = len(indices) * world
-        print(f"torch_bench: {path}, {world} rank(s), batch {batch} per rank, {steps} steps, "
+        where = f"cuda ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
+        print(f"torch_bench: {path}, {world} rank(s), device {where}, mode {MODE_NAMES[opts['mode']]}, "
+              f"batch {batch} per rank, {steps} steps, "
               f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
               f"parameters {sum(p.numel() for p in model.parameters())}, final loss {loss.item():.4f}", flush=True)
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

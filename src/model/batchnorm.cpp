@@ -5,6 +5,7 @@
 #include "comm/check.hpp"
 #include "comm/communicator.hpp"
 #include "model/planes.hpp"
+#include "model/select.hpp"
 
 namespace ddp {
 
@@ -86,50 +87,66 @@ void BatchNorm2d::reserve_partial(std::int64_t B) {
         Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "BatchNorm2d::partial"), n);
 }
 
-// x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta, in x's
-// layout (NCHW, or a convolution's blocked layout where the model keeps it).
-void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
+// Per channel, from the batch's sums: mean, 1/std, the affine parameters of this
+// step, and the running statistics' update.
+struct BatchNormStats {
+  Kokkos::View<float*> mean, invstd, gamma, beta;
+  const float *w, *b;
+  float *rm, *rv, *nb;
+  double n, unbias, momentum;
+  float eps;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c, double sum, double sum_sq) const {
+    const double mu = sum / n, d = sum_sq / n - mu * mu, var = d > 0.0 ? d : 0.0;
+    mean(c) = static_cast<float>(mu);
+    invstd(c) = static_cast<float>(1.0 / sqrt(var + eps));
+    gamma(c) = w[c];
+    beta(c) = b[c];
+    rm[c] = static_cast<float>((1.0 - momentum) * rm[c] + momentum * mu);
+    rv[c] = static_cast<float>((1.0 - momentum) * rv[c] + momentum * var * unbias);
+    if (c == 0) *nb += 1.0f;
+  }
+};
+
+// Per channel, from backward's sums: the parameter gradients (this rank's) and,
+// where dx follows, the means of dy and dy * xhat (over all ranks: only where the
+// sums need no all-reduce first).
+struct BatchNormBackwardThen {
+  float *dw, *db;
+  bool add;
+  Kokkos::View<float*> mean_dy, mean_dy_xhat;  // empty: not here
+  float inv_n;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c, double sum_dy, double sum_dy_xhat) const {
+    const float sb = static_cast<float>(sum_dy), sw = static_cast<float>(sum_dy_xhat);
+    db[c] = add ? db[c] + sb : sb;
+    dw[c] = add ? dw[c] + sw : sw;
+    if (mean_dy.extent(0) > 0) {
+      mean_dy(c) = sb * inv_n;
+      mean_dy_xhat(c) = sw * inv_n;
+    }
+  }
+};
+
+// The gradient reaching the batch norm's output: dy, through the mask y > 0 where
+// a relu is fused.
+template <bool Relu>
+struct BatchNormOutputGrad {
+  ConstView1 dy, y;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const {
+    if constexpr (Relu)
+      return select_or_zero(relu_passes(y(e)), dy(e));
+    else
+      return dy(e);
+  }
+};
+
+void BatchNorm2d::statistics(const Tensor& x, bool training) {
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
-  resize(y, B, sample_, "BatchNorm2d::y", x.layout);
   ConstView1 xv = x.data;
-  View1 yv = y.data;
   auto mean = mean_, invstd = invstd_, gamma = gamma_, beta = beta_;
   const float eps = eps_;
   normalised_by_batch_ = training;
   const float *w = weight_, *b = bias_;
-  if (training) {
-    // Per-channel sums in double: E[x^2] - E[x]^2 stays accurate for any batch.
-    auto sums = sums_;
-    reserve_partial(B);
-    channel_sums(
-        "BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); },
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); });
-    Kokkos::parallel_for(
-        "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(B * hw); });
-    allreduce(sums_, 2 * C + 1);
-    // The count over ranks only SyncBatchNorm needs to ask (a host wait); per rank it is known.
-    if (comm_) {
-      Kokkos::deep_copy(sums_host_, sums_);
-      count_ = static_cast<std::int64_t>(sums_host_(2 * C));
-    } else {
-      count_ = B * hw;
-    }
-    if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
-    const double n = double(count_), unbias = n / (n - 1.0), m = momentum_;
-    float *rm = running_mean_, *rv = running_var_, *nb = batches_tracked_;
-    Kokkos::parallel_for(
-        "BatchNorm2d::forward_stats", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-          const double mu = sums(c) / n, d = sums(C + c) / n - mu * mu, var = d > 0.0 ? d : 0.0;
-          mean(c) = static_cast<float>(mu);
-          invstd(c) = static_cast<float>(1.0 / sqrt(var + eps));
-          gamma(c) = w[c];
-          beta(c) = b[c];
-          rm[c] = static_cast<float>((1.0 - m) * rm[c] + m * mu);
-          rv[c] = static_cast<float>((1.0 - m) * rv[c] + m * var * unbias);
-          if (c == 0) *nb += 1.0f;
-        });
-  } else {
+  if (!training) {
     const float *rm = running_mean_, *rv = running_var_;
     Kokkos::parallel_for(
         "BatchNorm2d::forward_running_stats", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
@@ -138,40 +155,102 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
           gamma(c) = w[c];
           beta(c) = b[c];
         });
+    return;
   }
+  // Per-channel sums in double: E[x^2] - E[x]^2 stays accurate for any batch.
+  auto sums = sums_;
+  reserve_partial(B);
+  auto x1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
+  auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
+  auto stats = [&] {
+    if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
+    const double n = double(count_);
+    return BatchNormStats{mean, invstd, gamma, beta, w, b, running_mean_, running_var_, batches_tracked_,
+                          n, n / (n - 1.0), momentum_, eps};
+  };
+  if (!comm_) {  // the statistics in the sums' own kernel
+    count_ = B * hw;
+    channel_sums("BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums, x1, x2, stats());
+    return;
+  }
+  channel_sums("BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums, x1, x2);
+  Kokkos::parallel_for(
+      "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(B * hw); });
+  allreduce(sums_, 2 * C + 1);
+  // The count over ranks only SyncBatchNorm needs to ask (a host wait); per rank it is known.
+  Kokkos::deep_copy(sums_host_, sums_);
+  count_ = static_cast<std::int64_t>(sums_host_(2 * C));
+  const BatchNormStats st = stats();
+  Kokkos::parallel_for(
+      "BatchNorm2d::forward_stats", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) { st(c, sums(c), sums(C + c)); });
+}
+
+// x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta (then
+// rectified where a relu is fused), in x's layout (NCHW, or a convolution's
+// blocked layout where the model keeps it).
+void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
+  const std::int64_t B = x.batch(), C = c_, hw = hw_;
+  statistics(x, training);
+  resize(y, B, sample_, "BatchNorm2d::y", x.layout);
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  const BatchNormAffine bn = affine();
   // Padding channels: mean, invstd, gamma and beta are 0 there, so y is too.
-  for_each_element(
-      "BatchNorm2d::forward", x.layout, B, C, hw,
-      KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-        yv(e) = (xv(e) - mean(c)) * invstd(c) * gamma(c) + beta(c);
-      });
+  if (fused_relu_) {
+    for_each_element(
+        "BatchNorm2d::forward_relu", x.layout, B, C, hw,
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+          const float v = bn(c, xv(e));
+          yv(e) = select_or_zero(relu_passes(v), v);
+        });
+  } else {
+    for_each_element(
+        "BatchNorm2d::forward", x.layout, B, C, hw,
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) { yv(e) = bn(c, xv(e)); });
+  }
+}
+
+void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (fused_relu_)
+    backward_passes<true>(x, y, dy, dx);
+  else
+    backward_passes<false>(x, y, dy, dx);
 }
 
 // dy: (B, C, H, W) -> dgamma += (or =) sum dy xhat, dbeta += (or =) sum dy (this rank's samples);
 // dx = gamma invstd (dy - sum(dy)/N - xhat sum(dy xhat)/N) with the sums over all N
 // values of the channel (all ranks when synchronised); in eval dx = gamma invstd dy.
-// dy and dx in x's layout.
-void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+// dy and dx in x's layout; with a fused relu, dy is first masked by y > 0.
+template <bool Relu>
+void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   DDP_REQUIRE(dy.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
-  ConstView1 xv = x.data, dyv = dy.data;
+  ConstView1 xv = x.data;
+  const BatchNormOutputGrad<Relu> g{dy.data, Relu ? y.data : dy.data};
   auto mean = mean_, invstd = invstd_, gamma = gamma_;
   auto sums = sums_;
-  float *dw = dweight_, *db = dbias_;
-  const bool add = !overwrite_gradients();
+  const bool means_here = !comm_ && normalised_by_batch_ && needs_input_grad();
+  const BatchNormBackwardThen then{dweight_,
+                                   dbias_,
+                                   !overwrite_gradients(),
+                                   means_here ? mean_dy_ : Kokkos::View<float*>(),
+                                   means_here ? mean_dy_xhat_ : Kokkos::View<float*>(),
+                                   1.0f / static_cast<float>(count_)};
   reserve_partial(B);
-  channel_sums(
-      "BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums,
-      KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(dyv(e)); },
-      KOKKOS_LAMBDA(std::int64_t c, std::int64_t e) {
-        return double(dyv(e)) * ((xv(e) - mean(c)) * invstd(c));
-      });
-  Kokkos::parallel_for(
-      "BatchNorm2d::backward_param_grads", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        const float sb = static_cast<float>(sums(c)), sw = static_cast<float>(sums(C + c));
-        db[c] = add ? db[c] + sb : sb;
-        dw[c] = add ? dw[c] + sw : sw;
-      });
+  auto dy1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(g(e)); };
+  auto dy_xhat = KOKKOS_LAMBDA(std::int64_t c, std::int64_t e) {
+    return double(g(e)) * ((xv(e) - mean(c)) * invstd(c));
+  };
+  if (comm_) {  // the parameter gradients from this rank's sums, before they are all-reduced
+    channel_sums("BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums, dy1, dy_xhat);
+    BatchNormBackwardThen grads = then;
+    grads.mean_dy = grads.mean_dy_xhat = Kokkos::View<float*>();
+    Kokkos::parallel_for(
+        "BatchNorm2d::backward_param_grads", Range(0, C),
+        KOKKOS_LAMBDA(std::int64_t c) { grads(c, sums(c), sums(C + c)); });
+  } else {
+    channel_sums("BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums, dy1, dy_xhat, then);
+  }
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout);
   View1 dxv = dx.data;
@@ -179,24 +258,29 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& d
     for_each_element(
         "BatchNorm2d::backward_eval", x.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          dxv(e) = dyv(e) * gamma(c) * invstd(c);
+          dxv(e) = g(e) * gamma(c) * invstd(c);
         });
     return;
   }
-  allreduce(sums_, 2 * C);
-  const float inv_n = 1.0f / static_cast<float>(count_);
   auto mdy = mean_dy_, mdyx = mean_dy_xhat_;
-  Kokkos::parallel_for(
-      "BatchNorm2d::backward_means", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        mdy(c) = static_cast<float>(sums(c)) * inv_n;
-        mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
-      });
+  if (comm_) {
+    allreduce(sums_, 2 * C);
+    const float inv_n = then.inv_n;
+    Kokkos::parallel_for(
+        "BatchNorm2d::backward_means", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+          mdy(c) = static_cast<float>(sums(c)) * inv_n;
+          mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
+        });
+  }
   for_each_element(
       "BatchNorm2d::backward", x.layout, B, C, hw,
       KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
         const float xhat = (xv(e) - mean(c)) * invstd(c);
-        dxv(e) = gamma(c) * invstd(c) * (dyv(e) - mdy(c) - xhat * mdyx(c));
+        dxv(e) = gamma(c) * invstd(c) * (g(e) - mdy(c) - xhat * mdyx(c));
       });
 }
+
+template void BatchNorm2d::backward_passes<true>(const Tensor&, const Tensor&, const Tensor&, Tensor&);
+template void BatchNorm2d::backward_passes<false>(const Tensor&, const Tensor&, const Tensor&, Tensor&);
 
 }  // namespace ddp

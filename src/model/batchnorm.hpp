@@ -14,6 +14,15 @@
 
 namespace ddp {
 
+// The per-channel map of a batch norm's last forward, y = (x - mean) invstd gamma +
+// beta, for a kernel that applies it in a pass of its own (ResBlock's output).
+struct BatchNormAffine {
+  Kokkos::View<float*> mean, invstd, gamma, beta;  // (Cp), zero past C
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x) const {
+    return (x - mean(c)) * invstd(c) * gamma(c) + beta(c);
+  }
+};
+
 class BatchNorm2d : public Layer {
  public:
   explicit BatchNorm2d(bool sync, float momentum = 0.1f, float eps = 1e-5f)
@@ -22,6 +31,14 @@ class BatchNorm2d : public Layer {
   // init() sets gamma to 0 instead of 1: torchvision's zero_init_residual for the last
   // batch norm of a residual branch, so each block starts as its shortcut.
   void set_zero_gamma(bool on) { zero_gamma_ = on; }
+  // The relu after it, in the same passes: forward writes relu(bn(x)) and backward
+  // takes dy through the mask y > 0 (y: this layer's, rectified, output). For a relu
+  // that hands its passes over (Model::fuse_layers) and for ResBlock's branch.
+  void fuse_relu() { fused_relu_ = true; }
+  // Forward without its pass over the elements: the batch's (training) or the
+  // running statistics, the running update, and affine() for them.
+  void statistics(const Tensor& x, bool training);
+  BatchNormAffine affine() const { return {mean_, invstd_, gamma_, beta_}; }
 
   std::string kind() const override { return "batchnorm2d"; }
   Shape output_shape(const Shape& in_sample) override;
@@ -33,6 +50,10 @@ class BatchNorm2d : public Layer {
   void set_communicator(Communicator* comm) override { comm_ = sync_ ? comm : nullptr; }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // backward's body, Relu: with the fused relu's mask. Public only because CUDA's
+  // extended lambdas may not live in private members.
+  template <bool Relu>
+  void backward_passes(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx);
 
  private:
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
@@ -41,6 +62,7 @@ class BatchNorm2d : public Layer {
 
   bool sync_;
   bool zero_gamma_ = false;
+  bool fused_relu_ = false;
   float momentum_, eps_;
   Communicator* comm_ = nullptr;
   std::int64_t c_ = 0, hw_ = 0;

@@ -85,4 +85,54 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
   }
 }
 
+void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
+                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing) {
+  const std::int64_t B = out.batch(), C = out.sample_numel();
+  resize_like(dout, out, "Loss::dout");
+  ConstView1 o = out.data;
+  View1 d = dout.data;
+  if (kind == LossKind::CrossEntropy) {
+    // loss_forward's constants, then loss_backward's (scaled)
+    const float on_label = 1.0f - smoothing, per_class = smoothing / static_cast<float>(C);
+    const float on_label_d = scale * (1.0f - smoothing), per_class_d = scale * smoothing / static_cast<float>(C);
+    const bool smooth = smoothing != 0.0f;
+    Kokkos::parallel_for(
+        "CrossEntropy::forward_backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          const float* row = &o(b * C);
+          std::int64_t argmax = 0;
+          for (std::int64_t c = 1; c < C; ++c)
+            if (row[c] > row[argmax]) argmax = c;
+          const float m = row[argmax];  // loss_backward's running maximum is the same float
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
+          const std::int32_t label = labels(b);
+          const bool valid = label >= 0 && label < C;
+          float spread = 0.0f;
+          if (smooth) {
+            for (std::int64_t c = 0; c < C; ++c) spread += row[c];
+            spread *= per_class;
+          }
+          loss(b) = valid
+                        ? (smooth ? m + log(sum) - on_label * row[label] - spread : m + log(sum) - row[label])
+                        : NAN;
+          correct(b) = valid && argmax == label ? 1.0f : 0.0f;
+          const float inv = scale / sum;
+          for (std::int64_t c = 0; c < C; ++c)
+            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? on_label_d : 0.0f) - per_class_d;
+        });
+  } else {
+    const float k = 2.0f * scale / C;
+    Kokkos::parallel_for(
+        "MSE::forward_backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < C; ++c) {
+            const float diff = o(b * C + c) - targets(b * C + c);
+            sum += diff * diff;
+            d(b * C + c) = k * diff;
+          }
+          loss(b) = sum / C;
+        });
+  }
+}
+
 }  // namespace ddp

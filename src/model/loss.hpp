@@ -29,4 +29,9 @@ void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, con
 void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                    float scale, Tensor& dout, float smoothing = 0.0f);
 
+// loss_forward and loss_backward in one kernel over the logits (a training step's
+// loss: one launch and one read of the logits fewer); the same floats as the two.
+void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
+                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f);
+
 }  // namespace ddp

@@ -87,14 +87,22 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
 // Each relu stays a layer in its place (checkpoint names are positional) but hands
 // its passes over the activation to a neighbour where one does them for free:
 // conv2d -> relu: the convolution's output is rectified by a oneDNN post-op;
-// relu -> maxpool: the pool's backward masks its gradient by its output (> 0).
+// batchnorm2d -> relu: the batch norm's pass writes the rectified output, and its
+// backward masks the gradient by it; relu -> maxpool: the pool's backward masks its
+// gradient by its output (> 0). Residual blocks fuse their own passes.
 void Model::fuse_layers() {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
+    if (auto* block = dynamic_cast<ResBlock*>(layers_[i].get())) block->fuse_passes();
     auto* relu = dynamic_cast<ReLU*>(layers_[i].get());
     if (!relu) continue;
     if (auto* conv = i > 0 ? dynamic_cast<Conv2d*>(layers_[i - 1].get()) : nullptr) {
       conv->fuse_relu();
       relu->fuse_forward();
+    }
+    if (auto* bn = i > 0 ? dynamic_cast<BatchNorm2d*>(layers_[i - 1].get()) : nullptr) {
+      bn->fuse_relu();
+      relu->fuse_forward();
+      relu->fuse_backward();
     }
     auto* pool = i + 1 < layers_.size() ? dynamic_cast<Pool2d*>(layers_[i + 1].get()) : nullptr;
     if (pool && pool->kind() == "maxpool") {

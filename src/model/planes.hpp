@@ -95,13 +95,19 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
   }
 }
 
+// No work after a channel's sums (channel_sums' default `then`).
+struct NoThen {
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, double, double) const {}
+};
+
 // sums(c) = sum of f(c, e), sums(C + c) = sum of g(c, e) over the elements e of
 // channel c of a (B, C, H, W) tensor in `layout`: plane_sums, then each channel's
-// planes added in batch order. partial holds at least 2 B Cp doubles (Cp: C
-// rounded up to 16).
-template <class F, class G>
+// planes added in batch order, and then(c, sum f, sum g) in the same kernel (the
+// per-channel work that needs no other rank's sums: one launch fewer). partial
+// holds at least 2 B Cp doubles (Cp: C rounded up to 16).
+template <class F, class G, class Then = NoThen>
 void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,
-                  Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g) {
+                  Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g, Then then = {}) {
   const int BS = channel_block(layout);
   const std::int64_t Cp = (C + BS - 1) / BS * BS;
   switch (layout) {
@@ -124,6 +130,7 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
         }
         sums(c) = sf;
         sums(C + c) = sg;
+        then(c, sf, sg);
       });
 }
 

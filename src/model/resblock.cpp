@@ -136,6 +136,40 @@ void ResBlock::set_layouts(Layout in, Layout inside, Layout out) {
   for (Conv2d* c : convs()) c->set_layouts(inside, inside);
 }
 
+void ResBlock::fuse_passes() {
+  fused_ = true;
+  for (std::size_t k = 0; k + 1 < stages_.size(); ++k) stages_[k].bn->fuse_relu();
+}
+
+// y = relu(bn3(a3) + shortcut), shortcut = bn_down(s1) or x, with both batch norms'
+// statistics already taken: the same floats as the unfused passes, in one.
+void ResBlock::fused_output(const Tensor& x, Tensor& y) {
+  const Tensor& a = stages_.back().a;
+  resize_like(y, a, "ResBlock::y");
+  const BatchNormAffine bn = stages_.back().bn->affine();
+  ConstView1 av = a.data;
+  View1 yv = y.data;
+  const std::int64_t B = a.batch(), C = a.shape[1], hw = a.shape[2] * a.shape[3];
+  if (projection_) {
+    const BatchNormAffine down = down_bn_->affine();
+    ConstView1 sv = s1_.data;
+    for_each_element(
+        "ResBlock::bn_add_relu", a.layout, B, C, hw,
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+          const float v = bn(c, av(e)) + down(c, sv(e));
+          yv(e) = select_or_zero(relu_passes(v), v);
+        });
+  } else {
+    ConstView1 xv = x.data;
+    for_each_element(
+        "ResBlock::bn_add_relu", a.layout, B, C, hw,
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+          const float v = bn(c, av(e)) + xv(e);
+          yv(e) = select_or_zero(relu_passes(v), v);
+        });
+  }
+}
+
 // x: (B, C_in, H, W) -> y: (B, C_out, Ho, Wo)
 void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   DDP_REQUIRE(x_given.layout == in_, kind() << " input in another layout than the model set");
@@ -147,27 +181,35 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   for (std::size_t k = 0; k < stages_.size(); ++k) {
     Stage& st = stages_[k];
     st.conv->forward(*h, st.a, training);
-    st.bn->forward(st.a, st.b, training);
     if (k + 1 == stages_.size()) break;
-    resize_like(st.r, st.b, "ResBlock::r");
-    relu_forward(st.b.data, st.r.data, st.b.storage_numel());
+    if (fused_) {
+      st.bn->forward(st.a, st.r, training);  // relu inside
+    } else {
+      st.bn->forward(st.a, st.b, training);
+      resize_like(st.r, st.b, "ResBlock::r");
+      relu_forward(st.b.data, st.r.data, st.b.storage_numel());
+    }
     h = &st.r;
   }
-  const Tensor* shortcut = &x;
-  if (projection_) {
-    down_conv_->forward(x, s1_, training);
-    down_bn_->forward(s1_, s2_, training);
-    shortcut = &s2_;
+  if (projection_) down_conv_->forward(x, s1_, training);
+  Stage& last = stages_.back();
+  if (fused_) {
+    last.bn->statistics(last.a, training);
+    if (projection_) down_bn_->statistics(s1_, training);
+    fused_output(x, y);
+  } else {
+    last.bn->forward(last.a, last.b, training);
+    if (projection_) down_bn_->forward(s1_, s2_, training);
+    const Tensor& shortcut = projection_ ? s2_ : x;
+    resize_like(y, last.b, "ResBlock::y");
+    ConstView1 bv = last.b.data, sc = shortcut.data;
+    View1 yv = y.data;
+    Kokkos::parallel_for(
+        "ResBlock::add_relu", Range(0, y.storage_numel()), KOKKOS_LAMBDA(std::int64_t i) {
+          const float v = bv(i) + sc(i);
+          yv(i) = select_or_zero(relu_passes(v), v);
+        });
   }
-  const Tensor& branch = stages_.back().b;
-  resize_like(y, branch, "ResBlock::y");
-  ConstView1 bv = branch.data, sc = shortcut->data;
-  View1 yv = y.data;
-  Kokkos::parallel_for(
-      "ResBlock::add_relu", Range(0, y.storage_numel()), KOKKOS_LAMBDA(std::int64_t i) {
-        const float v = bv(i) + sc(i);
-        yv(i) = select_or_zero(relu_passes(v), v);
-      });
   if (convert_out) convert_layout(y_in_, y_given, out_, "ResBlock::y");
 }
 
@@ -185,7 +227,10 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   const Tensor* grad = &g_;  // the gradient of the current stage's batch-norm output
   for (std::size_t k = stages_.size(); k-- > 0;) {
     Stage& st = stages_[k];
-    st.bn->backward(st.a, st.b, *grad, st.da);
+    // The batch norm's output: r where it is rectified inside (fused, not the last
+    // stage); not read otherwise.
+    const Tensor& bn_out = fused_ && k + 1 < stages_.size() ? st.r : st.a;
+    st.bn->backward(st.a, bn_out, *grad, st.da);
     if (k == 0) {
       st.conv->set_needs_input_grad(needs_input_grad());
       st.conv->backward(x, st.a, st.da, dx);
@@ -193,11 +238,11 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     }
     Stage& before = stages_[k - 1];
     st.conv->backward(before.r, st.a, st.da, before.dr);
-    relu_backward(before.r.data, before.dr.data, before.dr.data, before.dr.storage_numel());
+    if (!fused_) relu_backward(before.r.data, before.dr.data, before.dr.data, before.dr.storage_numel());
     grad = &before.dr;
   }
   if (projection_) {
-    down_bn_->backward(s1_, s2_, g_, ds1_);
+    down_bn_->backward(s1_, s1_, g_, ds1_);
     down_conv_->set_needs_input_grad(needs_input_grad());
     down_conv_->backward(x, s1_, ds1_, dx_short_);
   }

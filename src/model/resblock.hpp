@@ -47,6 +47,15 @@ class ResBlock : public Layer {
   // The layouts of x and dx (in), of the block's own activations (inside) and of y
   // and dy (out); nchw unless set.
   void set_layouts(Layout in, Layout inside, Layout out);
+  // Fewer passes over the activations (Model::fuse_layers): each relu of the branch
+  // inside the batch norm before it, and the last batch norm, the shortcut's, the
+  // sum and the relu in one pass forward (so b of the last stage and s2 are never
+  // written).
+  void fuse_passes();
+
+  // The block's output y = relu(bn3(a) + shortcut) in one pass (fused). Public only
+  // because CUDA's extended lambdas may not live in private members.
+  void fused_output(const Tensor& x, Tensor& y);
 
  private:
   struct Part {  // a sub-layer and the name prefix of its parameters
@@ -58,7 +67,8 @@ class ResBlock : public Layer {
 
   // One conv -> bn step of the residual branch, with its activations, all
   // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
-  // every step but the last, r = relu(b), the next step's input.
+  // every step but the last, r = relu(b), the next step's input. Fused, b is not
+  // written (the batch norm writes r).
   struct Stage {
     std::unique_ptr<Conv2d> conv;
     std::unique_ptr<BatchNorm2d> bn;
@@ -69,11 +79,12 @@ class ResBlock : public Layer {
   Kind kind_;
   std::int64_t channels_, stride_;
   bool projection_ = false;
+  bool fused_ = false;
   Shape in_sample_, out_sample_;  // (C_in, H, W), (C_out, Ho, Wo)
   std::vector<Stage> stages_;     // the residual branch, input to output
   std::unique_ptr<Conv2d> down_conv_;
   std::unique_ptr<BatchNorm2d> down_bn_;
-  Tensor s1_, s2_;   // shortcut conv, bn: (B, C_out, Ho, Wo)
+  Tensor s1_, s2_;   // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)
   Tensor g_, ds1_;   // gradient of the pre-relu sum, of s1
   Tensor dx_short_;  // (B, C_in, H, W) gradient through the projection
   Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;

@@ -120,5 +120,37 @@ TEST(MSE, GradientCheck) {
                      1e-2, 1e-4);
 }
 
+// The training step's one kernel gives the floats of the two separate ones: loss,
+// correct and gradient, with and without smoothing, an invalid label included
+// (NaN loss), and MSE.
+TEST(LossForwardBackward, BitwiseTheSeparateKernels) {
+  const std::int64_t B = 6, C = 7;
+  Tensor out = make_tensor({B, C}, random_values(B * C, 24, -4.0f, 4.0f));
+  LabelView labels = make_labels({0, 6, 2, -1, 3, 1});
+  for (float s : {0.0f, 0.1f}) {
+    View1 l0("test::l0", B), l1("test::l1", B), c0("test::c0", B), c1("test::c1", B);
+    Tensor d0, d1;
+    loss_forward(LossKind::CrossEntropy, out, labels, View1(), l0, c0, s);
+    loss_backward(LossKind::CrossEntropy, out, labels, View1(), 0.375f, d0, s);
+    loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), 0.375f, l1, c1, d1, s);
+    const std::vector<float> a = to_host(l0, B), b = to_host(l1, B);
+    ASSERT_TRUE(std::isnan(a[3]) && std::isnan(b[3])) << "smoothing " << s;
+    for (std::int64_t i = 0; i < B; ++i)
+      if (i != 3) {
+        EXPECT_EQ(a[i], b[i]) << "loss " << i << ", smoothing " << s;
+      }
+    EXPECT_EQ(to_host(c0, B), to_host(c1, B)) << "smoothing " << s;
+    EXPECT_EQ(to_host(d0.data, B * C), to_host(d1.data, B * C)) << "smoothing " << s;
+  }
+  View1 targets("test::targets", B * C), l0("test::l0", B), l1("test::l1", B);
+  test::from_host(targets, random_values(B * C, 25));
+  Tensor d0, d1;
+  loss_forward(LossKind::MSE, out, LabelView(), targets, l0, View1());
+  loss_backward(LossKind::MSE, out, LabelView(), targets, 0.25f, d0);
+  loss_forward_backward(LossKind::MSE, out, LabelView(), targets, 0.25f, l1, View1(), d1);
+  EXPECT_EQ(to_host(l0, B), to_host(l1, B));
+  EXPECT_EQ(to_host(d0.data, B * C), to_host(d1.data, B * C));
+}
+
 }  // namespace
 }  // namespace ddp

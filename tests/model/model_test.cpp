@@ -17,6 +17,8 @@
 #include "comm/check.hpp"
 #include "grad_check.hpp"
 #include "model/loss.hpp"
+#include "model/resblock.hpp"
+#include "model/rng.hpp"
 
 namespace ddp {
 namespace {
@@ -290,6 +292,79 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
                          << fused.summary();
     }
   }
+}
+
+// The element passes a fusion merges compute the same floats: batch norm with its
+// relu, and a block's batch norms, sum and relu, bitwise equal to the separate
+// passes (no convolution layout differs here).
+TEST(ModelFusion, BatchNormReluIsBitwiseTheSeparatePasses) {
+  // No convolution: the fused model's only change is batch norm writing relu(bn(x)).
+  const std::vector<std::string> specs = {"batchnorm2d", "relu", "flatten", "linear(3)"};
+  for (bool training : {true, false}) {
+    Model fused(specs, {5, 6, 7}, 11), plain(specs, {5, 6, 7}, 11, /*fuse=*/false);
+    const std::int64_t B = 4, F = 5 * 6 * 7;
+    Tensor x = make_tensor({B, 5, 6, 7}, random_values(B * F, 41));
+    Tensor dout = make_tensor({B, 3}, random_values(B * 3, 42));
+    std::vector<float> y[2], g[2];
+    int k = 0;
+    for (Model* m : {&fused, &plain}) {
+      m->zero_grad();
+      const Tensor& out = m->forward(x, training);
+      y[k] = to_host(out.data, out.numel());
+      m->backward(dout);
+      g[k++] = to_host(m->gradients(), m->num_parameters());
+    }
+    EXPECT_EQ(y[0], y[1]) << (training ? "training" : "eval");
+    EXPECT_EQ(g[0], g[1]) << (training ? "training" : "eval");
+  }
+}
+
+namespace {
+struct BlockRun {
+  std::vector<float> y, dx, grads, buffers;
+};
+
+// One training (or eval) forward and backward of a freshly initialised block, NCHW.
+BlockRun run_block(ResBlock& block, const Shape& sample, std::int64_t B, bool training) {
+  const Shape out = block.output_shape(sample);
+  std::int64_t n = 0, nb = 0;
+  for (const auto& s : block.parameter_specs()) n += shape_numel(s.shape);
+  for (const auto& s : block.buffer_specs()) nb += shape_numel(s.shape);
+  View1 params("params", n), grads("grads", n), buffers("buffers", nb);
+  block.bind(params.data(), grads.data());
+  block.bind_buffers(buffers.data());
+  Rng rng(7);
+  block.init(rng);
+  block.set_overwrite_gradients(true);
+  Tensor x = make_tensor({B, sample[0], sample[1], sample[2]}, random_values(B * shape_numel(sample), 43));
+  Tensor y, dx;
+  block.forward(x, y, training);
+  Tensor dy = make_tensor({B, out[0], out[1], out[2]}, random_values(B * shape_numel(out), 44));
+  block.backward(x, y, dy, dx);
+  return {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(grads, n), to_host(buffers, nb)};
+}
+}  // namespace
+
+TEST(ModelFusion, ResBlockFusedPassesAreBitwiseTheSeparatePasses) {
+  struct Case {
+    ResBlock::Kind kind;
+    std::int64_t channels, stride;
+    Shape sample;
+  };
+  // identity and projection shortcuts, BasicBlock and Bottleneck
+  for (const Case& c : {Case{ResBlock::Basic, 6, 1, {6, 7, 7}}, Case{ResBlock::Basic, 8, 2, {5, 9, 9}},
+                        Case{ResBlock::Bottleneck, 3, 1, {12, 6, 6}}, Case{ResBlock::Bottleneck, 4, 2, {6, 7, 8}}})
+    for (bool training : {true, false}) {
+      ResBlock fused(c.kind, c.channels, c.stride, false, false), plain(c.kind, c.channels, c.stride, false, false);
+      fused.fuse_passes();
+      const BlockRun a = run_block(fused, c.sample, 3, training), b = run_block(plain, c.sample, 3, training);
+      const std::string what = fused.kind() + "(" + std::to_string(c.channels) + ", stride " +
+                               std::to_string(c.stride) + (training ? "), training" : "), eval");
+      EXPECT_EQ(a.y, b.y) << what;
+      EXPECT_EQ(a.dx, b.dx) << what;
+      EXPECT_EQ(a.grads, b.grads) << what;
+      EXPECT_EQ(a.buffers, b.buffers) << what << ": running statistics";
+    }
 }
 
 TEST(ModelFusion, ConvReluMaxPoolMatchesUnfused) {

@@ -228,6 +228,8 @@ def main():
         key, _, value = override.partition("=")
         v[key] = value
     cuda = opts["device"] == "cuda"
+    if opts["mode"] == "compile" and not hasattr(torch, "compile"):
+        sys.exit(f"torch_bench: --mode compile needs PyTorch 2.x (this is torch {torch.__version__})")
     if cuda and not torch.cuda.is_available():
         sys.exit("torch_bench: --device cuda, but PyTorch finds no CUDA device")
     files = sorted(f for g in strings(v["data.train_files"]) for f in glob.glob(g))
@@ -254,7 +256,9 @@ def main():
     else:
         x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)
 
-    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    # Under -n or torchrun (RANK set): a process group, gloo on the CPU, NCCL between
+    # GPUs; one process started alone runs without.
+    launched = "RANK" in os.environ
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -262,12 +266,11 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32, as ddp_train's
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
-        if world_env > 1:
-            dist.init_process_group("nccl")
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)
-        dist.init_process_group("gloo")
+    if launched:
+        dist.init_process_group("nccl" if cuda else "gloo")
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(int(v.get("train.seed", "1")))

@@ -5,6 +5,7 @@
 
 #include "comm/check.hpp"
 #include "model/gemm.hpp"
+#include "model/select.hpp"
 
 namespace ddp {
 
@@ -45,14 +46,30 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   float* yp = y.data.data();
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
-  Kokkos::parallel_for(
-      "Linear::forward_bias", Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>({0, 0}, {B, out}),
-      KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { yp[b * out + j] += bias[j]; });
+  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>> rows({0, 0}, {B, out});
+  if (fused_relu_) {
+    Kokkos::parallel_for(
+        "Linear::forward_bias_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
+          const float v = yp[b * out + j] + bias[j];
+          yp[b * out + j] = select_or_zero(relu_passes(v), v);
+        });
+  } else {
+    Kokkos::parallel_for(
+        "Linear::forward_bias", rows,
+        KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { yp[b * out + j] += bias[j]; });
+  }
 }
 
-void Linear::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   const std::int64_t B = x.batch(), in = in_, out = out_;
   const bool add = !overwrite_gradients();
+  if (fused_relu_) {  // dy is the relu's to mask: no layer reads it after this one
+    ConstView1 yv = y.data;
+    View1 dyv = dy.data;
+    Kokkos::parallel_for(
+        "Linear::relu_backward", Range(0, B * out),
+        KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
+  }
   // dW (out, in) += (or =) dy^T (out, B) x (B, in)
   gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
        precision());

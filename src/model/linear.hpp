@@ -1,5 +1,7 @@
 #pragma once
 // linear(n): y = x W^T + b, PyTorch's nn.Linear. Input must be flat (B, in).
+// With a relu fused (Model::fuse_layers), the bias pass writes relu(x W^T + b) and
+// backward masks dy by that output in place first (the relu's own pass, moved).
 
 #include "model/layer.hpp"
 
@@ -16,8 +18,10 @@ class Linear : public Layer {
   void init(Rng& rng) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  void fuse_relu() { fused_relu_ = true; }
 
  private:
+  bool fused_relu_ = false;
   std::int64_t in_ = 0;
   std::int64_t out_;
   Shape in_sample_, out_sample_;  // (in), (out): kept so resizing allocates nothing

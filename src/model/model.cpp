@@ -10,6 +10,7 @@
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/layer_registry.hpp"
+#include "model/linear.hpp"
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
 
@@ -88,7 +89,8 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
 // its passes over the activation to a neighbour where one does them for free:
 // conv2d -> relu: the convolution's output is rectified by a oneDNN post-op;
 // batchnorm2d -> relu: the batch norm's pass writes the rectified output, and its
-// backward masks the gradient by it; relu -> maxpool: the pool's backward masks its
+// backward masks the gradient by it; linear -> relu: the bias pass writes it, and
+// backward masks dy in place; relu -> maxpool: the pool's backward masks its
 // gradient by its output (> 0). Residual blocks fuse their own passes.
 void Model::fuse_layers() {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -98,6 +100,13 @@ void Model::fuse_layers() {
     if (auto* conv = i > 0 ? dynamic_cast<Conv2d*>(layers_[i - 1].get()) : nullptr) {
       conv->fuse_relu();
       relu->fuse_forward();
+    }
+    // linear -> relu, unless the relu is last: its backward would mask the trainer's dout in place
+    auto* linear = i > 0 ? dynamic_cast<Linear*>(layers_[i - 1].get()) : nullptr;
+    if (linear && i + 1 < layers_.size()) {
+      linear->fuse_relu();
+      relu->fuse_forward();
+      relu->fuse_backward();
     }
     if (auto* bn = i > 0 ? dynamic_cast<BatchNorm2d*>(layers_[i - 1].get()) : nullptr) {
       bn->fuse_relu();

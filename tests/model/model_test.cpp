@@ -297,9 +297,12 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
 // The element passes a fusion merges compute the same floats: batch norm with its
 // relu, and a block's batch norms, sum and relu, bitwise equal to the separate
 // passes (no convolution layout differs here).
-TEST(ModelFusion, BatchNormReluIsBitwiseTheSeparatePasses) {
-  // No convolution: the fused model's only change is batch norm writing relu(bn(x)).
-  const std::vector<std::string> specs = {"batchnorm2d", "relu", "flatten", "linear(3)"};
+TEST(ModelFusion, BatchNormAndLinearReluAreBitwiseTheSeparatePasses) {
+  // No convolution: the fused model's only changes are batch norm and linear writing
+  // relu(...) and masking dy by it (the last relu stays a pass of its own).
+  for (const std::vector<std::string>& specs :
+       {std::vector<std::string>{"batchnorm2d", "relu", "flatten", "linear(3)"},
+        std::vector<std::string>{"flatten", "linear(12)", "relu", "linear(7)", "relu", "linear(3)", "relu"}})
   for (bool training : {true, false}) {
     Model fused(specs, {5, 6, 7}, 11), plain(specs, {5, 6, 7}, 11, /*fuse=*/false);
     const std::int64_t B = 4, F = 5 * 6 * 7;

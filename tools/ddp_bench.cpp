@@ -10,7 +10,8 @@
 // JSON line for scripts.
 //
 // DDP_LAUNCH_COUNT=1: also counts what the epoch dispatched (Kokkos kernels, deep
-// copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step.
+// copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step;
+// DDP_LAUNCH_COUNT=names adds the Kokkos kernels per step by label.
 // Kokkos fences around every kernel while it counts: take the times from a run
 // without it.
 #include <algorithm>
@@ -162,7 +163,8 @@ int main(int argc, char** argv) {
     wait += e.data_wait_seconds, fwd += e.forward_seconds, bwd += e.backward_seconds;
     com += e.comm_seconds, opt += e.optimizer_seconds;
   }
-  const kernel_trace::Dispatches dispatched = count ? kernel_trace::stop_counting() : kernel_trace::Dispatches{};
+  const kernel_trace::Dispatches dispatched =
+      count ? kernel_trace::stop_counting() : kernel_trace::Dispatches{};
 
   const std::int64_t B = cfg.train.batch_size;
   std::size_t n_kernels = 0;
@@ -198,13 +200,22 @@ int main(int argc, char** argv) {
   log::info(text);
   const double per = 1.0 / double(steps);
   if (count) {
-    char line[320];
-    std::snprintf(line, sizeof line,
-                  "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
-                  "calls (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
-                  double(dispatched.total()) * per, double(dispatched.kokkos) * per,
-                  double(dispatched.copies) * per, double(dispatched.library) * per);
+    char line[400], own[64] = "";
+#if defined(KOKKOS_ENABLE_CUDA)
+    std::snprintf(own, sizeof own, " + %.1f own CUDA kernels", double(dispatched.cuda) * per);
+#endif
+    std::snprintf(
+        line, sizeof line,
+        "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
+        "calls%s (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
+        double(dispatched.total()) * per, double(dispatched.kokkos) * per, double(dispatched.copies) * per,
+        double(dispatched.library) * per, own);
     log::info(line);
+    if (std::strcmp(count_env, "names") == 0)
+      for (const auto& [label, n] : dispatched.kernels) {
+        std::snprintf(line, sizeof line, "              %6.2f  %s", double(n) * per, label.c_str());
+        log::info(line);
+      }
   }
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.

@@ -3,6 +3,7 @@
 
 #include "cuda/conv_epilogue.hpp"
 #include "cuda/cuda_check.hpp"
+#include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
 
@@ -32,8 +33,8 @@ __global__ void bias_relu_kernel(const T* in, float* y, const float* bias, std::
 }
 
 // One block per channel: its B * HW values summed in a fixed order (deterministic).
-__global__ void bias_grad_kernel(const float* dy, float* db, std::int64_t B, std::int64_t C,
-                                 std::int64_t hw, bool add) {
+__global__ void bias_grad_kernel(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw,
+                                 bool add) {
   __shared__ float partial[kThreads];
   const std::int64_t c = blockIdx.x;
   float s = 0.0f;
@@ -64,6 +65,7 @@ void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::
                std::int64_t hw, bool relu, cudaStream_t stream) {
   const std::int64_t n = B * C * hw;
   if (n == 0 || (!bias && !relu && in_type == DType::F32 && in == y)) return;
+  kernel_trace::count_cuda_launch();
   switch (in_type) {
     case DType::F32:
       bias_relu_kernel<<<blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(in), y, bias, C, hw, n,
@@ -84,12 +86,14 @@ void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::
 void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw, bool add,
                cudaStream_t stream) {
   if (C == 0 || (B == 0 && add)) return;
+  kernel_trace::count_cuda_launch();
   bias_grad_kernel<<<unsigned(C), kThreads, 0, stream>>>(dy, db, B, C, hw, add);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void accumulate(const void* in, DType in_type, float* out, std::size_t n, bool add, cudaStream_t stream) {
   if (n == 0) return;
+  kernel_trace::count_cuda_launch();
   switch (in_type) {
     case DType::F32:
       accumulate_kernel<<<blocks(std::int64_t(n)), kThreads, 0, stream>>>(static_cast<const float*>(in), out,

@@ -4,6 +4,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/dtype.hpp"
+#include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
 
@@ -49,9 +50,10 @@ __global__ void round_through(const float* in, float* out, std::size_t n) {
 }  // namespace
 
 void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t stream) {
-  if (n == 0) return;
+  if (n == 0 || (to == DType::F32 && in == out)) return;
+  kernel_trace::count_cuda_launch();
   if (to == DType::F32) {
-    if (in != out) CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (to == DType::BF16) {
     round_through<__nv_bfloat16><<<blocks(n), kThreads, 0, stream>>>(in, out, n);
   } else {
@@ -62,6 +64,7 @@ void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t
 
 void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
+  kernel_trace::count_cuda_launch();
   if (to == DType::F32) {
     CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (to == DType::BF16) {
@@ -74,6 +77,7 @@ void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaS
 
 void convert_to_f32(const void* in, DType from, float* out, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
+  kernel_trace::count_cuda_launch();
   if (from == DType::F32) {
     CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (from == DType::BF16) {

@@ -164,9 +164,21 @@ void BatchNorm2d::statistics(const Tensor& x, bool training) {
   auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
   auto stats = [&] {
     if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
-    const double n = double(count_);
-    return BatchNormStats{mean, invstd, gamma, beta, w, b, running_mean_, running_var_, batches_tracked_,
-                          n, n / (n - 1.0), momentum_, eps};
+    BatchNormStats st;
+    st.mean = mean;
+    st.invstd = invstd;
+    st.gamma = gamma;
+    st.beta = beta;
+    st.w = w;
+    st.b = b;
+    st.rm = running_mean_;
+    st.rv = running_var_;
+    st.nb = batches_tracked_;
+    st.n = double(count_);
+    st.unbias = st.n / (st.n - 1.0);
+    st.momentum = momentum_;
+    st.eps = eps;
+    return st;
   };
   if (!comm_) {  // the statistics in the sums' own kernel
     count_ = B * hw;
@@ -182,7 +194,8 @@ void BatchNorm2d::statistics(const Tensor& x, bool training) {
   count_ = static_cast<std::int64_t>(sums_host_(2 * C));
   const BatchNormStats st = stats();
   Kokkos::parallel_for(
-      "BatchNorm2d::forward_stats", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) { st(c, sums(c), sums(C + c)); });
+      "BatchNorm2d::forward_stats", Range(0, C),
+      KOKKOS_LAMBDA(std::int64_t c) { st(c, sums(c), sums(C + c)); });
 }
 
 // x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta (then

@@ -12,7 +12,10 @@ Dispatches g_counts;
 
 namespace tools = Kokkos::Tools::Experimental;
 
-void count_kernel(const char*, std::uint32_t, std::uint64_t*) { ++g_counts.kokkos; }
+void count_kernel(const char* label, std::uint32_t, std::uint64_t*) {
+  ++g_counts.kokkos;
+  ++g_counts.kernels[label ? label : "?"];
+}
 void count_copy(Kokkos::Profiling::SpaceHandle, const char*, const void*, Kokkos::Profiling::SpaceHandle,
                 const char*, const void*, std::uint64_t) {
   ++g_counts.copies;
@@ -56,6 +59,10 @@ Dispatches stop_counting() {
 
 void count_library_call() {
   if (g_counting) ++g_counts.library;
+}
+
+void count_cuda_launch() {
+  if (g_counting) ++g_counts.cuda;
 }
 
 }  // namespace ddp::kernel_trace

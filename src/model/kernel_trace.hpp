@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,15 @@ struct Dispatches {
   std::int64_t kokkos = 0;   // Kokkos kernels
   std::int64_t copies = 0;   // Kokkos deep copies
   std::int64_t library = 0;  // GEMM and convolution calls (oneDNN, cuBLAS, cuDNN)
-  std::int64_t total() const { return kokkos + copies + library; }
+  std::int64_t cuda = 0;     // the GPU build's own CUDA kernels and copies around them (src/cuda)
+  std::map<std::string, std::int64_t> kernels;  // Kokkos kernels by label
+  std::int64_t total() const { return kokkos + copies + library + cuda; }
 };
 void start_counting();
 Dispatches stop_counting();
-// The backends call this once per GEMM or convolution call.
+// The backends call this once per GEMM or convolution call, and the GPU build once
+// per launch of its own kernels.
 void count_library_call();
+void count_cuda_launch();
 
 }  // namespace ddp::kernel_trace

@@ -14,33 +14,72 @@ using Kokkos::Experimental::log;
 #endif
 }  // namespace
 
+// One row of logits: its first maximum, that value, and sum_c exp(row_c - max).
+// (loss_backward's running maximum row_c > m ? row_c : m is the same float.)
+struct SoftmaxRow {
+  std::int64_t argmax;
+  float m, sum;
+};
+
+KOKKOS_INLINE_FUNCTION SoftmaxRow softmax_row(const float* row, std::int64_t C) {
+  std::int64_t argmax = 0;
+  for (std::int64_t c = 1; c < C; ++c)
+    if (row[c] > row[argmax]) argmax = c;
+  const float m = row[argmax];
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
+  return {argmax, m, sum};
+}
+
+// Cross-entropy's per-sample loss and correct flag (loss_forward's contract).
+struct CrossEntropyLoss {
+  float on_label, per_class;  // 1 - s, s / C
+  bool smooth;
+  KOKKOS_INLINE_FUNCTION void operator()(const float* row, std::int64_t C, std::int32_t label,
+                                         const SoftmaxRow& s, float& loss, float& correct) const {
+    const bool valid = label >= 0 && label < C;
+    float spread = 0.0f;  // s / C sum_c out_bc
+    if (smooth) {
+      for (std::int64_t c = 0; c < C; ++c) spread += row[c];
+      spread *= per_class;
+    }
+    loss = valid
+               ? (smooth ? s.m + log(s.sum) - on_label * row[label] - spread : s.m + log(s.sum) - row[label])
+               : NAN;
+    correct = valid && s.argmax == label ? 1.0f : 0.0f;
+  }
+};
+
+// d loss_b / d out_bc = softmax(out_b)_c - (1 - s) [c == label_b] - s / C, times scale;
+// with s = 0 the same floats as softmax - [c == label_b] (x - 0 is x).
+struct CrossEntropyGrad {
+  float scale, on_label, per_class;  // scale, scale (1 - s), scale s / C
+  KOKKOS_INLINE_FUNCTION void operator()(const float* row, std::int64_t C, std::int32_t label,
+                                         const SoftmaxRow& s, float* d) const {
+    const float inv = scale / s.sum;
+    for (std::int64_t c = 0; c < C; ++c)
+      d[c] = exp(row[c] - s.m) * inv - (c == label ? on_label : 0.0f) - per_class;
+  }
+};
+
+CrossEntropyLoss cross_entropy_loss(std::int64_t C, float smoothing) {
+  return {1.0f - smoothing, smoothing / static_cast<float>(C), smoothing != 0.0f};
+}
+
+CrossEntropyGrad cross_entropy_grad(std::int64_t C, float scale, float smoothing) {
+  return {scale, scale * (1.0f - smoothing), scale * smoothing / static_cast<float>(C)};
+}
+
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
                   View1 correct, float smoothing) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   ConstView1 o = out.data;
   if (kind == LossKind::CrossEntropy) {
-    const float on_label = 1.0f - smoothing, per_class = smoothing / static_cast<float>(C);
-    const bool smooth = smoothing != 0.0f;
+    const CrossEntropyLoss ce = cross_entropy_loss(C, smoothing);
     Kokkos::parallel_for(
         "CrossEntropy::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
           const float* row = &o(b * C);
-          std::int64_t argmax = 0;
-          for (std::int64_t c = 1; c < C; ++c)
-            if (row[c] > row[argmax]) argmax = c;
-          const float m = row[argmax];
-          float sum = 0.0f;
-          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
-          const std::int32_t label = labels(b);
-          const bool valid = label >= 0 && label < C;
-          float spread = 0.0f;  // s / C sum_c out_bc
-          if (smooth) {
-            for (std::int64_t c = 0; c < C; ++c) spread += row[c];
-            spread *= per_class;
-          }
-          loss(b) = valid
-                        ? (smooth ? m + log(sum) - on_label * row[label] - spread : m + log(sum) - row[label])
-                        : NAN;
-          correct(b) = valid && argmax == label ? 1.0f : 0.0f;
+          ce(row, C, labels(b), softmax_row(row, C), loss(b), correct(b));
         });
   } else {
     Kokkos::parallel_for(
@@ -62,20 +101,11 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
-    // d loss_b / d out_bc = softmax(out_b)_c - (1 - s) [c == label_b] - s / C; with
-    // s = 0 the same floats as softmax - [c == label_b] (x - 0 is x).
-    const float on_label = scale * (1.0f - smoothing), per_class = scale * smoothing / static_cast<float>(C);
+    const CrossEntropyGrad grad = cross_entropy_grad(C, scale, smoothing);
     Kokkos::parallel_for(
         "CrossEntropy::backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
           const float* row = &o(b * C);
-          float m = row[0];
-          for (std::int64_t c = 1; c < C; ++c) m = row[c] > m ? row[c] : m;
-          float sum = 0.0f;
-          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
-          const float inv = scale / sum;
-          const std::int32_t label = labels(b);
-          for (std::int64_t c = 0; c < C; ++c)
-            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? on_label : 0.0f) - per_class;
+          grad(row, C, labels(b), softmax_row(row, C), &d(b * C));
         });
   } else {
     // d loss_b / d out_bc = 2 (out_bc - target_bc) / C
@@ -92,33 +122,14 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
-    // loss_forward's constants, then loss_backward's (scaled)
-    const float on_label = 1.0f - smoothing, per_class = smoothing / static_cast<float>(C);
-    const float on_label_d = scale * (1.0f - smoothing), per_class_d = scale * smoothing / static_cast<float>(C);
-    const bool smooth = smoothing != 0.0f;
+    const CrossEntropyLoss ce = cross_entropy_loss(C, smoothing);
+    const CrossEntropyGrad grad = cross_entropy_grad(C, scale, smoothing);
     Kokkos::parallel_for(
         "CrossEntropy::forward_backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
           const float* row = &o(b * C);
-          std::int64_t argmax = 0;
-          for (std::int64_t c = 1; c < C; ++c)
-            if (row[c] > row[argmax]) argmax = c;
-          const float m = row[argmax];  // loss_backward's running maximum is the same float
-          float sum = 0.0f;
-          for (std::int64_t c = 0; c < C; ++c) sum += exp(row[c] - m);
-          const std::int32_t label = labels(b);
-          const bool valid = label >= 0 && label < C;
-          float spread = 0.0f;
-          if (smooth) {
-            for (std::int64_t c = 0; c < C; ++c) spread += row[c];
-            spread *= per_class;
-          }
-          loss(b) = valid
-                        ? (smooth ? m + log(sum) - on_label * row[label] - spread : m + log(sum) - row[label])
-                        : NAN;
-          correct(b) = valid && argmax == label ? 1.0f : 0.0f;
-          const float inv = scale / sum;
-          for (std::int64_t c = 0; c < C; ++c)
-            d(b * C + c) = exp(row[c] - m) * inv - (c == label ? on_label_d : 0.0f) - per_class_d;
+          const SoftmaxRow s = softmax_row(row, C);
+          ce(row, C, labels(b), s, loss(b), correct(b));
+          grad(row, C, labels(b), s, &d(b * C));
         });
   } else {
     const float k = 2.0f * scale / C;

@@ -179,8 +179,8 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
   const float smoothing = static_cast<float>(cfg_.train.label_smoothing);
   // The loss and its gradient in one kernel: per-sample sums, scaled at the step;
   // fp16 multiplies by the loss scale first.
-  loss_forward_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, loss_, correct_,
-                        dout_, smoothing);
+  loss_forward_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, loss_,
+                        correct_, dout_, smoothing);
   accumulate_loss(loss_, batch.size, loss_acc_);
   const double t_backward = now();
   if (inject_fault(FaultSite::loss_gradient, step_)) poison_first(dout_.data);  // tests only

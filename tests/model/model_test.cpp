@@ -261,7 +261,8 @@ TEST(ModelGradients, PlacedInAnotherBuffer) {
 // against the same model unfused: outputs and gradients over two training steps of
 // different batch, then a step in eval mode (batch norm on its running statistics).
 void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sample,
-                         Precision precision = Precision::fp32) {
+                         Precision precision = Precision::fp32, bool bitwise = false) {
+  const double rel = bitwise ? 0.0 : 1e-5, abs = bitwise ? 0.0 : 1e-7;
   Model fused(specs, sample, 11), plain(specs, sample, 11, /*fuse=*/false);
   fused.set_precision(precision);
   plain.set_precision(precision);
@@ -283,7 +284,7 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
       ASSERT_EQ(a.size(), b.size());
       std::size_t bad = 0, first = 0;
       for (std::size_t i = 0; i < a.size(); ++i)
-        if (!(std::fabs(a[i] - b[i]) <= 1e-5 * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-7) && !bad++)
+        if (!(std::fabs(a[i] - b[i]) <= rel * std::max(std::fabs(a[i]), std::fabs(b[i])) + abs) && !bad++)
           first = i;
       EXPECT_EQ(bad, 0u) << (t ? "gradients" : "outputs") << " differ at batch " << B
                          << (training ? ", training, " : ", eval, ") << precision_name(precision)
@@ -300,29 +301,11 @@ void expect_fusion_exact(const std::vector<std::string>& specs, const Shape& sam
 TEST(ModelFusion, BatchNormAndLinearReluAreBitwiseTheSeparatePasses) {
   // No convolution: the fused model's only changes are batch norm and linear writing
   // relu(...) and masking dy by it (the last relu stays a pass of its own).
-  for (const std::vector<std::string>& specs :
-       {std::vector<std::string>{"batchnorm2d", "relu", "flatten", "linear(3)"},
-        std::vector<std::string>{"flatten", "linear(12)", "relu", "linear(7)", "relu", "linear(3)", "relu"}})
-  for (bool training : {true, false}) {
-    Model fused(specs, {5, 6, 7}, 11), plain(specs, {5, 6, 7}, 11, /*fuse=*/false);
-    const std::int64_t B = 4, F = 5 * 6 * 7;
-    Tensor x = make_tensor({B, 5, 6, 7}, random_values(B * F, 41));
-    Tensor dout = make_tensor({B, 3}, random_values(B * 3, 42));
-    std::vector<float> y[2], g[2];
-    int k = 0;
-    for (Model* m : {&fused, &plain}) {
-      m->zero_grad();
-      const Tensor& out = m->forward(x, training);
-      y[k] = to_host(out.data, out.numel());
-      m->backward(dout);
-      g[k++] = to_host(m->gradients(), m->num_parameters());
-    }
-    EXPECT_EQ(y[0], y[1]) << (training ? "training" : "eval");
-    EXPECT_EQ(g[0], g[1]) << (training ? "training" : "eval");
-  }
+  expect_fusion_exact({"batchnorm2d", "relu", "flatten", "linear(3)"}, {5, 6, 7}, Precision::fp32, true);
+  expect_fusion_exact({"flatten", "linear(12)", "relu", "linear(7)", "relu", "linear(3)", "relu"}, {5, 6, 7},
+                      Precision::fp32, true);
 }
 
-namespace {
 struct BlockRun {
   std::vector<float> y, dx, grads, buffers;
 };
@@ -346,7 +329,6 @@ BlockRun run_block(ResBlock& block, const Shape& sample, std::int64_t B, bool tr
   block.backward(x, y, dy, dx);
   return {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(grads, n), to_host(buffers, nb)};
 }
-}  // namespace
 
 TEST(ModelFusion, ResBlockFusedPassesAreBitwiseTheSeparatePasses) {
   struct Case {
@@ -355,10 +337,12 @@ TEST(ModelFusion, ResBlockFusedPassesAreBitwiseTheSeparatePasses) {
     Shape sample;
   };
   // identity and projection shortcuts, BasicBlock and Bottleneck
-  for (const Case& c : {Case{ResBlock::Basic, 6, 1, {6, 7, 7}}, Case{ResBlock::Basic, 8, 2, {5, 9, 9}},
-                        Case{ResBlock::Bottleneck, 3, 1, {12, 6, 6}}, Case{ResBlock::Bottleneck, 4, 2, {6, 7, 8}}})
+  for (const Case& c :
+       {Case{ResBlock::Basic, 6, 1, {6, 7, 7}}, Case{ResBlock::Basic, 8, 2, {5, 9, 9}},
+        Case{ResBlock::Bottleneck, 3, 1, {12, 6, 6}}, Case{ResBlock::Bottleneck, 4, 2, {6, 7, 8}}})
     for (bool training : {true, false}) {
-      ResBlock fused(c.kind, c.channels, c.stride, false, false), plain(c.kind, c.channels, c.stride, false, false);
+      ResBlock fused(c.kind, c.channels, c.stride, false, false),
+          plain(c.kind, c.channels, c.stride, false, false);
       fused.fuse_passes();
       const BlockRun a = run_block(fused, c.sample, 3, training), b = run_block(plain, c.sample, 3, training);
       const std::string what = fused.kind() + "(" + std::to_string(c.channels) + ", stride " +

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "io/batch_loader.hpp"
-#include "io/checkpoint.hpp"
+#include "io/sampler.hpp"
 #include "io/shard_dataset.hpp"
 #include "train/augment.hpp"
 

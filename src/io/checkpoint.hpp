@@ -180,16 +180,4 @@ struct DataChange {
 };
 DataChange compare_data(const DataFingerprint& then, const DataFingerprint& now);
 
-// The order of this rank's samples for epoch `epoch` when `consumed` positions of
-// the epoch's global order are already trained (possibly by a run with another
-// number of ranks). consumed == 0: DistributedSampler(...).indices(). Otherwise the
-// unpadded order P (the seeded permutation, or 0..N-1 unshuffled), its positions
-// [consumed, N) in order, padded by cycling P from its start (or truncated, drop_last)
-// to a multiple of `world`, dealt round-robin: rank r takes R[r], R[r+W], ...
-// With the same number of ranks and consumed a multiple of it this is exactly the
-// tail of the uninterrupted epoch's indices().
-std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, int world, int rank, bool shuffle,
-                                        std::uint64_t seed, bool drop_last, std::int64_t epoch,
-                                        std::int64_t consumed);
-
 }  // namespace ddp

@@ -5,12 +5,10 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <numeric>
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
 #include "io/checkpoint_format.hpp"
-#include "io/sampler.hpp"
 
 namespace ddp {
 
@@ -209,31 +207,6 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptio
   if (status[0] == kNone) return std::nullopt;
   broadcast_checkpoint(comm, rank, ck);
   return ck;
-}
-
-std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, int world, int rank, bool shuffle,
-                                        std::uint64_t seed, bool drop_last, std::int64_t epoch,
-                                        std::int64_t consumed) {
-  DistributedSampler sampler(dataset_size, world, rank, shuffle, seed, drop_last);
-  sampler.set_epoch(epoch);
-  if (consumed <= 0) return sampler.indices();
-  std::vector<std::int64_t> order;  // P: the unpadded order
-  if (shuffle) {
-    order = seeded_permutation(dataset_size, seed + std::uint64_t(epoch));
-  } else {
-    order.resize(std::size_t(dataset_size));
-    std::iota(order.begin(), order.end(), std::int64_t{0});
-  }
-  std::vector<std::int64_t> rest(order.begin() + std::min<std::int64_t>(consumed, dataset_size), order.end());
-  const std::size_t w = std::size_t(world);
-  if (drop_last) {
-    rest.resize(rest.size() / w * w);
-  } else if (!order.empty()) {
-    for (std::size_t i = 0; rest.size() % w != 0; ++i) rest.push_back(order[i % order.size()]);
-  }
-  std::vector<std::int64_t> mine;
-  for (std::size_t i = std::size_t(rank); i < rest.size(); i += w) mine.push_back(rest[i]);
-  return mine;
 }
 
 }  // namespace ddp

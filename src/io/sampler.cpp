@@ -1,5 +1,6 @@
 #include "io/sampler.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <string>
@@ -86,6 +87,31 @@ std::vector<std::int64_t> shard_indices(std::int64_t n, int num_replicas, int ra
   check_replicas(num_replicas, rank);
   std::vector<std::int64_t> mine;
   for (std::int64_t i = rank; i < n; i += num_replicas) mine.push_back(i);
+  return mine;
+}
+
+std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, int world, int rank, bool shuffle,
+                                        std::uint64_t seed, bool drop_last, std::int64_t epoch,
+                                        std::int64_t consumed) {
+  DistributedSampler sampler(dataset_size, world, rank, shuffle, seed, drop_last);
+  sampler.set_epoch(epoch);
+  if (consumed <= 0) return sampler.indices();
+  std::vector<std::int64_t> order;  // P: the unpadded order
+  if (shuffle) {
+    order = seeded_permutation(dataset_size, seed + std::uint64_t(epoch));
+  } else {
+    order.resize(std::size_t(dataset_size));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+  }
+  std::vector<std::int64_t> rest(order.begin() + std::min<std::int64_t>(consumed, dataset_size), order.end());
+  const std::size_t w = std::size_t(world);
+  if (drop_last) {
+    rest.resize(rest.size() / w * w);
+  } else if (!order.empty()) {
+    for (std::size_t i = 0; rest.size() % w != 0; ++i) rest.push_back(order[i % order.size()]);
+  }
+  std::vector<std::int64_t> mine;
+  for (std::size_t i = std::size_t(rank); i < rest.size(); i += w) mine.push_back(rest[i]);
   return mine;
 }
 

@@ -17,7 +17,7 @@
 
 #include "comm/check.hpp"
 #include "io/batch_loader.hpp"
-#include "io/checkpoint.hpp"
+#include "io/sampler.hpp"
 #include "io/shard_dataset.hpp"
 #include "shard_files.hpp"
 #include "train/augment.hpp"

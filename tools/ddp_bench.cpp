@@ -126,6 +126,27 @@ std::pair<std::int64_t, std::int64_t> host_memory() {
   return {kb.first < 0 ? -1 : kb.first * 1024, kb.second < 0 ? -1 : kb.second * 1024};
 }
 
+// The DDP_LAUNCH_COUNT line: what the epoch dispatched, per step (per = 1 / steps),
+// and with names, the Kokkos kernels by label.
+void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool names) {
+  char line[400], own[64] = "";
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::snprintf(own, sizeof own, " + %.1f own CUDA kernels", double(dispatched.cuda) * per);
+#endif
+  std::snprintf(
+      line, sizeof line,
+      "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
+      "calls%s (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
+      double(dispatched.total()) * per, double(dispatched.kokkos) * per, double(dispatched.copies) * per,
+      double(dispatched.library) * per, own);
+  log::info(line);
+  if (!names) return;
+  for (const auto& [label, n] : dispatched.kernels) {
+    std::snprintf(line, sizeof line, "              %6.2f  %s", double(n) * per, label.c_str());
+    log::info(line);
+  }
+}
+
 }  // namespace
 }  // namespace ddp
 
@@ -199,24 +220,7 @@ int main(int argc, char** argv) {
       compute_backend().name().c_str(), cfg.train.precision.c_str());
   log::info(text);
   const double per = 1.0 / double(steps);
-  if (count) {
-    char line[400], own[64] = "";
-#if defined(KOKKOS_ENABLE_CUDA)
-    std::snprintf(own, sizeof own, " + %.1f own CUDA kernels", double(dispatched.cuda) * per);
-#endif
-    std::snprintf(
-        line, sizeof line,
-        "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
-        "calls%s (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
-        double(dispatched.total()) * per, double(dispatched.kokkos) * per, double(dispatched.copies) * per,
-        double(dispatched.library) * per, own);
-    log::info(line);
-    if (std::strcmp(count_env, "names") == 0)
-      for (const auto& [label, n] : dispatched.kernels) {
-        std::snprintf(line, sizeof line, "              %6.2f  %s", double(n) * per, label.c_str());
-        log::info(line);
-      }
-  }
+  if (count) print_launches(dispatched, per, std::strcmp(count_env, "names") == 0);
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.
   const MemoryPlan plan = trainer.memory_plan();

@@ -25,9 +25,10 @@ def fail(msg):
     sys.exit(1)
 
 
-def run(cmd):
+def run(cmd, extra_env=None):
     print("$ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    p = subprocess.run(cmd, env=dict(env, **(extra_env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=240)
     print(p.stdout[-3000:])
     if p.returncode != 0:
         fail(f"{cmd[0]} exited {p.returncode}")
@@ -51,8 +52,10 @@ if os.path.exists(os.path.join(build, "gemm_bench")):  # oneDNN's: not in the CU
 out = run([os.path.join(build, "conv_bench"), "8", "3"])
 positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out, "convolution total")
 
+# With the launch count on (fenced kernels: the floor stays below the step all the more).
 out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
-           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools"])
+           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools"],
+          {"DDP_LAUNCH_COUNT": "1"})
 line = [l for l in out.splitlines() if l.startswith("json: ")]
 if len(line) != 1:
     fail("ddp_bench printed no json line")
@@ -64,7 +67,16 @@ for key in ("samples_per_s", "step_ms", "floor_kernels_ms", "floor_allreduce_ms"
         fail(f"ddp_bench {key} = {r[key]}")
 if not r["floor_ms"] < 1.5 * r["step_ms"]:  # the floor is a part of the step, give or take noise
     fail(f"floor {r['floor_ms']} ms against a step of {r['step_ms']} ms")
-print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}")
+# The CNN's GEMM and convolution calls per step: conv1 forward and weights (no input
+# gradient for the first layer), conv2's three, and four for each linear (forward,
+# weights, bias, input).
+if r["library_calls_per_step"] != 13:
+    fail(f"ddp_bench counted {r['library_calls_per_step']} GEMM/conv calls per step; the CNN makes 13")
+if not r["kokkos_kernels_per_step"] >= 10 or not r["launches_per_step"] >= 13 + r["kokkos_kernels_per_step"]:
+    fail(f"ddp_bench counted {r['kokkos_kernels_per_step']} Kokkos kernels, {r['launches_per_step']} launches per step")
+positive(r"launches +([0-9.]+) per step \(rank 0\): ([0-9.]+) Kokkos kernels", out, "the launch count line")
+print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}, "
+      f"{r['launches_per_step']:.1f} launches per step")
 
 if torch_python:
     out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",

@@ -25,7 +25,8 @@ first batch to the last optimizer step, no validation. Prints one line:
 --device cuda (one GPU per rank; NCCL between ranks, none for one): the shards are
 held in GPU memory as they are stored (uint8 pixels are scaled on the GPU per batch,
 as ddp_train's GPU build does), W warm-up steps (default 10 on a GPU, 0 on the CPU)
-run before the timed epoch, and the clock waits for the GPU. --mode:
+and, where the epoch ends in a short batch, one step of that shape run before the
+timed epoch, and the clock waits for the GPU. --mode:
   eager    float32 (TF32 off, as ddp_train's fp32)
   amp      torch.autocast bf16, model and batches channels_last (PyTorch's AMP recipe)
   compile  torch.compile of the amp model (its compilation in the warm-up steps)
@@ -310,6 +311,8 @@ def main():
     warmup = int(opts["warmup"]) if opts["warmup"] is not None else (10 if cuda else 0)
     for s in range(warmup):  # not timed: cuDNN's autotuning, torch.compile's compilation
         step(indices[(s % steps) * batch:(s % steps + 1) * batch])
+    if warmup and len(indices) % batch:  # the short last batch's shape too (a recompilation, a cuDNN search)
+        step(indices[(steps - 1) * batch:])
 
     def wait():
         if cuda:

@@ -1,6 +1,11 @@
 # End-to-end: the ddp_train binary on real files, launched like a user would.
 set(E2E ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
 set(DDP_RUN ${MPIEXEC_EXECUTABLE} ${DDP_MPIEXEC_PREFLAGS} ${MPIEXEC_NUMPROC_FLAG})
+# Scripts whose checks differ where gradients live in device memory take --gpu-build.
+set(DDP_GPU_BUILD_FLAG)
+if(DDP_ENABLE_CUDA)
+  set(DDP_GPU_BUILD_FLAG --gpu-build)
+endif()
 
 # Data fixtures, made in the test directory (inputs name data/... relative to it).
 add_test(NAME e2e_make_test_data COMMAND ${DDP_PYTHON} ${E2E}/make_test_data.py e2e_data)
@@ -79,14 +84,15 @@ endfunction()
 # waiting rank ends the job within timeout + 5 s, naming the stopped rank; once the
 # last rank, once rank 0.
 add_test(NAME e2e_fault_hang_np3
-         COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang)
+         COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang
+                 ${DDP_GPU_BUILD_FLAG})
 set_tests_properties(e2e_fault_hang_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
                      TIMEOUT 240 PROCESSORS 2)
 # The same where MPI cannot make the watchdog's window (as across hosts over TCP):
 # the job still ends, naming the collective and the step but not the ranks.
 add_test(NAME e2e_fault_hang_no_window_np2
          COMMAND ${DDP_PYTHON} ${E2E}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/hang_no_window
-                 --np 2 --no-window)
+                 --np 2 --no-window ${DDP_GPU_BUILD_FLAG})
 set_tests_properties(e2e_fault_hang_no_window_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
                      LABELS "e2e;errors;faults;hosts" TIMEOUT 120 PROCESSORS 2)
 
@@ -178,7 +184,7 @@ ddp_add_train_test(tiny_np3 NP 3 RUN_DIR runs/tiny_np3 FIXTURE e2e_data CHECK "-
 add_test(NAME e2e_trace_np2
          COMMAND ${DDP_PYTHON} ${E2E}/trace.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
                  ${PROJECT_SOURCE_DIR}/tools/merge_traces ${TINY} ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml
-                 runs/trace)
+                 runs/trace ${DDP_GPU_BUILD_FLAG})
 set_tests_properties(e2e_trace_np2 PROPERTIES FIXTURES_REQUIRED "fashion;e2e_data" LABELS e2e TIMEOUT 300
                      PROCESSORS 2)
 add_test(NAME e2e_progress_eta_np2

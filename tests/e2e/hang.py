@@ -7,7 +7,7 @@ arrived (not running) and the others as waiting.
 Scenarios, each a fresh run of NP ranks training a long tiny run: the stopped rank
 is the last one, then rank 0 (which would otherwise be the one to report).
 
-usage: hang.py MPIEXEC DDP_TRAIN INPUT.nml RUN_PREFIX [--np 3] [--timeout-s 5] [--no-window]
+usage: hang.py MPIEXEC DDP_TRAIN INPUT.nml RUN_PREFIX [--np 3] [--timeout-s 5] [--no-window] [--gpu-build]
 
 --no-window: Open MPI's osc/pt2pt only, which refuses MPI_THREAD_MULTIPLE, so the
 watchdog has no window, as across hosts over TCP: the last rank is stopped, and the
@@ -15,6 +15,8 @@ line names the collective and the step, and says which ranks is unknown. Nor is
 there a shared-memory window: the run says its gradients are summed by MPI. Without
 --no-window they are summed in shared memory (all ranks on this machine), and the
 waiting ranks' barriers there are what the watchdog must see through.
+--gpu-build: the GPU build keeps gradients in device memory: the run names NCCL or
+MPI with device buffers instead of either reducer line.
 """
 import argparse
 import os
@@ -127,6 +129,10 @@ def scenario(args, stop_rank, run_dir):
                           r"which ranks have not arrived is unknown \(no MPI one-sided window: .+\)$")
         if "watchdog: no MPI one-sided window across these ranks" not in out:
             problems.append("no 'watchdog: no MPI one-sided window' line")
+    if args.gpu_build:  # gradients in device memory: NCCL, or MPI staged through the host
+        if not re.search(r"^comm: (NCCL on|MPI on|MPI,) device buffers", out, re.M):
+            problems.append("no line saying how the GPU build reduces (NCCL, or MPI with device buffers)")
+    elif args.no_window:
         if "gradients: no shared-memory window" not in out or "MPI during backward" not in out:
             problems.append("no line saying the gradients are summed by MPI, for want of a shared-memory window")
     elif "summed in a shared-memory window after backward" not in out:
@@ -150,6 +156,7 @@ def main():
     ap.add_argument("--np", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=5.0)
     ap.add_argument("--no-window", action="store_true")
+    ap.add_argument("--gpu-build", action="store_true", help="ddp_train is the GPU build (no shared-memory reducer)")
     args = ap.parse_args()
     failures = []
     for stop_rank in (args.np - 1,) if args.no_window else (args.np - 1, 0):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """io.trace: per-rank Chrome-trace timelines, merged by tools/merge_traces.
 
-usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
+usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX [--gpu-build]
 
 1. The Fashion-MNIST CNN (1024 training samples, no validation) on 2 ranks with
    --trace, io.trace_steps = 3, 6, comm.overlap = 'poll' through MPI
@@ -29,6 +29,10 @@ usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX
 4. A window past the run's end (steps 8-100 of a 10-step run): the files are
    written when the run ends, with steps 8-10, and the run says so.
 5. Without io.trace: no trace directory.
+The GPU build (--gpu-build) with its ranks on one GPU reduces through MPI staged in
+host memory, without buckets, as the run says: there 1 expects no bucket rows and
+the step's one all-reduce after backward, 3 does not apply, and 3b never does
+(gradients in device memory). The CPU build must bucket.
 """
 import json
 import os
@@ -145,8 +149,14 @@ def check_cnn(args, layers):
     run_dir = args.prefix + "_cnn"
     shard = args.prefix + "_cnn_train.h5"
     subset_shard(shard, 1024)
-    run(args, run_dir, args.cnn, "--trace", "io.trace_steps=3,6", "comm.overlap=poll", "comm.shared_memory=F",
-        f"data.train_files={shard}", "data.val_files=", "train.epochs=1", "io.checkpoint_every=0")
+    out = run(args, run_dir, args.cnn, "--trace", "io.trace_steps=3,6", "comm.overlap=poll",
+              "comm.shared_memory=F", f"data.train_files={shard}", "data.val_files=", "train.epochs=1",
+              "io.checkpoint_every=0", *args.cnn_extra)
+    # The GPU build's ranks sharing one GPU go through MPI staged in host memory: one
+    # all-reduce after backward, no buckets (the run says so). The CPU build must bucket.
+    bucketless = no_buckets(out)
+    if bucketless and not args.gpu_build:
+        fail("the CNN's gradients are not reduced in buckets")
     trained = [i for i, l in enumerate(layers) if l.startswith(("conv2d", "linear"))]
     first_trained = trained[0]
     for rank in (0, 1):
@@ -154,7 +164,9 @@ def check_cnn(args, layers):
         steps = check_common(path, doc, rank, 3, 6)
         names = row_names(doc)
         buckets = sorted(t for t in names if t >= 100)
-        if len(buckets) < 2:
+        if bucketless and buckets:
+            fail(f"{path}: bucket rows {[names[t] for t in buckets]} of a run without buckets")
+        if not bucketless and len(buckets) < 2:
             fail(f"{path}: bucket rows {[names[t] for t in buckets]}, expected at least 2 (1 MB first bucket)")
         for t in buckets:
             if not re.fullmatch(rf"all-reduce bucket {t - 100}: layers\.\S+ \([\d.]+ (B|KB|MB)\)", names[t]):
@@ -162,7 +174,8 @@ def check_cnn(args, layers):
         for n, step in sorted(steps.items()):
             inner = children(doc, step)
             top = [e["name"] for e in inner if not e["name"].startswith("layers.")]
-            want = ["data wait", "forward", "loss", "backward", "all-reduce wait", "step checks", "optimizer"]
+            reduce = "all-reduce" if bucketless else "all-reduce wait"
+            want = ["data wait", "forward", "loss", "backward", reduce, "step checks", "optimizer"]
             if top != want:
                 fail(f"{path}: step {n} holds {top}, expected {want}")
             fwd = next(e for e in inner if e["name"] == "forward")
@@ -175,6 +188,14 @@ def check_cnn(args, layers):
                 fail(f"{path}: step {n}'s forward holds {f_layers}, expected {want_f}")
             if b_layers != want_b:
                 fail(f"{path}: step {n}'s backward holds {b_layers}, expected {want_b}")
+            if bucketless:
+                ar = next(e for e in inner if e["name"] == reduce)
+                if ar["ts"] < end(bwd) - EPS:
+                    fail(f"{path}: step {n}: the all-reduce of a run without buckets starts inside backward")
+                if n == 3:
+                    print(f"{path}: step 3: no buckets; backward {bwd['dur']:.0f} us, then the all-reduce "
+                          f"{ar['dur']:.0f} us")
+                continue
             ar = {t: [e for e in spans(doc, t) if inside(e, step)] for t in buckets}
             if any(len(v) != 1 for v in ar.values()):
                 fail(f"{path}: step {n}: all-reduce spans per bucket {[len(v) for v in ar.values()]}, expected 1 each")
@@ -224,10 +245,19 @@ def check_none(args):
                 fail(f"{path}: step {n}: expected one all-reduce after backward, got {ar}")
 
 
+def no_buckets(out):
+    """Whether the run reduced without buckets: its start-up names none ('gradients: N
+    bucket(s) ...'; the GPU build staging MPI says '(this backend has no buckets)')."""
+    return not re.search(r"^gradients: \d+ bucket\(s\)", out, re.M)
+
+
 def check_thread(args):
     run_dir = args.prefix + "_thread"
-    run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.overlap=thread",
-        "comm.shared_memory=F", "comm.first_bucket_mb=1e-5", "comm.bucket_mb=1e-5")
+    out = run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.overlap=thread",
+              "comm.shared_memory=F", "comm.first_bucket_mb=1e-5", "comm.bucket_mb=1e-5")
+    if no_buckets(out) and args.gpu_build:
+        print("3. not here: this GPU run reduces without buckets (MPI staged in host memory)")
+        return
     for rank in (0, 1):
         path, doc = load(run_dir, rank)
         steps = check_common(path, doc, rank, 2, 4)
@@ -241,6 +271,9 @@ def check_thread(args):
 
 
 def check_shm(args):
+    if args.gpu_build:
+        print("3b. not here: the GPU build's gradients are in device memory (no shared-memory window)")
+        return
     run_dir = args.prefix + "_shm"
     out = run(args, run_dir, args.tiny, "--trace", "io.trace_steps=2,4", "comm.first_bucket_mb=1e-5",
               "comm.bucket_mb=1e-5")
@@ -285,6 +318,8 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ("mpiexec", "ddp_train", "merge", "tiny", "cnn", "prefix"):
         ap.add_argument(a)
+    ap.add_argument("--gpu-build", action="store_true", help="ddp_train is the GPU build")
+    ap.add_argument("--cnn-extra", action="append", default=[], help="an override more for the CNN run")
     args = ap.parse_args()
     layers = None
     with open(args.cnn) as f:

@@ -92,6 +92,19 @@ bool narrow_convolutions() {
   return on;
 }
 
+// DDP_CUDNN_BENCHMARK=1: cuDNN times its algorithms for each convolution shape at
+// first use (cudnnFind...) and the fastest deterministic one is taken, as PyTorch's
+// cudnn.benchmark does; timings can then choose differently in another run, so two
+// runs, or a run and its resume, need not repeat bit for bit. Unset: cuDNN's
+// heuristics, the same choice every run.
+CudnnConv::Search convolution_search() {
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_CUDNN_BENCHMARK");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on ? CudnnConv::Search::Benchmark : CudnnConv::Search::Heuristic;
+}
+
 class CudaBackend;
 
 // bf16/fp16 convolutions round their operands (x, w, dy) to the narrow type's values
@@ -192,7 +205,7 @@ class CudaBackend final : public ComputeBackend {
   // One cuDNN handle and plan cache per operand type, made on first use.
   CudnnConv& conv(DType t) {
     auto& c = convs_[int(t)];
-    if (!c) c = std::make_unique<CudnnConv>(stream_, t, CudnnConv::Search::Heuristic);
+    if (!c) c = std::make_unique<CudnnConv>(stream_, t, convolution_search());
     return *c;
   }
 

@@ -194,6 +194,9 @@ const Item kEnvironment[] = {
     {"DDP_CUDNN_NARROW=1",
      "bf16/fp16 convolutions on cuDNN's own narrow kernels, not on rounded operands in fp32 (GPU build)"},
     {"DDP_CUDNN_LOG=1", "one line per convolution shape with the cuDNN algorithms chosen (GPU build)"},
+    {"DDP_CUDNN_BENCHMARK=1",
+     "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
+     "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},
 };
 
 const Item kFiles[] = {

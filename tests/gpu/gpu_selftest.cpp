@@ -169,8 +169,11 @@ ConvRef conv_ref(const ddp::cuda::ConvShape& s, const std::vector<float>& x, con
   return r;
 }
 
-void test_conv(cudaStream_t stream) {
-  ddp::cuda::CudnnConv conv(stream);
+// Both ways of choosing the algorithms: cuDNN's heuristics (the default) and its
+// timed search (DDP_CUDNN_BENCHMARK=1).
+void test_conv(cudaStream_t stream, ddp::cuda::CudnnConv::Search search) {
+  ddp::cuda::CudnnConv conv(stream, ddp::cuda::DType::F32, search);
+  const char* how = search == ddp::cuda::CudnnConv::Search::Benchmark ? " (timed search)" : "";
   ddp::cuda::ConvShape shapes[3];
   shapes[0] = {2, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1};    // same padding
   shapes[1] = {3, 5, 12, 10, 6, 5, 3, 0, 1, 2, 2, 1, 1};  // strided, uneven
@@ -187,7 +190,7 @@ void test_conv(cudaStream_t stream) {
       conv.backward_data(s, dw_in.ptr, ddy.ptr, dx.ptr);
       conv.backward_filter(s, dx_in.ptr, ddy.ptr, dw.ptr);
       CUDA_CHECK(cudaStreamSynchronize(stream));
-      std::string tag = " shape " + std::to_string(id % 3) + (pass ? " (cached)" : "");
+      std::string tag = " shape " + std::to_string(id % 3) + (pass ? " (cached)" : "") + how;
       check(("cuDNN conv forward fp32" + tag).c_str(), rel_err(y.download(), ref.y), 1e-5);
       check(("cuDNN conv backward-data fp32" + tag).c_str(), rel_err(dx.download(), ref.dx), 1e-5);
       check(("cuDNN conv backward-filter fp32" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-5);
@@ -317,7 +320,8 @@ int main(int argc, char** argv) {
   cudaStream_t compute;
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   test_gemm(compute);
-  test_conv(compute);
+  test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic);
+  test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
   test_device_mpi(world, compute);
   // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
   int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;

@@ -3,7 +3,9 @@
 //   mpirun -np W ddp_bench input.nml [group.key=value ...]
 //
 // Trains train.epochs (default here: 1) epochs of the input exactly as ddp_train
-// does (same data path, same trainer), with no checkpoints, then measures in the
+// does (same data path, same trainer), with no checkpoints; with train.epochs > 1 the
+// first epoch warms up (cuDNN's plans and algorithm searches, first allocations and
+// touches) and is neither timed nor counted. Then it measures in the
 // same run the floor of one step: the GEMMs and convolutions that step made, timed
 // alone at the same shapes, plus one all-reduce of the gradient bytes. Prints
 // samples/s, the per-step split, the floor and the efficiency floor/actual, and a
@@ -174,10 +176,12 @@ int main(int argc, char** argv) {
   std::int64_t steps = 0;
   const char* count_env = std::getenv("DDP_LAUNCH_COUNT");
   const bool count = count_env && std::strcmp(count_env, "0") != 0 && *count_env;
-  if (count) kernel_trace::start_counting();
+  const int warmup = cfg.train.epochs > 1 ? 1 : 0;
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
+    if (count && epoch == warmup) kernel_trace::start_counting();
     const std::int64_t before = trainer.step();
     e = trainer.train_epoch(epoch);
+    if (epoch < warmup) continue;
     steps += trainer.step() - before;
     seconds += e.train_seconds;
     samples += e.samples_per_s * e.train_seconds;
@@ -204,7 +208,7 @@ int main(int argc, char** argv) {
   char text[1536];
   std::snprintf(
       text, sizeof text,
-      "ddp_bench: %s, %d rank(s), batch %lld per rank, %lld steps\n"
+      "ddp_bench: %s, %d rank(s), batch %lld per rank, %lld steps%s\n"
       "  samples/s   %.0f\n"
       "  step        %.3f ms = data wait %.3f + forward %.3f + backward %.3f + exposed comm %.3f"
       " + optimizer %.3f + other %.3f\n"
@@ -212,7 +216,8 @@ int main(int argc, char** argv) {
       "  efficiency  %.2f (floor / actual)\n"
       "  model       %.1f GFLOP/s per rank in training (%.3g GFLOP per step: the GEMM/conv flops)\n"
       "  compute     %s; precision %s",
-      cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps, samples / seconds, step * 1e3,
+      cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps,
+      warmup ? " (after an untimed warm-up epoch)" : "", samples / seconds, step * 1e3,
       wait * per_step, fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step,
       floor_step * 1e3, n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9,
       double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step,
@@ -257,6 +262,7 @@ int main(int argc, char** argv) {
                              {"world_size", (long long)ctx.size()},
                              {"batch_size", (long long)B},
                              {"steps", (long long)steps},
+                             {"warmup_epochs", (long long)warmup},
                              {"samples_per_s", samples / seconds},
                              {"step_ms", step * 1e3},
                              {"data_wait_ms", wait * per_step},

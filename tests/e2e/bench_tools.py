@@ -52,16 +52,18 @@ if os.path.exists(os.path.join(build, "gemm_bench")):  # oneDNN's: not in the CU
 out = run([os.path.join(build, "conv_bench"), "8", "3"])
 positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out, "convolution total")
 
-# With the launch count on (fenced kernels: the floor stays below the step all the more).
+# With the launch count on (fenced kernels: the floor stays below the step all the more),
+# two epochs: the first warms up, and only the second is timed and counted.
 out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
-           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools"],
-          {"DDP_LAUNCH_COUNT": "1"})
+           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools",
+           "train.epochs=2"], {"DDP_LAUNCH_COUNT": "1"})
 line = [l for l in out.splitlines() if l.startswith("json: ")]
 if len(line) != 1:
     fail("ddp_bench printed no json line")
 r = json.loads(line[0][6:])
-if r["world_size"] != 2 or r["steps"] != 79:  # 10000 samples, 5000 a rank, batch 64
-    fail(f"ddp_bench ran {r['world_size']} ranks, {r['steps']} steps; expected 2 and 79")
+if r["world_size"] != 2 or r["steps"] != 79 or r["warmup_epochs"] != 1:  # 10000 samples, 5000 a rank, batch 64
+    fail(f"ddp_bench ran {r['world_size']} ranks, {r['steps']} steps after {r['warmup_epochs']} warm-up epoch(s); "
+         "expected 2, 79 and 1")
 for key in ("samples_per_s", "step_ms", "floor_kernels_ms", "floor_allreduce_ms", "efficiency"):
     if not r[key] > 0:
         fail(f"ddp_bench {key} = {r[key]}")

@@ -217,12 +217,12 @@ int main(int argc, char** argv) {
       "  model       %.1f GFLOP/s per rank in training (%.3g GFLOP per step: the GEMM/conv flops)\n"
       "  compute     %s; precision %s",
       cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps,
-      warmup ? " (after an untimed warm-up epoch)" : "", samples / seconds, step * 1e3,
-      wait * per_step, fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step,
-      floor_step * 1e3, n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9,
-      double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step,
-      flops * cfg.train.accumulation_steps / step * 1e-9, flops * cfg.train.accumulation_steps * 1e-9,
-      compute_backend().name().c_str(), cfg.train.precision.c_str());
+      warmup ? " (after an untimed warm-up epoch)" : "", samples / seconds, step * 1e3, wait * per_step,
+      fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step, floor_step * 1e3,
+      n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9, double(n_params) * 4.0 / (1024.0 * 1024.0),
+      reduce * 1e3, floor_step / step, flops * cfg.train.accumulation_steps / step * 1e-9,
+      flops * cfg.train.accumulation_steps * 1e-9, compute_backend().name().c_str(),
+      cfg.train.precision.c_str());
   log::info(text);
   const double per = 1.0 / double(steps);
   if (count) print_launches(dispatched, per, std::strcmp(count_env, "names") == 0);

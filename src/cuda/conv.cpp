@@ -45,14 +45,16 @@ const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
 
 // DDP_CUDNN_LOG=1: one line per shape with the algorithms chosen.
 bool log_choices() {
-  static const bool on = [] {
-    const char* v = std::getenv("DDP_CUDNN_LOG");
-    return v && *v && std::string(v) != "0";
-  }();
+  static const bool on = env_flag("DDP_CUDNN_LOG");
   return on;
 }
 constexpr int kMaxAlgos = 16;
 }  // namespace
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
 
 CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search)
     : stream_(stream), dtype_(dtype), search_(search) {

@@ -26,6 +26,10 @@ struct ConvShape {
   }
 };
 
+// Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_NARROW,
+// DDP_CUDNN_BENCHMARK) is on: set, not empty and not "0".
+bool env_flag(const char* name);
+
 class CudnnConv {
  public:
   // Heuristic: cudnnGet*_v7 (fast, no trial runs). Benchmark: cudnnFind* (times the

@@ -3,7 +3,6 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -85,10 +84,7 @@ const float* rounded(const float* from, std::size_t n, DType t, Scratch& scratch
 // DDP_CUDNN_NARROW=1: bf16/fp16 convolutions on cuDNN's own bf16/fp16 kernels rather
 // than on rounded operands in fp32 (see CudnnConvKernels).
 bool narrow_convolutions() {
-  static const bool on = [] {
-    const char* v = std::getenv("DDP_CUDNN_NARROW");
-    return v && *v && std::string(v) != "0";
-  }();
+  static const bool on = env_flag("DDP_CUDNN_NARROW");
   return on;
 }
 
@@ -98,10 +94,7 @@ bool narrow_convolutions() {
 // runs, or a run and its resume, need not repeat bit for bit. Unset: cuDNN's
 // heuristics, the same choice every run.
 CudnnConv::Search convolution_search() {
-  static const bool on = [] {
-    const char* v = std::getenv("DDP_CUDNN_BENCHMARK");
-    return v && *v && std::string(v) != "0";
-  }();
+  static const bool on = env_flag("DDP_CUDNN_BENCHMARK");
   return on ? CudnnConv::Search::Benchmark : CudnnConv::Search::Heuristic;
 }
 

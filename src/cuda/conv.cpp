@@ -56,8 +56,8 @@ bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 
-CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search)
-    : stream_(stream), dtype_(dtype), search_(search) {
+CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc)
+    : stream_(stream), dtype_(dtype), search_(search), nhwc_(nhwc) {
   CUDNN_CHECK(cudnnCreate(&handle_));
   CUDNN_CHECK(cudnnSetStream(handle_, stream_));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
@@ -86,9 +86,10 @@ void* CudnnConv::workspace(std::size_t bytes) {
 }
 
 const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
-  cudnnDataType_t t = cudnn_type(dtype_);
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, CUDNN_TENSOR_NCHW, t, s.n, s.c, s.h, s.w));
-  CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc_, t, CUDNN_TENSOR_NCHW, s.k, s.c, s.r, s.s));
+  const cudnnDataType_t t = cudnn_type(dtype_);
+  const cudnnTensorFormat_t format = nhwc_ ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc_, format, t, s.n, s.c, s.h, s.w));
+  CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_desc_, t, format, s.k, s.c, s.r, s.s));
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc_, s.pad_h, s.pad_w, s.stride_h, s.stride_w,
                                               s.dilation_h, s.dilation_w, CUDNN_CROSS_CORRELATION,
                                               CUDNN_DATA_FLOAT));
@@ -99,7 +100,7 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   int n = 0, c = 0, p = 0, q = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_, x_desc_, w_desc_, &n, &c, &p, &q));
   DDP_REQUIRE(n == s.n && c == s.k && p == s.out_h() && q == s.out_w(), "cuDNN output shape disagrees");
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc_, CUDNN_TENSOR_NCHW, t, n, c, p, q));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_desc_, format, t, n, c, p, q));
 
   auto found = plans_.find(s.key());
   if (found != plans_.end()) return found->second;
@@ -140,10 +141,11 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   if (log_choices())
     std::fprintf(
         stderr,
-        "cuDNN %s conv N%d C%d H%d W%d K%d R%d S%d pad %d stride %d: fwd algo %d (%zu B), bwd-data algo %d "
-        "(%zu B), bwd-filter algo %d (%zu B)\n",
-        dtype_name(dtype_), s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h, int(pl.fwd), pl.fwd_bytes,
-        int(pl.bwd_data), pl.bwd_data_bytes, int(pl.bwd_filter), pl.bwd_filter_bytes);
+        "cuDNN %s %s conv N%d C%d H%d W%d K%d R%d S%d pad %d stride %d: fwd algo %d (%zu B), bwd-data algo "
+        "%d (%zu B), bwd-filter algo %d (%zu B)\n",
+        dtype_name(dtype_), nhwc_ ? "nhwc" : "nchw", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h,
+        int(pl.fwd), pl.fwd_bytes, int(pl.bwd_data), pl.bwd_data_bytes, int(pl.bwd_filter),
+        pl.bwd_filter_bytes);
   return plans_.emplace(s.key(), pl).first->second;
 }
 

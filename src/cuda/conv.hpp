@@ -1,8 +1,8 @@
 #pragma once
-// cuDNN 2-D convolution, NCHW, on device pointers: forward, backward-data and
-// backward-filter. The algorithm for each shape and direction is chosen once and
-// cached; one workspace, grown only, serves all calls (stream-ordered allocation,
-// so growing it does not synchronise the host).
+// cuDNN 2-D convolution, NCHW or channels-last (NHWC; filters KRSC), on device
+// pointers: forward, backward-data and backward-filter. The algorithm for each shape and direction is chosen
+// once and cached; one workspace, grown only, serves all calls (stream-ordered allocation, so growing it does
+// not synchronise the host).
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -36,13 +36,17 @@ class CudnnConv {
   // candidates once per shape; worth it for long runs on fixed shapes).
   enum class Search { Heuristic, Benchmark };
 
-  // Tensors of type `dtype`, accumulation in fp32.
-  CudnnConv(cudaStream_t stream, DType dtype = DType::F32, Search search = Search::Heuristic);
+  // Tensors of type `dtype`, accumulation in fp32; x, y and their gradients NHWC
+  // and the filter (K, R, S, C) where nhwc (cuDNN's tensor-core layout for bf16 and
+  // fp16), else NCHW and (K, C, R, S).
+  CudnnConv(cudaStream_t stream, DType dtype = DType::F32, Search search = Search::Heuristic,
+            bool nhwc = false);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
 
-  // y (N, K, P, Q) = alpha * conv(x (N, C, H, W), w (K, C, R, S)) + beta * y
+  // y (N, K, P, Q) = alpha * conv(x (N, C, H, W), w (K, C, R, S)) + beta * y, each
+  // in the layout above
   void forward(const ConvShape& s, const void* x, const void* w, void* y, float alpha = 1, float beta = 0);
   // dx (N, C, H, W) = alpha * conv^T(dy (N, K, P, Q), w) + beta * dx
   void backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha = 1,
@@ -66,6 +70,7 @@ class CudnnConv {
   cudaStream_t stream_;
   DType dtype_;
   Search search_;
+  bool nhwc_;
   cudnnHandle_t handle_ = nullptr;
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr;
   cudnnFilterDescriptor_t w_desc_ = nullptr;

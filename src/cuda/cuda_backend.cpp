@@ -81,8 +81,8 @@ const float* rounded(const float* from, std::size_t n, DType t, Scratch& scratch
   return to;
 }
 
-// DDP_CUDNN_NARROW=1: bf16/fp16 convolutions on cuDNN's own bf16/fp16 kernels rather
-// than on rounded operands in fp32 (see CudnnConvKernels).
+// DDP_CUDNN_NARROW=1: bf16/fp16 convolutions on cuDNN's own bf16/fp16 tensor-core
+// kernels, channels-last, rather than on rounded operands in fp32 (see CudnnConvKernels).
 bool narrow_convolutions() {
   static const bool on = env_flag("DDP_CUDNN_NARROW");
   return on;
@@ -102,18 +102,26 @@ class CudaBackend;
 
 // bf16/fp16 convolutions round their operands (x, w, dy) to the narrow type's values
 // and run cuDNN's fp32 kernels: bf16 operands, fp32 products and sums, fp32 results,
-// as the host's oneDNN path. cuDNN's own bf16 kernels (the legacy API stores y, dx
-// and dw in bf16) were measured here on an H100 at 7 to 15 times the fp32 forward
-// time in these NCHW shapes, and 6 to 19% off the host's one-step gradients (the
-// rounded outputs move relu and max-pool decisions); DDP_CUDNN_NARROW=1 runs them.
-// The GEMMs (cuBLAS) use the tensor cores either way: bf16/fp16 operands, fp32 C.
+// as the host's oneDNN path, NCHW. The GEMMs (cuBLAS) use the tensor cores either
+// way: bf16/fp16 operands, fp32 C.
+//
+// DDP_CUDNN_NARROW=1 runs cuDNN's bf16/fp16 kernels instead, as PyTorch's AMP with
+// channels_last does: the model keeps the activations around convolutions NHWC
+// (native_*_layout), each convolution reads bf16/fp16 copies of x, w (KRSC) and dy
+// and writes y, dx and dw in that type (fp32 accumulation inside), widened into the
+// fp32 tensors after, with the bias and relu on the way. cuDNN's bf16 kernels in NCHW
+// were measured on an H100 at 7 to 15 times the fp32 forward time; its tensor-core
+// kernels want NHWC. Rounded outputs move relu and max-pool decisions, so this path
+// differs from the host's by more than the default one (6 to 19% of a one-step
+// gradient measured in NCHW).
 class CudnnConvKernels final : public ConvKernels {
  public:
   CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
   void configure(Precision precision, bool fused_relu, Layout in, Layout out) override;
-  // cuDNN runs NCHW here: the blocked layouts are the host backend's.
-  Layout native_input_layout() override { return Layout::nchw; }
-  Layout native_output_layout() override { return Layout::nchw; }
+  // cuDNN's format here: NHWC for its bf16/fp16 kernels, else NCHW. (The blocked
+  // layouts are the host backend's.)
+  Layout native_input_layout() override { return nhwc_ ? Layout::nhwc : Layout::nchw; }
+  Layout native_output_layout() override { return nhwc_ ? Layout::nhwc : Layout::nchw; }
   void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override;
   void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
                         bool accumulate) override;
@@ -123,16 +131,27 @@ class CudnnConvKernels final : public ConvKernels {
   ConvShape shape(std::int64_t B) const;
   CudnnConv& conv();
 
-  // An operand at the configured precision: narrowed into scratch (cuDNN's narrow
-  // kernels), rounded in fp32 (the default), or `from` itself (fp32).
-  const void* operand(const float* from, std::size_t n, Scratch::Slot slot);
+  // An fp32 operand (N, C, HW), NHWC where from_nhwc, as cuDNN reads it here: in its
+  // format, narrowed into scratch (its narrow kernels) or rounded in fp32 (the
+  // default) at the configured precision, or `from` itself where nothing differs.
+  const void* operand(const float* from, bool from_nhwc, std::int64_t N, std::int64_t C, std::int64_t hw,
+                      Scratch::Slot slot);
+  // Whether cuDNN writes a result of `layout` straight into the layer's fp32 tensor.
+  bool direct(Layout layout) const { return io_ == DType::F32 && (layout == Layout::nhwc) == nhwc_; }
+  // A result (N, C, HW) cuDNN wrote at `from` (its format, type io_; the layer's
+  // tensor itself where direct) into `to` (fp32, NHWC where to_nhwc): + bias, relu?,
+  // or added to what `to` holds.
+  void result(const void* from, float* to, bool to_nhwc, std::int64_t N, std::int64_t C, std::int64_t hw,
+              const float* bias, bool relu, bool add);
 
   CudaBackend& backend_;
   ConvGeometry g_;
   DType dtype_ = DType::F32;  // the operands' precision
   DType io_ = DType::F32;     // what cuDNN reads and writes: dtype_ with DDP_CUDNN_NARROW, else fp32
+  bool nhwc_ = false;         // cuDNN's tensors NHWC, filters KRSC (its narrow kernels)
+  Layout in_ = Layout::nchw, out_ = Layout::nchw;  // the layer's x and dx, y and dy
   bool fused_relu_ = false;
-  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's bf16/fp16 copy in slot B
+  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's copy in slot B
 };
 
 class CudaBackend final : public ComputeBackend {
@@ -157,13 +176,17 @@ class CudaBackend final : public ComputeBackend {
       case Precision::fp32:
         return "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
       case Precision::bf16:
-        return narrow_convolutions() ? "bf16 (cuBLAS and cuDNN bf16 kernels, fp32 accumulation)"
-                                     : "bf16 (cuBLAS bf16 tensor cores, fp32 accumulation; convolutions on "
-                                       "bf16-rounded operands in fp32)";
+        return narrow_convolutions()
+                   ? "bf16 (cuBLAS and cuDNN bf16 tensor cores, convolutions channels-last, "
+                     "fp32 accumulation)"
+                   : "bf16 (cuBLAS bf16 tensor cores, fp32 accumulation; convolutions on "
+                     "bf16-rounded operands in fp32)";
       case Precision::fp16:
-        return narrow_convolutions() ? "fp16 (cuBLAS and cuDNN fp16 kernels, fp32 accumulation)"
-                                     : "fp16 (cuBLAS fp16 tensor cores, fp32 accumulation; convolutions on "
-                                       "fp16-rounded operands in fp32)";
+        return narrow_convolutions()
+                   ? "fp16 (cuBLAS and cuDNN fp16 tensor cores, convolutions channels-last, "
+                     "fp32 accumulation)"
+                   : "fp16 (cuBLAS fp16 tensor cores, fp32 accumulation; convolutions on "
+                     "fp16-rounded operands in fp32)";
     }
     return "?";
   }
@@ -195,10 +218,10 @@ class CudaBackend final : public ComputeBackend {
 
   cudaStream_t stream() const { return stream_; }
   Scratch& scratch() { return scratch_; }
-  // One cuDNN handle and plan cache per operand type, made on first use.
-  CudnnConv& conv(DType t) {
-    auto& c = convs_[int(t)];
-    if (!c) c = std::make_unique<CudnnConv>(stream_, t, convolution_search());
+  // One cuDNN handle and plan cache per operand type and format, made on first use.
+  CudnnConv& conv(DType t, bool nhwc) {
+    auto& c = convs_[int(t)][nhwc];
+    if (!c) c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc);
     return *c;
   }
 
@@ -206,23 +229,49 @@ class CudaBackend final : public ComputeBackend {
   cudaStream_t stream_;
   CublasGemm gemm_;
   Scratch scratch_;
-  std::unique_ptr<CudnnConv> convs_[3];
+  std::unique_ptr<CudnnConv> convs_[3][2];
   std::string name_;
 };
 
 CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) : backend_(backend), g_(g) {}
 
 void CudnnConvKernels::configure(Precision precision, bool fused_relu, Layout in, Layout out) {
-  DDP_REQUIRE(in == Layout::nchw && out == Layout::nchw, "cuDNN convolutions here take NCHW tensors only");
+  for (Layout l : {in, out})
+    DDP_REQUIRE(l == Layout::nchw || l == Layout::nhwc,
+                "cuDNN convolutions here take NCHW or NHWC tensors, not " << layout_name(l));
   dtype_ = dtype_of(precision);
   io_ = narrow_convolutions() ? dtype_ : DType::F32;
+  nhwc_ = io_ != DType::F32;
+  in_ = in;
+  out_ = out;
   fused_relu_ = fused_relu;
 }
 
-const void* CudnnConvKernels::operand(const float* from, std::size_t n, Scratch::Slot slot) {
+const void* CudnnConvKernels::operand(const float* from, bool from_nhwc, std::int64_t N, std::int64_t C,
+                                      std::int64_t hw, Scratch::Slot slot) {
   Scratch& scratch = backend_.scratch();
-  if (io_ != DType::F32) return narrowed(from, n, io_, scratch, slot, backend_.stream());
-  return rounded(from, n, dtype_, scratch, slot, backend_.stream());
+  const cudaStream_t stream = backend_.stream();
+  const std::size_t n = std::size_t(N * C * hw);
+  if (from_nhwc == nhwc_) {
+    if (io_ != DType::F32) return narrowed(from, n, io_, scratch, slot, stream);
+    return rounded(from, n, dtype_, scratch, slot, stream);
+  }
+  void* to = scratch.get(slot, n * dtype_size(io_));
+  transpose_image(from, DType::F32, to, io_, nhwc_, N, C, hw, nullptr, false, false, stream);
+  if (io_ == DType::F32 && dtype_ != DType::F32)
+    round_to(static_cast<float*>(to), static_cast<float*>(to), dtype_, n, stream);
+  return to;
+}
+
+void CudnnConvKernels::result(const void* from, float* to, bool to_nhwc, std::int64_t N, std::int64_t C,
+                              std::int64_t hw, const float* bias, bool relu, bool add) {
+  const cudaStream_t stream = backend_.stream();
+  if (to_nhwc != nhwc_)
+    transpose_image(from, io_, to, DType::F32, to_nhwc, N, C, hw, bias, relu, add, stream);
+  else if (add)
+    ::ddp::cuda::accumulate(from, io_, to, std::size_t(N * C * hw), true, stream);
+  else
+    bias_relu(from, io_, to, bias, N, C, hw, relu, to_nhwc, stream);  // nothing to do in place without both
 }
 
 ConvShape CudnnConvKernels::shape(std::int64_t B) const {
@@ -238,53 +287,50 @@ ConvShape CudnnConvKernels::shape(std::int64_t B) const {
   return s;
 }
 
-CudnnConv& CudnnConvKernels::conv() { return backend_.conv(io_); }
+CudnnConv& CudnnConvKernels::conv() { return backend_.conv(io_, nhwc_); }
 
-// x: (B, in, h, w) -> y: (B, out, ho, wo) = conv + bias, rectified when fused. With
-// DDP_CUDNN_NARROW, cuDNN writes y narrow into scratch and the epilogue widens it.
+// x: (B, in, h, w) -> y: (B, out, ho, wo) = conv + bias, rectified when fused. Where
+// cuDNN's format or type is not y's, it writes into scratch and the epilogue moves it.
 void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weight, const float* bias,
                                float* y) {
   if (B == 0) return;
-  const cudaStream_t stream = backend_.stream();
-  Scratch& scratch = backend_.scratch();
   const ConvShape s = shape(B);
-  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
-                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  const void* x_op = operand(x, nx, Scratch::A);
-  const void* w_op = operand(weight, nw, Scratch::B);
-  void* y_op = io_ == DType::F32 ? static_cast<void*>(y) : scratch.get(Scratch::C, ny * dtype_size(io_));
+  const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
+  const void* x_op = operand(x, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
+  const void* w_op = operand(weight, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
+  void* y_op = direct(out_)
+                   ? static_cast<void*>(y)
+                   : backend_.scratch().get(Scratch::C, std::size_t(B * g_.out * hw_out) * dtype_size(io_));
   CudnnConv& c = conv();
   c.forward(s, x_op, w_op, y_op);
   kernel_trace::count_library_call();
-  bias_relu(y_op, io_, y, bias, B, g_.out, g_.ho() * g_.wo(), fused_relu_, stream);
+  result(y_op, y, out_ == Layout::nhwc, B, g_.out, hw_out, bias, fused_relu_, false);
   if (kernel_trace::recording())
     kernel_trace::record(
         {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
 }
 
 // dweight (out, in, k, k) += (or =) corr(x, dy); dbias (out) += (or =) sum dy. fp32
-// results accumulate in cuDNN (beta = 1, or 0 to write); narrow ones are computed into
-// scratch and added (or widened).
+// NCHW results accumulate in cuDNN (beta = 1, or 0 to write); narrow or KRSC ones are
+// computed into scratch and added (or widened, moved).
 void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight,
                                         float* dbias, bool accumulate) {
   dy_narrowed_ = nullptr;
+  const std::int64_t kk = g_.k * g_.k, nw = g_.out * g_.in * kk;
   if (B == 0) {
     if (!accumulate) {
-      CUDA_CHECK(cudaMemsetAsync(dweight, 0, std::size_t(g_.out * g_.in * g_.k * g_.k) * sizeof(float),
-                                 backend_.stream()));
-      if (dbias) CUDA_CHECK(cudaMemsetAsync(dbias, 0, std::size_t(g_.out) * sizeof(float), backend_.stream()));
+      CUDA_CHECK(cudaMemsetAsync(dweight, 0, std::size_t(nw) * sizeof(float), backend_.stream()));
+      if (dbias)
+        CUDA_CHECK(cudaMemsetAsync(dbias, 0, std::size_t(g_.out) * sizeof(float), backend_.stream()));
     }
     return;
   }
-  const cudaStream_t stream = backend_.stream();
-  Scratch& scratch = backend_.scratch();
   const ConvShape s = shape(B);
-  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
-                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  const void* x_op = operand(x, nx, Scratch::A);
-  const void* dy_op = operand(dy, ny, Scratch::B);
+  const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
+  const void* x_op = operand(x, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
+  const void* dy_op = operand(dy, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
   CudnnConv& c = conv();
-  if (io_ == DType::F32) {
+  if (io_ == DType::F32 && !nhwc_) {
     const float beta = accumulate ? 1.0f : 0.0f;
     c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
     kernel_trace::count_library_call();
@@ -293,36 +339,37 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
                               c.backward_filter(s, x_op, dy_op, dweight, 1.0f, beta);
                             }});
   } else {
-    void* dw_op = scratch.get(Scratch::C, nw * dtype_size(io_));
+    void* dw_op = backend_.scratch().get(Scratch::C, std::size_t(nw) * dtype_size(io_));
     c.backward_filter(s, x_op, dy_op, dw_op);
     kernel_trace::count_library_call();
-    ::ddp::cuda::accumulate(dw_op, io_, dweight, nw, accumulate, stream);
+    result(dw_op, dweight, false, g_.out, g_.in, kk, nullptr, false, accumulate);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
                             [&c, s, x_op, dy_op, dw_op] { c.backward_filter(s, x_op, dy_op, dw_op); }});
   }
-  if (dtype_ != DType::F32) dy_narrowed_ = dy;
-  if (dbias) bias_grad(dy, dbias, B, g_.out, g_.ho() * g_.wo(), accumulate, stream);
+  if (dy_op != dy) dy_narrowed_ = dy;
+  if (dbias) bias_grad(dy, dbias, B, g_.out, hw_out, accumulate, out_ == Layout::nhwc, backend_.stream());
 }
 
-// dx (B, in, h, w) = conv_transpose(dy, weight); narrow results widened from scratch.
+// dx (B, in, h, w) = conv_transpose(dy, weight); results in another format or type
+// moved or widened from scratch.
 void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) {
   const bool reuse_dy = dy_narrowed_ == dy;
   dy_narrowed_ = nullptr;
   if (B == 0) return;
-  const cudaStream_t stream = backend_.stream();
   Scratch& scratch = backend_.scratch();
   const ConvShape s = shape(B);
-  const std::size_t nx = std::size_t(B * g_.in * g_.h * g_.w), nw = std::size_t(g_.out * g_.in * g_.k * g_.k),
-                    ny = std::size_t(B * g_.out * g_.ho() * g_.wo());
-  // Right after backward weights on the same dy, slot B still holds its bf16/fp16 copy.
-  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, ny * dtype_size(io_)) : operand(dy, ny, Scratch::B);
-  const void* w_op = operand(weight, nw, Scratch::A);
-  void* dx_op = io_ == DType::F32 ? static_cast<void*>(dx) : scratch.get(Scratch::C, nx * dtype_size(io_));
+  const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
+  // Right after backward weights on the same dy, slot B still holds its copy.
+  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, std::size_t(B * g_.out * hw_out) * dtype_size(io_))
+                               : operand(dy, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
+  const void* w_op = operand(weight, false, g_.out, g_.in, g_.k * g_.k, Scratch::A);
+  void* dx_op = direct(in_) ? static_cast<void*>(dx)
+                            : scratch.get(Scratch::C, std::size_t(B * g_.in * hw_in) * dtype_size(io_));
   CudnnConv& c = conv();
   c.backward_data(s, w_op, dy_op, dx_op);
   kernel_trace::count_library_call();
-  if (io_ != DType::F32) convert_to_f32(dx_op, io_, dx, nx, stream);
+  result(dx_op, dx, in_ == Layout::nhwc, B, g_.in, hw_in, nullptr, false, false);
   if (kernel_trace::recording())
     kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),
                           [&c, s, w_op, dy_op, dx_op] { c.backward_data(s, w_op, dy_op, dx_op); }});

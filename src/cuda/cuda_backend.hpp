@@ -7,7 +7,8 @@
 // with the host's to fp32 rounding. bf16 and fp16 GEMMs run the tensor cores:
 // operands cast on the device into scratch, fp32 accumulation and C. bf16 and fp16
 // convolutions round their operands and run cuDNN's fp32 kernels, which is what the
-// host does (why: cuda_backend.cpp, CudnnConvKernels). Algorithms are chosen once
+// host does; DDP_CUDNN_NARROW=1 runs cuDNN's bf16/fp16 tensor-core kernels on
+// channels-last activations instead (cuda_backend.cpp, CudnnConvKernels). Algorithms are chosen once
 // per shape from cuDNN's heuristics, deterministic ones first, so a run is
 // repeatable bit for bit (stop-and-resume equals a straight run).
 

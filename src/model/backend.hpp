@@ -19,21 +19,26 @@
 namespace ddp {
 
 // How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
-// from a convolution (or resblock) to the next layer that reads the channel-blocked
-// layout the backend's kernels chose on this CPU (oneDNN: nChw8c with AVX2, nChw16c
-// with AVX-512): a convolution, resblock, max-pool or global pool, through relu,
-// tanh and batch norm (Model::plan_layouts), so no reorder runs there.
+// from a convolution (or resblock) to the next layer that reads the layout the
+// backend's kernels chose: oneDNN's channel blocks on this CPU (nChw8c with AVX2,
+// nChw16c with AVX-512), or channels-last (cuDNN's tensor-core layout, or oneDNN's
+// under DDP_CONV_LAYOUT=nhwc): a convolution, resblock, max-pool or global pool,
+// through relu, tanh and batch norm (Model::plan_layouts), so no reorder runs there.
 enum class Layout {
   nchw,     // PyTorch's
   nChw8c,   // (B, ceil(C/8), H, W, 8), padding channels zero
   nChw16c,  // (B, ceil(C/16), H, W, 16), padding channels zero
+  nhwc,     // (B, H, W, C): PyTorch's channels_last
 };
-// Channels per block: 8 or 16 for the blocked layouts, 1 for nchw.
+// Channels per block: 8 or 16 for the blocked layouts, 1 for nchw and nhwc (no padding).
 constexpr int channel_block(Layout layout) {
   return layout == Layout::nChw16c ? 16 : layout == Layout::nChw8c ? 8 : 1;
 }
 constexpr const char* layout_name(Layout layout) {
-  return layout == Layout::nChw16c ? "nChw16c" : layout == Layout::nChw8c ? "nChw8c" : "nchw";
+  return layout == Layout::nChw16c  ? "nChw16c"
+         : layout == Layout::nChw8c ? "nChw8c"
+         : layout == Layout::nhwc   ? "nhwc"
+                                    : "nchw";
 }
 
 // One convolution layer: PyTorch's Conv2d with a square kernel, symmetric zero
@@ -60,9 +65,9 @@ class ConvKernels {
   // (y = max(conv + b, 0)), and the layouts of x and dx (in) and of y and dy (out).
   // Drops what was planned when any of it changes.
   virtual void configure(Precision precision, bool fused_relu, Layout in, Layout out) = 0;
-  // The blocked layout the kernels, at the configured precision, read and write
-  // anyway in every pass for x and dx (input side), for y and dy (output side); nchw
-  // where they take NCHW, or no single blocked layout. Where it is blocked, the model
+  // The layout the kernels, at the configured precision, read and write anyway in
+  // every pass for x and dx (input side), for y and dy (output side): blocked, nhwc,
+  // or nchw where they take NCHW or no single layout. Where it is not nchw, the model
   // keeps the activations in it, and no reorder runs on that side.
   virtual Layout native_input_layout() = 0;
   virtual Layout native_output_layout() = 0;

@@ -79,9 +79,10 @@ void BatchNorm2d::allreduce(Kokkos::View<double*> sums, std::size_t n) {
   if (comm_) comm_->allreduce_sum(sums.data(), n);
 }
 
-// The planes' partial sums for B samples: 2 B Cp doubles, grown when B is larger.
-void BatchNorm2d::reserve_partial(std::int64_t B) {
-  const std::int64_t n = 2 * B * padded_channels(c_);
+// The planes' partial sums of channel_sums for B samples in `layout`, grown when
+// more are needed.
+void BatchNorm2d::reserve_partial(Layout layout, std::int64_t B) {
+  const std::int64_t n = partial_doubles(layout, B, c_, hw_);
   if (static_cast<std::int64_t>(partial_.extent(0)) < n)
     partial_ =
         Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "BatchNorm2d::partial"), n);
@@ -159,7 +160,7 @@ void BatchNorm2d::statistics(const Tensor& x, bool training) {
   }
   // Per-channel sums in double: E[x^2] - E[x]^2 stays accurate for any batch.
   auto sums = sums_;
-  reserve_partial(B);
+  reserve_partial(x.layout, B);
   auto x1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
   auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
   auto stats = [&] {
@@ -249,7 +250,7 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
                                    means_here ? mean_dy_ : Kokkos::View<float*>(),
                                    means_here ? mean_dy_xhat_ : Kokkos::View<float*>(),
                                    1.0f / static_cast<float>(count_)};
-  reserve_partial(B);
+  reserve_partial(x.layout, B);
   auto dy1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(g(e)); };
   auto dy_xhat = KOKKOS_LAMBDA(std::int64_t c, std::int64_t e) {
     return double(g(e)) * ((xv(e) - mean(c)) * invstd(c));

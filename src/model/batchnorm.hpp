@@ -58,7 +58,7 @@ class BatchNorm2d : public Layer {
  private:
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
   void allreduce(Kokkos::View<double*> sums, std::size_t n);
-  void reserve_partial(std::int64_t B);
+  void reserve_partial(Layout layout, std::int64_t B);
 
   bool sync_;
   bool zero_gamma_ = false;

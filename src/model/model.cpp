@@ -122,12 +122,13 @@ void Model::fuse_layers() {
   plan_layouts();
 }
 
-// A convolution's kernels read and write a channel-blocked layout of their own
-// choosing (oneDNN: nChw8c with AVX2, nChw16c with AVX-512), and a resblock computes
-// in its convolutions' one. From such a layer, the activation (and, backward, its
-// gradient) stays in that layout through the layers that work in any layout (relu,
-// tanh, batchnorm2d) up to the next layer that reads it: a convolution or a resblock
-// whose kernels read that layout, a 2x2 max-pool, or globalavgpool. A max-pool there
+// A convolution's kernels read and write a layout of their own choosing (oneDNN:
+// nChw8c with AVX2, nChw16c with AVX-512; cuDNN in bf16/fp16: nhwc), and a resblock
+// computes in its convolutions' one. From such a layer, the activation (and,
+// backward, its gradient) stays in that layout through the layers that work in any
+// layout (relu, tanh, batchnorm2d) up to the next layer that reads it: a convolution
+// or a resblock whose kernels read that layout, a max-pool that takes it (2x2 for the
+// blocked layouts, any for nhwc), or globalavgpool. A max-pool there
 // writes it too when such a reader follows (through the any-layout layers again).
 // So no reorder to NCHW and back runs around a convolution that feeds a pool, a batch
 // norm or another convolution, forward or backward. Anything else gets NCHW (from the
@@ -162,7 +163,7 @@ void Model::plan_layouts() {
   // Whether layer i reads `layout` with no reorder.
   auto reads = [&](std::size_t i, Layout layout) {
     if (conv_at(i) || block_at(i)) return native_in[i] == layout;
-    if (Pool2d* pool = pool_at(i)) return pool->takes_blocked();
+    if (Pool2d* pool = pool_at(i)) return pool->takes(layout);
     return i < n && dynamic_cast<GlobalAvgPool*>(layers_[i].get()) != nullptr;
   };
   for (std::size_t c = 0; c < n; ++c) {

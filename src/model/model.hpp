@@ -73,8 +73,9 @@ class Model {
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   // How layer i's output (and the gradient flowing back into it) lies in memory, as
-  // planned: the convolutions' blocked layout (nChw8c, nChw16c) from a convolution or
-  // resblock to the next layer that reads it (plan_layouts), else nchw.
+  // planned: the convolutions' own layout (nChw8c, nChw16c on the host; nhwc for
+  // cuDNN's bf16/fp16) from a convolution or resblock to the next layer that reads it
+  // (plan_layouts), else nchw.
   Layout output_layout(std::size_t i) const { return layouts_[i]; }
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);

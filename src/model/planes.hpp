@@ -1,9 +1,9 @@
 #pragma once
 // Loops over the elements of an image tensor (B, C, H, W) that know each element's
-// channel without an integer division per element, in NCHW or in a channel-blocked
-// layout (B, ceil(C/BS), H, W, BS). A 64-bit division per element costs more than the
-// arithmetic around it: batch norm's passes with `(e / hw) % C` took 38% of the small
-// ResNet's run on the host (perf, one rank).
+// channel without an integer division per element, in NCHW, in a channel-blocked
+// layout (B, ceil(C/BS), H, W, BS) or channels-last (B, H, W, C). A 64-bit division
+// per element costs more than the arithmetic around it: batch norm's passes with
+// `(e / hw) % C` took 38% of the small ResNet's run on the host (perf, one rank).
 
 #include "model/tensor.hpp"
 
@@ -36,11 +36,36 @@ void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::in
   }
 }
 
+// Pixels per team of the NHWC loops: a run of one image's plane.
+constexpr std::int64_t kNhwcRun = 32;
+
+// fn(b, c, i, e) for every element e of a (B, H, W, C) tensor: a team per run of
+// kNhwcRun pixels of one image, its vector lanes over the channels (contiguous, so a
+// GPU warp reads them in one transaction).
+template <class Fn>
+void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
+  using Team = Kokkos::TeamPolicy<ExecSpace>;
+  const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
+  const std::int64_t runs = (hw + kNhwcRun - 1) / kNhwcRun;
+  Kokkos::parallel_for(
+      label, Team(B * runs, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
+        const std::int64_t t = team.league_rank(), b = t / runs, i0 = (t - b * runs) * kNhwcRun,
+                           i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const std::int64_t base = (b * hw + i) * C;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C),
+                               [&](std::int64_t c) { fn(b, c, i, base + c); });
+        }
+      });
+}
+
 // The same for a tensor in `layout`.
 template <class Fn>
 void for_each_element(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,
                       Fn fn) {
   switch (layout) {
+    case Layout::nhwc:
+      return for_each_element_nhwc(label, B, C, hw, fn);
     case Layout::nChw8c:
       return for_each_element<8>(label, B, C, hw, fn);
     case Layout::nChw16c:
@@ -95,6 +120,35 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
   }
 }
 
+// The NHWC plane_sums: a row of partial sums per run of kNhwcRun pixels of one image
+// (row b * runs + run), a thread per (row, channel) walking its pixels: adjacent
+// threads read adjacent channels, and a batch of few large images still makes
+// enough threads. partial holds at least 2 rows C.
+template <class F, class G>
+void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
+                     Kokkos::View<double*> partial, F f, G g) {
+  const std::int64_t runs = (hw + kNhwcRun - 1) / kNhwcRun, rows = B * runs;
+  Kokkos::parallel_for(
+      label, Range(0, rows * C), KOKKOS_LAMBDA(std::int64_t p) {
+        const std::int64_t r = p / C, c = p - r * C, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
+                           i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
+        double sf = 0.0, sg = 0.0;
+        for (std::int64_t i = i0; i < i1; ++i) {
+          const std::int64_t e = (b * hw + i) * C + c;
+          sf += f(c, e);
+          sg += g(c, e);
+        }
+        partial(p) = sf;
+        partial(rows * C + p) = sg;
+      });
+}
+
+// Rows of partial sums per channel that channel_sums makes: one per image, or in
+// NHWC one per run of kNhwcRun pixels of an image.
+constexpr std::int64_t partial_rows(Layout layout, std::int64_t B, std::int64_t hw) {
+  return layout == Layout::nhwc ? B * ((hw + kNhwcRun - 1) / kNhwcRun) : B;
+}
+
 // No work after a channel's sums (channel_sums' default `then`).
 struct NoThen {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, double, double) const {}
@@ -102,20 +156,23 @@ struct NoThen {
 
 // sums(c) = sum of f(c, e), sums(C + c) = sum of g(c, e) over the elements e of
 // channel c of a (B, C, H, W) tensor in `layout`: plane_sums, then each channel's
-// planes added in batch order, and then(c, sum f, sum g) in the same kernel (the
-// per-channel work that needs no other rank's sums: one launch fewer). partial
-// holds at least 2 B Cp doubles (Cp: C rounded up to 16).
+// rows added in order, and then(c, sum f, sum g) in the same kernel (the per-channel
+// work that needs no other rank's sums: one launch fewer). partial holds at least
+// partial_doubles(layout, B, C, hw).
 template <class F, class G, class Then = NoThen>
 void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,
                   Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g, Then then = {}) {
   const int BS = channel_block(layout);
-  const std::int64_t Cp = (C + BS - 1) / BS * BS;
+  const std::int64_t Cp = (C + BS - 1) / BS * BS, rows = partial_rows(layout, B, hw);
   switch (layout) {
     case Layout::nChw8c:
       plane_sums<8>(label, B, C, hw, partial, f, g);
       break;
     case Layout::nChw16c:
       plane_sums<16>(label, B, C, hw, partial, f, g);
+      break;
+    case Layout::nhwc:
+      plane_sums_nhwc(label, B, C, hw, partial, f, g);
       break;
     case Layout::nchw:
       plane_sums<1>(label, B, C, hw, partial, f, g);
@@ -124,9 +181,9 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
   Kokkos::parallel_for(
       label, Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
         double sf = 0.0, sg = 0.0;
-        for (std::int64_t b = 0; b < B; ++b) {
-          sf += partial(b * Cp + c);
-          sg += partial((B + b) * Cp + c);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          sf += partial(r * Cp + c);
+          sg += partial((rows + r) * Cp + c);
         }
         sums(c) = sf;
         sums(C + c) = sg;
@@ -137,6 +194,11 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
 // Cp: C rounded up to the largest channel block (16), the length of per-channel
 // arrays that blocked kernels index with padding channels.
 constexpr std::int64_t padded_channels(std::int64_t C) { return (C + 15) / 16 * 16; }
+
+// The doubles channel_sums needs in `partial` for a (B, C, H, W) tensor in `layout`.
+constexpr std::int64_t partial_doubles(Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw) {
+  return 2 * partial_rows(layout, B, hw) * padded_channels(C);
+}
 
 // dst = src, an image tensor (B, C, H, W), in layout `to` (a Kokkos reorder, for
 // the layer that keeps a blocked layout inside but meets NCHW at its edge).

@@ -76,6 +76,7 @@ KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  if (x.layout == Layout::nhwc) return forward_nhwc(x, y);
   if (x.layout == Layout::nChw8c) return forward_blocked<8>(x, y);
   if (x.layout == Layout::nChw16c) return forward_blocked<16>(x, y);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
@@ -157,6 +158,7 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // mask, dy passes only where the output y > 0.
 void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
+  if (x.layout == Layout::nhwc) return backward_nhwc(dy, dx);
   if (x.layout == Layout::nChw8c) return backward_blocked<8>(dy, dx, x.layout);
   if (x.layout == Layout::nChw16c) return backward_blocked<16>(dy, dx, x.layout);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
@@ -212,7 +214,7 @@ void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
 // backward reads only it and dy.
 template <int BS>
 void Pool2d::forward_blocked(const Tensor& x, Tensor& y) {
-  DDP_REQUIRE(takes_blocked(), kind() << " on a blocked input needs kernel 2, stride 2");
+  DDP_REQUIRE(takes(x.layout), kind() << " on a blocked input needs kernel 2, stride 2");
   DDP_REQUIRE(out_layout_ == Layout::nchw || out_layout_ == x.layout,
               kind() << ": output layout " << layout_name(out_layout_) << " for a " << layout_name(x.layout)
                      << " input");
@@ -302,6 +304,66 @@ void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout) {
       });
 }
 
+// x: (B, H, W, C) -> y: (B, C, Ho, Wo) in out_layout_ (nhwc or nchw), any window. A
+// thread per output element, a team's lanes over the channels; ties and NaN as in
+// the NCHW kernel. The argmax (B, Ho, Wo, C) is the input pixel r * W + q, and -1
+// where the relu mask stops the gradient (y <= 0): backward reads only it and dy.
+void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
+  DDP_REQUIRE(takes(x.layout), kind() << " takes no nhwc input");
+  DDP_REQUIRE(out_layout_ == Layout::nchw || out_layout_ == Layout::nhwc,
+              kind() << ": output layout " << layout_name(out_layout_) << " for an nhwc input");
+  const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
+                     pad = pad_;
+  resize(y, B, out_sample_, "MaxPool::y", out_layout_);
+  reserve_argmax(argmax_, B * C * Ho * Wo);
+  if (B == 0) return;
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  auto am = argmax_;
+  const bool nhwc_out = out_layout_ == Layout::nhwc, mask = relu_mask_;
+  for_each_element_nhwc(
+      "MaxPool::forward_nhwc", B, C, Ho * Wo,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t o, std::int64_t e) {
+        const std::int64_t i = o / Wo, j = o - i * Wo;
+        const Window wr = window(i, s, pad, k, H), wc = window(j, s, pad, k, W);
+        const float* xp = xv.data() + b * H * W * C + c;  // channel c of image b: pixel p at xp[p * C]
+        std::int64_t best = wr.begin * W + wc.begin;      // padding never wins: start inside
+        float m = xp[best * C];
+        for (std::int64_t r = wr.begin; r < wr.end; ++r)
+          for (std::int64_t q = wc.begin; q < wc.end; ++q) take_max(xp[(r * W + q) * C], r * W + q, m, best);
+        yv(nhwc_out ? e : (b * C + c) * Ho * Wo + o) = m;
+        am(e) = !mask | relu_passes(m) ? static_cast<std::int32_t>(best) : -1;
+      });
+}
+
+// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, H, W, C). A thread per input element
+// gathers dy from the windows whose argmax it is (overlapping windows or not: no
+// atomics, and what no window takes is zero).
+void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx) {
+  const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
+                     pad = pad_;
+  resize(dx, B, in_sample_, "MaxPool::dx", Layout::nhwc);
+  if (B == 0) return;
+  ConstView1 dyv = dy.data;
+  View1 dxv = dx.data;
+  auto am = argmax_;
+  const bool nhwc_out = out_layout_ == Layout::nhwc;
+  for_each_element_nhwc(
+      "MaxPool::backward_nhwc", B, C, H * W,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t at, std::int64_t e) {
+        const std::int64_t r = at / W, rp = r + pad, cp = at - r * W + pad;  // rp, cp: in the padded input
+        const std::int64_t i0 = rp >= k ? (rp - k) / s + 1 : 0, i1 = rp / s < Ho - 1 ? rp / s : Ho - 1;
+        const std::int64_t j0 = cp >= k ? (cp - k) / s + 1 : 0, j1 = cp / s < Wo - 1 ? cp / s : Wo - 1;
+        float g = 0.0f;
+        for (std::int64_t i = i0; i <= i1; ++i)
+          for (std::int64_t j = j0; j <= j1; ++j) {
+            const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
+            g += am(oe) == at ? dyv(nhwc_out ? oe : (b * C + c) * Ho * Wo + o) : 0.0f;
+          }
+        dxv(e) = g;
+      });
+}
+
 Shape GlobalAvgPool::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 3)
     throw InputError("globalavgpool needs an image input (channels, height, width) but gets " +
@@ -313,7 +375,7 @@ Shape GlobalAvgPool::output_shape(const Shape& in_sample) {
   return out_sample_;
 }
 
-// x: (B, C, H, W) -> y: (B, C, 1, 1), the mean of each plane. x in NCHW or a
+// x: (B, C, H, W) -> y: (B, C, 1, 1), the mean of each plane. x in NCHW, nhwc or a
 // convolution's blocked layout (a thread per channel block, its channels' sums
 // side by side: the same order of additions as NCHW's thread per plane).
 void GlobalAvgPool::forward(const Tensor& x, Tensor& y, bool /*training*/) {
@@ -327,6 +389,8 @@ void GlobalAvgPool::forward(const Tensor& x, Tensor& y, bool /*training*/) {
       return forward_blocked<8>(B, xv, yv);
     case Layout::nChw16c:
       return forward_blocked<16>(B, xv, yv);
+    case Layout::nhwc:
+      return forward_nhwc(B, xv, yv);
     case Layout::nchw:
       break;
   }
@@ -349,6 +413,20 @@ void GlobalAvgPool::forward_blocked(std::int64_t B, ConstView1 xv, View1 yv) {
           for (int l = 0; l < BS; ++l) sum[l] += xv((p * hw + i) * BS + l);
         const std::int64_t b = p / CB, c0 = (p - b * CB) * BS;
         for (int l = 0; l < BS && c0 + l < C; ++l) yv(b * C + c0 + l) = sum[l] * inv;
+      });
+}
+
+// x: (B, H, W, C): a thread per (b, c), adjacent threads on adjacent channels; the
+// NCHW kernel's order of additions.
+void GlobalAvgPool::forward_nhwc(std::int64_t B, ConstView1 xv, View1 yv) {
+  const std::int64_t C = c_, hw = hw_;
+  const float inv = 1.0f / static_cast<float>(hw);
+  Kokkos::parallel_for(
+      "GlobalAvgPool::forward_nhwc", Range(0, B * C), KOKKOS_LAMBDA(std::int64_t p) {
+        const std::int64_t b = p / C, c = p - b * C;
+        float sum = 0.0f;
+        for (std::int64_t i = 0; i < hw; ++i) sum += xv((b * hw + i) * C + c);
+        yv(p) = sum * inv;
       });
 }
 

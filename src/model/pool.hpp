@@ -5,10 +5,10 @@
 // -inf); avg counts the padding's zeros (count_include_pad, PyTorch's default), so
 // every window divides by k*k.
 // globalavgpool: nn.AdaptiveAvgPool2d(1), (C, H, W) -> (C, 1, 1); its x in NCHW or a
-// convolution's blocked layout (then dx too), y NCHW.
+// convolution's layout (blocked or nhwc; then dx too), y NCHW.
 // Plain Kokkos kernels: these are memory-bound and small next to the convolutions.
-// NCHW, and for the 2x2 max-pool also the convolutions' blocked layouts (nChw8c,
-// nChw16c), where the model sets them.
+// NCHW; every max-pool also channels-last (nhwc), and the 2x2 one also the
+// convolutions' blocked layouts (nChw8c, nChw16c), where the model sets them.
 
 #include "model/layer.hpp"
 
@@ -30,11 +30,15 @@ class Pool2d : public Layer {
   // the output y, so the gradient passes where y > 0. The relu then passes dy on.
   void absorb_relu_backward() { relu_mask_ = true; }
 
-  // The model's blocked layouts: a max-pool with k = 2, stride 2 also takes an x in
-  // nChw8c or nChw16c (from a convolution before) and then writes dx in that layout;
-  // y and dy are in the layout set here (nchw unless set): x's for a convolution after,
-  // NCHW for anything else. An NCHW x always gives an NCHW y.
-  bool takes_blocked() const { return op_ == Max && k_ == 2 && stride_ == 2 && pad_ == 0; }
+  // The model's convolution layouts: a max-pool also takes an x in nhwc, and one with
+  // k = 2, stride 2 in nChw8c or nChw16c (from a convolution before), and then writes
+  // dx in that layout; y and dy are in the layout set here (nchw unless set): x's for
+  // a convolution after, NCHW for anything else. An NCHW x always gives an NCHW y.
+  bool takes(Layout layout) const {
+    if (layout == Layout::nchw) return true;
+    if (layout == Layout::nhwc) return op_ == Max;
+    return op_ == Max && k_ == 2 && stride_ == 2 && pad_ == 0;
+  }
   void set_output_layout(Layout out) { out_layout_ = out; }
 
   // forward and backward for an x in BS-channel blocks (public only because CUDA's
@@ -43,6 +47,9 @@ class Pool2d : public Layer {
   void forward_blocked(const Tensor& x, Tensor& y);
   template <int BS>
   void backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout);
+  // and for an x in nhwc, any window
+  void forward_nhwc(const Tensor& x, Tensor& y);
+  void backward_nhwc(const Tensor& dy, Tensor& dx);
 
  private:
   Op op_;
@@ -52,7 +59,8 @@ class Pool2d : public Layer {
   std::int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (C, H, W), (C, Ho, Wo)
   // max: (B, C, Ho, Wo) offset of the max inside its (H, W) plane; for a blocked x
-  // (B, C/BS, Ho, Wo, BS), and -1 where the relu mask stops the gradient
+  // (B, C/BS, Ho, Wo, BS), for an nhwc x (B, Ho, Wo, C), and then -1 where the relu
+  // mask stops the gradient
   Kokkos::View<std::int32_t*> argmax_;
   Tensor dy_blocked_;  // (B, C, Ho, Wo) blocked as x: an NCHW dy for the blocked backward
 };
@@ -64,9 +72,10 @@ class GlobalAvgPool : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
-  // forward for an x in BS-channel blocks (public for CUDA's extended lambdas)
+  // forward for an x in BS-channel blocks, and in nhwc (public for CUDA's extended lambdas)
   template <int BS>
   void forward_blocked(std::int64_t B, ConstView1 xv, View1 yv);
+  void forward_nhwc(std::int64_t B, ConstView1 xv, View1 yv);
 
  private:
   std::int64_t c_ = 0, hw_ = 0;

@@ -22,7 +22,7 @@ std::string shape_str(const Shape& shape) {
 }
 
 std::int64_t Tensor::storage_numel() const {
-  if (layout == Layout::nchw) return numel();
+  if (channel_block(layout) == 1) return numel();  // nchw, nhwc
   const std::int64_t c = shape[1], block = channel_block(layout), padded = (c + block - 1) / block * block;
   return numel() / c * padded;
 }

@@ -186,13 +186,16 @@ const Item kEnvironment[] = {
     {"OMP_NUM_THREADS, DDP_DNNL_THREADS",
      "threads of oneDNN's GEMMs and convolutions in each rank (CPU build): 1 unless one of them is set (one "
      "rank per core); DDP_DNNL_THREADS wins"},
-    {"DDP_CONV_LAYOUT=plain", "oneDNN's convolutions on NCHW/OIHW, not on its blocked layouts (CPU build)"},
+    {"DDP_CONV_LAYOUT=plain|nhwc",
+     "oneDNN's convolutions on NCHW/OIHW, or on channels-last with the activations kept so, not on its "
+     "blocked layouts (CPU build; nhwc tests the GPU's bf16 layout on the host)"},
     {"CUDA_VISIBLE_DEVICES, SLURM_LOCALID",
      "the GPU of each rank (GPU build): the one device visible, else the node-local rank modulo the devices"},
     {"DDP_MPI_CUDA_AWARE=0|1",
      "whether MPI takes device buffers (GPU build, comm.backend = 'mpi'); unset: MPI is asked"},
     {"DDP_CUDNN_NARROW=1",
-     "bf16/fp16 convolutions on cuDNN's own narrow kernels, not on rounded operands in fp32 (GPU build)"},
+     "bf16/fp16 convolutions on cuDNN's tensor-core kernels with the activations kept channels-last (NHWC), "
+     "not on rounded operands in fp32 (GPU build)"},
     {"DDP_CUDNN_LOG=1", "one line per convolution shape with the cuDNN algorithms chosen (GPU build)"},
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "

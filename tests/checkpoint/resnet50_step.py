@@ -126,6 +126,10 @@ cmd = mpirun(mpiexec, nprocs, binary,
 rc, out, err = run(cmd, timeout=500)
 if rc != 0:
     fail(f"ddp_train exited {rc}")
+if os.environ.get("DDP_CONV_LAYOUT") == "nhwc":  # the model summary's layout column
+    if " nhwc" not in out:
+        fail("DDP_CONV_LAYOUT=nhwc, but the model summary shows no layer kept in nhwc:\n" + out)
+    print("activations kept channels-last (nhwc), as the model summary shows")
 records = [json.loads(l) for l in open(run_dir + "/metrics.jsonl")]
 ours = records[0]["train_loss"]
 rel = abs(ours - torch_loss) / abs(torch_loss)

@@ -12,6 +12,10 @@
 //   GEMM bf16 operands            1e-4  against the loop on the same bf16-rounded operands,
 //                                 2e-2  against the loop on the unrounded fp32 operands
 //   convolution fp32 (fwd, bwd-data, bwd-filter)  1e-5 against a double-precision loop
+//   convolution bf16 channels-last (DDP_CUDNN_NARROW's path)  1e-2 against the loop on
+//                                 the same bf16-rounded operands (results stored in bf16:
+//                                 2^-8 relative each)
+//   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
 //   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
 //                                 commutative); 1e-6 on more ranks (summation order)
 #include <mpi.h>
@@ -29,6 +33,7 @@
 #include "comm/cuda_aware.hpp"
 #include "comm/gradient_reducer.hpp"
 #include "cuda/conv.hpp"
+#include "cuda/conv_epilogue.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/device_communicator.hpp"
@@ -298,6 +303,77 @@ static void local_rank(MPI_Comm world, int* rank, int* size) {
   MPI_Comm_free(&node);
 }
 
+// cuDNN's bf16 tensor-core convolution channels-last (the DDP_CUDNN_NARROW path): the
+// operands moved NCHW -> NHWC (the filter KCRS -> KRSC) and cast to bf16 on the device
+// by transpose_image, the results moved back and widened by it, against the double
+// loop on the same bf16-rounded operands.
+void test_conv_nhwc(cudaStream_t stream) {
+  using ddp::cuda::DType;
+  using ddp::cuda::transpose_image;
+  ddp::cuda::CudnnConv conv(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true);
+  ddp::cuda::ConvShape shapes[2];
+  shapes[0] = {4, 16, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, 1};  // channels the tensor cores take whole
+  shapes[1] = {3, 3, 12, 10, 8, 5, 3, 0, 1, 2, 2, 1, 1};  // a 3-channel stem, strided, uneven
+  int id = 0;
+  for (const auto& s : shapes) {
+    const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
+    std::vector<float> x = random_vector(std::size_t(s.n) * s.c * hw, 400 + id);
+    std::vector<float> w = random_vector(std::size_t(s.k) * s.c * rs, 500 + id);
+    std::vector<float> dy = random_vector(std::size_t(s.n) * s.k * pq, 600 + id);
+    for (std::vector<float>* v : {&x, &w, &dy})
+      for (float& e : *v) e = ddp::round_bf16(e);
+    const ConvRef ref = conv_ref(s, x, w, dy);
+    DeviceBuffer<float> x32(x), w32(w), dy32(dy), y(dy.size()), dx(x.size()), dw(w.size());
+    DeviceBuffer<std::uint16_t> x16(x.size()), w16(w.size()), dy16(dy.size()), y16(dy.size()), dx16(x.size()),
+        dw16(w.size());
+    // fp32 NCHW -> bf16 NHWC, and back
+    auto to_nhwc = [&](const float* from, std::uint16_t* to, int n, int c, int pixels) {
+      transpose_image(from, DType::F32, to, DType::BF16, true, n, c, pixels, nullptr, false, false, stream);
+    };
+    auto from_nhwc = [&](const std::uint16_t* from, float* to, int n, int c, int pixels) {
+      transpose_image(from, DType::BF16, to, DType::F32, false, n, c, pixels, nullptr, false, false, stream);
+    };
+    to_nhwc(x32.ptr, x16.ptr, s.n, s.c, hw);
+    to_nhwc(w32.ptr, w16.ptr, s.k, s.c, rs);
+    to_nhwc(dy32.ptr, dy16.ptr, s.n, s.k, pq);
+    conv.forward(s, x16.ptr, w16.ptr, y16.ptr);
+    conv.backward_data(s, w16.ptr, dy16.ptr, dx16.ptr);
+    conv.backward_filter(s, x16.ptr, dy16.ptr, dw16.ptr);
+    from_nhwc(y16.ptr, y.ptr, s.n, s.k, pq);
+    from_nhwc(dx16.ptr, dx.ptr, s.n, s.c, hw);
+    from_nhwc(dw16.ptr, dw.ptr, s.k, s.c, rs);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::string tag = " bf16 nhwc shape " + std::to_string(id);
+    check(("cuDNN conv forward" + tag).c_str(), rel_err(y.download(), ref.y), 1e-2);
+    check(("cuDNN conv backward-data" + tag).c_str(), rel_err(dx.download(), ref.dx), 1e-2);
+    check(("cuDNN conv backward-filter" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-2);
+    ++id;
+  }
+
+  // The moves alone: fp32 NCHW -> NHWC -> NCHW is the identity; back with bias, relu
+  // and add, the loop's values.
+  const int N = 3, C = 5, HW = 7;
+  const std::vector<float> a = random_vector(std::size_t(N) * C * HW, 700), bias = random_vector(C, 701),
+                           acc = random_vector(a.size(), 702);
+  DeviceBuffer<float> da(a), nhwc(a.size()), back(a.size()), dbias(bias), out(acc);
+  transpose_image(da.ptr, DType::F32, nhwc.ptr, DType::F32, true, N, C, HW, nullptr, false, false, stream);
+  transpose_image(nhwc.ptr, DType::F32, back.ptr, DType::F32, false, N, C, HW, nullptr, false, false, stream);
+  transpose_image(nhwc.ptr, DType::F32, out.ptr, DType::F32, false, N, C, HW, dbias.ptr, true, true, stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> got_nhwc = nhwc.download();
+  std::vector<double> want_nhwc(a.size()), want_out(a.size());
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < HW; ++i) {
+        const std::size_t e = (std::size_t(n) * C + c) * HW + i;
+        want_nhwc[(std::size_t(n) * HW + i) * C + c] = a[e];
+        want_out[e] = double(acc[e]) + std::max(0.0f, a[e] + bias[c]);
+      }
+  check("NCHW -> NHWC fp32", rel_err(got_nhwc, want_nhwc), 0.0);
+  check("NCHW -> NHWC -> NCHW fp32", rel_err(back.download(), a), 0.0);
+  check("NHWC -> NCHW + bias, relu, add", rel_err(out.download(), want_out), 1e-6);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm world = MPI_COMM_WORLD;
@@ -322,6 +398,7 @@ int main(int argc, char** argv) {
   test_gemm(compute);
   test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic);
   test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
+  test_conv_nhwc(compute);
   test_device_mpi(world, compute);
   // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
   int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
 #endif
@@ -444,14 +445,30 @@ TEST(ModelFusion, ResNetBlockedMatchesUnfused) {
 }
 
 #if DDP_WITH_ONEDNN
+// The layout the model keeps around oneDNN's convolutions here: channels-last under
+// DDP_CONV_LAYOUT=nhwc (the suite runs these tests so too), else the CPU's blocked
+// one (nChw8c with AVX2, nChw16c with AVX-512); none (NCHW) without AVX2.
+bool conv_layout_nhwc() {
+  const char* v = std::getenv("DDP_CONV_LAYOUT");
+  return v && std::string(v) == "nhwc";
+}
+bool conv_layout_is_planned() {
+  return conv_layout_nhwc() || dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx2;
+}
+Layout planned_conv_layout() {
+  if (conv_layout_nhwc()) return Layout::nhwc;
+  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
+}
+#endif
+
+#if DDP_WITH_ONEDNN
 // The two models above take the paths their comments name: a block reorders its
 // output to NCHW (and dy back) where flatten follows, and its NCHW input into its
 // layout (and dx back) after an average pool, which reads NCHW only. Their 16-channel
 // convolutions are blocked with AVX2 and AVX-512 alike, as the ResNet's.
 TEST(ModelFusion, ResNetEdgesTakeTheirPaths) {
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  if (isa < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
-  const Layout blocked = isa >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
+  if (!conv_layout_is_planned()) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
+  const Layout blocked = planned_conv_layout();
   Model padded(kResNetPadded, {3, 23, 23}, 11), nchw_in(kResNetNchwIn, {3, 12, 12}, 11);
   EXPECT_EQ(std::string(layout_name(padded.output_layout(8))), layout_name(blocked)) << padded.summary();
   EXPECT_EQ(std::string(layout_name(padded.output_layout(9))), "nchw") << padded.summary();
@@ -466,15 +483,15 @@ TEST(ModelFusion, ResNetEdgesTakeTheirPaths) {
 // with AVX-512: the suite runs it again under ONEDNN_MAX_CPU_ISA=AVX2), in every
 // precision.
 TEST(ModelFusion, BlockedLayoutIsTheCpusOwn) {
+  if (!conv_layout_is_planned()) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  if (isa < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: oneDNN's kernels take NCHW here";
-  const Layout expected = isa >= dnnl::cpu_isa::avx512_core ? Layout::nChw16c : Layout::nChw8c;
-  std::cout << "[ model ] blocked layout on this CPU: " << layout_name(expected) << "\n";
+  const Layout expected = planned_conv_layout();
+  std::cout << "[ model ] convolution layout on this CPU: " << layout_name(expected) << "\n";
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     // oneDNN 2.6's AMX kernels (Sapphire Rapids and later) take bf16 convolutions in a
     // channels-last layout that is neither of ours: the model then plans NCHW around
     // them and reorders in the backend, which BlockedLayoutsMatchUnfused checks.
-    if (p == Precision::bf16 && isa >= dnnl::cpu_isa::avx512_core_amx) {
+    if (p == Precision::bf16 && isa >= dnnl::cpu_isa::avx512_core_amx && expected != Layout::nhwc) {
       std::cout << "[ model ] bf16 on AMX: oneDNN's own layout, not checked here\n";
       continue;
     }
@@ -541,7 +558,7 @@ void expect_no_activation_reorder(const std::vector<std::string>& specs, int con
 }
 
 TEST(ModelFusion, NoActivationReorderAroundConvolutions) {
-  if (dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx2) GTEST_SKIP() << "no AVX2: NCHW kernels";
+  if (!conv_layout_is_planned()) GTEST_SKIP() << "no AVX2: NCHW kernels";
   // inputs/fashion_cnn.nml: conv -> pool -> conv -> pool; the first convolution needs
   // no backward data: 2 + 3 passes.
   expect_no_activation_reorder({"conv2d(32, 3, pad=1)", "relu", "maxpool(2)", "conv2d(64, 3, pad=1)", "relu",

@@ -17,15 +17,19 @@ using dnnl::memory;
 using tag = dnnl::memory::format_tag;
 
 namespace {
-// DDP_CONV_LAYOUT=plain keeps every primitive on NCHW/OIHW (no reorders); the
-// default lets oneDNN choose: nChw8c blocked kernels on AVX2, nChw16c on AVX-512.
+// DDP_CONV_LAYOUT=plain keeps every primitive on NCHW/OIHW (no reorders), =nhwc on
+// channels-last (the GPU's bf16 layout, to test its paths on the host); the default
+// lets oneDNN choose: nChw8c blocked kernels on AVX2, nChw16c on AVX-512.
 tag layout_tag() {
-  static const bool plain = [] {
+  static const tag chosen = [] {
     const char* v = std::getenv("DDP_CONV_LAYOUT");
-    return v && std::string(v) == "plain";
+    const std::string name = v ? v : "";
+    return name == "plain" ? tag::nchw : name == "nhwc" ? tag::nhwc : tag::any;
   }();
-  return plain ? tag::nchw : tag::any;
+  return chosen;
 }
+// The weights' layout: OIHW for plain, else oneDNN's choice (its nhwc kernels take blocked weights).
+tag weights_tag() { return layout_tag() == tag::nchw ? tag::nchw : tag::any; }
 
 tag format_of(Layout layout) {
   switch (layout) {
@@ -33,6 +37,8 @@ tag format_of(Layout layout) {
       return tag::nChw8c;
     case Layout::nChw16c:
       return tag::nChw16c;
+    case Layout::nhwc:
+      return tag::nhwc;
     case Layout::nchw:
       break;
   }
@@ -44,11 +50,11 @@ memory::desc our_md(const memory::dims& dims, Layout layout) {
   return memory::desc(dims, memory::data_type::f32, format_of(layout));
 }
 
-// The blocked layout a primitive's operand lies in, whatever its data type (a bf16
-// operand then costs our blocked buffer a conversion, not a reorder); nchw for any
-// other layout.
+// The blocked or channels-last layout a primitive's operand lies in, whatever its
+// data type (a bf16 operand then costs our buffer a conversion, not a reorder); nchw
+// for any other layout.
 Layout blocked_layout_of(const memory::desc& md) {
-  for (Layout l : {Layout::nChw8c, Layout::nChw16c})
+  for (Layout l : {Layout::nChw8c, Layout::nChw16c, Layout::nhwc})
     if (md == memory::desc(md.dims(), md.data_type(), format_of(l))) return l;
   return Layout::nchw;
 }
@@ -256,8 +262,8 @@ class OnednnConv final : public ConvKernels {
     const auto op = precision_ == Precision::bf16 && dnnl_bf16().native ? memory::data_type::bf16 : f32;
     memory::desc b_md(b_dims, f32, tag::x), no_md;
     memory::desc x_any(x_dims, op, layout_tag()), y_any(y_dims, f32, layout_tag()),
-        w_any(w_dims, op, layout_tag()), dy_any(y_dims, op, layout_tag()), dx_any(x_dims, f32, layout_tag()),
-        dw_any(w_dims, f32, layout_tag());
+        w_any(w_dims, op, weights_tag()), dy_any(y_dims, op, layout_tag()), dx_any(x_dims, f32, layout_tag()),
+        dw_any(w_dims, f32, weights_tag());
     dnnl::primitive_attr attr, fwd_attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

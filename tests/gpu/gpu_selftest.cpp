@@ -349,9 +349,13 @@ void test_conv_nhwc(cudaStream_t stream) {
     check(("cuDNN conv backward-filter" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-2);
     ++id;
   }
+}
 
-  // The moves alone: fp32 NCHW -> NHWC -> NCHW is the identity; back with bias, relu
-  // and add, the loop's values.
+// transpose_image alone: fp32 NCHW -> NHWC -> NCHW is the identity; back with bias,
+// relu and add, the loop's values.
+void test_transpose_image(cudaStream_t stream) {
+  using ddp::cuda::DType;
+  using ddp::cuda::transpose_image;
   const int N = 3, C = 5, HW = 7;
   const std::vector<float> a = random_vector(std::size_t(N) * C * HW, 700), bias = random_vector(C, 701),
                            acc = random_vector(a.size(), 702);
@@ -399,6 +403,7 @@ int main(int argc, char** argv) {
   test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic);
   test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
   test_conv_nhwc(compute);
+  test_transpose_image(compute);
   test_device_mpi(world, compute);
   // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
   int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;

@@ -250,6 +250,22 @@ if(DDP_ENABLE_CUDA)
   ddp_add_train_test(gpu_fashion_mlp_np1 NP 1 RUN_DIR runs/gpu_fashion_mlp FIXTURE fashion TIMEOUT 600
                      CHECK "--epochs 3 --min-val-acc 0.85" ENV "DDP_EXPECT_LOG=^compute: cuBLAS"
                      ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
+  # bf16 on a GPU without bf16 tensor cores (compute capability < 8.0), fp16 on one
+  # without fp16 ones (< 7.0), pretended with DDP_TEST_COMPUTE_CAPABILITY: one error line
+  # at start-up on 2 ranks. Skipped (77) where nvidia-smi sees no device.
+  foreach(case "bf16@7.0@no bf16 tensor cores .*use 'fp32' or 'fp16'" "fp16@6.1@no fp16 tensor cores .*use 'fp32'$")
+    string(REPLACE "@" ";" case "${case}")
+    list(GET case 0 precision)
+    list(GET case 1 cc)
+    list(GET case 2 regex)
+    add_test(NAME e2e_error_gpu_${precision}_without_tensor_cores
+             COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+                     ${E2E}/expect_error.sh "train.precision = '${precision}' cannot run on the GPU .*${regex}" --
+                     ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.precision=${precision})
+    set_tests_properties(e2e_error_gpu_${precision}_without_tensor_cores PROPERTIES
+                         FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2
+                         SKIP_RETURN_CODE 77 ENVIRONMENT DDP_TEST_COMPUTE_CAPABILITY=${cc})
+  endforeach()
 endif()
 
 # tools/plot_metrics on two real 3-epoch runs: a PNG that is a plot, two runs overlaid,

@@ -17,6 +17,15 @@ if(DDP_ENABLE_CUDA)
 else()
   add_test(NAME step_reference_cpu COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(step_reference_cpu PROPERTIES LABELS "unit" TIMEOUT ${DDP_TEST_TIMEOUT})
+  # PyTorch's own bf16-against-fp32 gap on step_compare's cases (tests/gpu/torch_amp_gap.py),
+  # the yardstick of its bf16 tolerance with cuDNN's bf16 kernels: the tool runs on the CPU.
+  if(DDP_TORCH_PYTHON)
+    add_test(NAME step_compare_torch_amp_gap
+             COMMAND ${DDP_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/gpu/torch_amp_gap.py
+                     $<TARGET_FILE:step_compare> --seeds 1)
+    set_tests_properties(step_compare_torch_amp_gap PROPERTIES LABELS "unit" TIMEOUT 120
+                         PASS_REGULAR_EXPRESSION "bottleneck +logits/loss [0-9.e-]+; worst tensor")
+  endif()
 endif()
 
 if(TARGET ddp_cuda)

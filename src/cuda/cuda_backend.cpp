@@ -3,6 +3,8 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -164,6 +166,12 @@ class CudaBackend final : public ComputeBackend {
     int cublas_version = 0;
     CUBLAS_CHECK(cublasGetVersion(gemm_.handle(), &cublas_version));
     const std::size_t cudnn_version = cudnnGetVersion();
+    major_ = prop.major;
+    minor_ = prop.minor;
+    // Test hook: DDP_TEST_COMPUTE_CAPABILITY=7.0 pretends an older GPU (its precision check).
+    if (const char* cc = std::getenv("DDP_TEST_COMPUTE_CAPABILITY"))
+      DDP_REQUIRE(std::sscanf(cc, "%d.%d", &major_, &minor_) == 2,
+                  "DDP_TEST_COMPUTE_CAPABILITY='" << cc << "': expected <major>.<minor>");
     name_ = "cuBLAS " + std::to_string(cublas_version / 10000) + "." +
             std::to_string(cublas_version / 100 % 100) + " + cuDNN " + std::to_string(cudnn_version / 10000) +
             "." + std::to_string(cudnn_version / 100 % 100) + " on GPU " + std::to_string(device) + ", " +
@@ -189,6 +197,10 @@ class CudaBackend final : public ComputeBackend {
                      "fp16-rounded operands in fp32)";
     }
     return "?";
+  }
+  std::string precision_unsupported(Precision p) const override {
+    const std::string why = missing_tensor_cores(p, major_, minor_);
+    return why.empty() ? why : "the GPU (" + name_.substr(name_.find("GPU ")) + "): " + why;
   }
   bool device_memory() const override { return true; }
 
@@ -231,6 +243,7 @@ class CudaBackend final : public ComputeBackend {
   Scratch scratch_;
   std::unique_ptr<CudnnConv> convs_[3][2];
   std::string name_;
+  int major_ = 0, minor_ = 0;  // the device's compute capability
 };
 
 CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) : backend_(backend), g_(g) {}

@@ -93,6 +93,9 @@ class ComputeBackend {
   // How train.precision runs here, for rank 0's start-up line:
   // "bf16 (oneDNN brg:avx512_core_bf16)", "bf16 (emulated: ...)", "bf16 (cuBLAS/cuDNN ...)".
   virtual std::string precision_text(Precision p) const = 0;
+  // Why train.precision `p` cannot run here (a GPU without tensor cores for it), or
+  // empty: checked at start-up, before any step.
+  virtual std::string precision_unsupported(Precision /*p*/) const { return {}; }
   // Whether tensors live in device memory (the CUDA build): communication then
   // takes device buffers.
   virtual bool device_memory() const = 0;

@@ -29,6 +29,14 @@ Precision parse_precision(const std::string& name) {
   throw InputError("precision '" + name + "' is not one of 'fp32', 'bf16', 'fp16'");
 }
 
+std::string missing_tensor_cores(Precision p, int major, int minor) {
+  const int need = p == Precision::bf16 ? 8 : p == Precision::fp16 ? 7 : 0;
+  if (major >= need) return {};
+  return "compute capability " + std::to_string(major) + "." + std::to_string(minor) + " has no " +
+         precision_name(p) + " tensor cores (they need " + std::to_string(need) + ".0, " +
+         (need == 8 ? "Ampere" : "Volta") + ", or newer)";
+}
+
 float round_bf16(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, 4);

@@ -26,6 +26,11 @@ Precision parse_precision(const std::string& name);  // throws InputError on any
 // fp32: a copy. in == out is allowed.
 void round_to_precision(Precision p, const float* in, float* out, std::int64_t n);
 
+// Why a GPU of compute capability major.minor has no tensor cores for `p`: bf16 needs
+// 8.0 (Ampere) or newer, fp16 7.0 (Volta) or newer. Empty where it has them, and
+// for fp32.
+std::string missing_tensor_cores(Precision p, int major, int minor);
+
 // One value, for tests and references.
 float round_bf16(float x);
 float round_fp16(float x);

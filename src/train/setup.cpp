@@ -110,6 +110,12 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     ModelSetup setup;
     setup.model = std::make_unique<Model>(cfg.model.layers, data.input_shape, std::uint64_t(cfg.train.seed));
     const Precision precision = parse_precision(cfg.train.precision);
+    const std::string unsupported = compute_backend().precision_unsupported(precision);
+    if (!unsupported.empty()) {
+      const bool fp16_runs = compute_backend().precision_unsupported(Precision::fp16).empty();
+      throw InputError("train.precision = '" + cfg.train.precision + "' cannot run on " + unsupported +
+                       "; use 'fp32'" + (precision == Precision::bf16 && fp16_runs ? " or 'fp16'" : ""));
+    }
     setup.model->set_precision(precision);  // before the summary: it plans layouts
     log::info("compute: " + compute_backend().name());
     log::info("precision: " + compute_backend().precision_text(precision));

@@ -26,7 +26,10 @@ own float32 step is computed beside it. Checked:
 The per-layer comparisons (tests/layers/torch_compare_test.cpp) hold every layer,
 bottleneck included, to 1e-5 on the same inputs.
 
-usage: resnet50_step.py NP MPIEXEC DDP_TRAIN TORCH_TO_H5 INPUT_NML WORK_DIR
+With --nhwc-too, ddp_train's step runs a second time with the activations kept
+channels-last (DDP_CONV_LAYOUT=nhwc) and is held to the same checks.
+
+usage: resnet50_step.py NP MPIEXEC DDP_TRAIN TORCH_TO_H5 INPUT_NML WORK_DIR [--nhwc-too]
 """
 import copy
 import importlib.machinery
@@ -47,6 +50,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_bench import namelist_values  # noqa: E402
 
 nprocs, mpiexec, binary, torch_to_h5, nml, work = int(sys.argv[1]), *sys.argv[2:7]
+# --nhwc-too: a second ddp_train run with the activations channels-last
+# (DDP_CONV_LAYOUT=nhwc, the GPU's bf16 layout, tested on the host) against the same
+# PyTorch step.
+layouts = [None] + (["nhwc"] if "--nhwc-too" in sys.argv[7:] else [])
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work + "/data")
 N, SIDE, CLASSES = 16, 64, 10
@@ -118,71 +125,81 @@ def torch_step(dtype):
 torch_loss, state = torch_step(torch.float64)
 torch32_loss, state32 = torch_step(torch.float32)
 
-run_dir = work + "/run"
-cmd = mpirun(mpiexec, nprocs, binary,
-             [nml, f"data.train_files={work}/data/train_*.h5", f"data.val_files={work}/data/val_*.h5",
-              "data.shuffle=F", "train.epochs=1", f"train.batch_size={N // nprocs}", "train.log_every=1",
-              f"io.init_from={weights}", f"io.run_dir={run_dir}", "io.checkpoint_every=1"])
-rc, out, err = run(cmd, timeout=500)
-if rc != 0:
-    fail(f"ddp_train exited {rc}")
-if os.environ.get("DDP_CONV_LAYOUT") == "nhwc":  # the model summary's layout column
-    if " nhwc" not in out:
-        fail("DDP_CONV_LAYOUT=nhwc, but the model summary shows no layer kept in nhwc:\n" + out)
-    print("activations kept channels-last (nhwc), as the model summary shows")
-records = [json.loads(l) for l in open(run_dir + "/metrics.jsonl")]
-ours = records[0]["train_loss"]
-rel = abs(ours - torch_loss) / abs(torch_loss)
-print(f"first-step loss: ddp_train {ours:.9g}, PyTorch float64 {torch_loss:.9g} (relative difference {rel:.2e}); "
-      f"PyTorch float32 {torch32_loss:.9g} ({abs(torch32_loss - torch_loss) / abs(torch_loss):.2e})")
-if records[0]["step"] != 1 or not rel <= LOSS_TOL:
-    fail(f"first-step loss {ours} (step {records[0]['step']}) != PyTorch's {torch_loss}")
-
 # torchvision's names -> the layer list's positions, as torch_to_h5 wrote them.
 with h5py.File(weights, "r") as f:
     ours_names = list(f["model"])
 torch_names = list(state)
 if len(ours_names) != len(torch_names):
     fail(f"{len(ours_names)} tensors in the weights file, {len(torch_names)} in PyTorch's state_dict")
-with h5py.File(os.path.join(run_dir, "checkpoints", latest(run_dir)), "r") as f:
-    got = {k: f["model"][k][()] for k in f["model"]}
 # The mapping torch_to_h5 applied, from torch_to_h5 itself (not a second copy of it).
 loader = importlib.machinery.SourceFileLoader("torch_to_h5", torch_to_h5)
 tool = importlib.util.module_from_spec(importlib.util.spec_from_loader("torch_to_h5", loader))
 loader.exec_module(tool)
 mapping = tool.torchvision_resnet_names(torch_names)
-# Each tensor's change in the step (the update; the running statistics' change from
-# the file's values), ours against PyTorch's: max |ours - torch| / max |torch|.
-# Per tensor and over the whole model: ||ours - torch64|| / ||torch64|| of the change.
-worst_all, worst_name, worst32, ratio, bad = 0.0, "", 0.0, 0.0, []
-sums = {"ours": 0.0, "torch32": 0.0, "norm": 0.0}
-for name in torch_names:
-    key = "layers." + mapping[name]
-    if key not in got:
-        fail(f"{key} ({name}) is not in the checkpoint")
-    b = before[name].double().numpy()
-    e, g, e32 = state[name] - b, np.asarray(got[key], np.float64) - b, state32[name] - b
-    if np.shape(e) != np.shape(g):
-        fail(f"{key} ({name}): shape {np.shape(g)}, PyTorch's {np.shape(e)}")
-    norm = max(float(np.linalg.norm(e)), 1e-30)
-    rel, rel32 = float(np.linalg.norm(e - g)) / norm, float(np.linalg.norm(e - e32)) / norm
-    sums["ours"] += float(np.sum((e - g) ** 2))
-    sums["torch32"] += float(np.sum((e - e32) ** 2))
-    sums["norm"] += float(np.sum(e ** 2))
-    if rel > worst_all:
-        worst_all, worst_name, worst32 = rel, f"{key} ({name})", rel32
-    ratio = max(ratio, rel / max(rel32, FLOOR))
-    if not rel <= max(TENSOR_RATIO * rel32, FLOOR):
-        bad.append(f"{key} ({name}): {rel:.2e}, PyTorch float32 {rel32:.2e}")
-compared = len(torch_names)
-if bad:
-    fail(f"{len(bad)} tensors changed further from PyTorch float64's step than {TENSOR_RATIO:g} x PyTorch "
-         "float32's own error: " + "; ".join(bad))
-total, total32 = (sums["ours"] / sums["norm"]) ** 0.5, (sums["torch32"] / sums["norm"]) ** 0.5
-print(f"the whole step: ||ours - torch64|| / ||torch64|| = {total:.2e}, PyTorch float32's {total32:.2e}")
-print(f"{compared} tensors, each: ||ours - torch64|| / ||torch64|| of its change at most {ratio:.2f} x PyTorch "
-      f"float32's (or {FLOOR:g}); the largest {worst_all:.2e} ({worst_name}; PyTorch float32 {worst32:.2e})")
-if not total <= min(TOTAL_MAX, TOTAL_RATIO * total32):
-    fail(f"the whole step is {total:.2e} from PyTorch float64's: more than {TOTAL_MAX:g}, or than {TOTAL_RATIO:g} x "
-         "PyTorch float32's")
+
+
+def check_run(layout):
+    """ddp_train's step from PyTorch's weights, with DDP_CONV_LAYOUT=layout where one is
+    given, against PyTorch's step."""
+    tag = f" (DDP_CONV_LAYOUT={layout})" if layout else ""
+    run_dir = work + "/run" + (f"_{layout}" if layout else "")
+    cmd = mpirun(mpiexec, nprocs, binary,
+                 [nml, f"data.train_files={work}/data/train_*.h5", f"data.val_files={work}/data/val_*.h5",
+                  "data.shuffle=F", "train.epochs=1", f"train.batch_size={N // nprocs}", "train.log_every=1",
+                  f"io.init_from={weights}", f"io.run_dir={run_dir}", "io.checkpoint_every=1"])
+    rc, out, err = run(cmd, env=dict(os.environ, DDP_CONV_LAYOUT=layout) if layout else None, timeout=500)
+    if rc != 0:
+        fail(f"ddp_train{tag} exited {rc}")
+    if layout == "nhwc":  # the model summary's layout column
+        if " nhwc" not in out:
+            fail("DDP_CONV_LAYOUT=nhwc, but the model summary shows no layer kept in nhwc:\n" + out)
+        print("activations kept channels-last (nhwc), as the model summary shows")
+    records = [json.loads(l) for l in open(run_dir + "/metrics.jsonl")]
+    ours = records[0]["train_loss"]
+    rel = abs(ours - torch_loss) / abs(torch_loss)
+    print(f"first-step loss{tag}: ddp_train {ours:.9g}, PyTorch float64 {torch_loss:.9g} (relative difference "
+          f"{rel:.2e}); PyTorch float32 {torch32_loss:.9g} ({abs(torch32_loss - torch_loss) / abs(torch_loss):.2e})")
+    if records[0]["step"] != 1 or not rel <= LOSS_TOL:
+        fail(f"first-step loss{tag} {ours} (step {records[0]['step']}) != PyTorch's {torch_loss}")
+
+    with h5py.File(os.path.join(run_dir, "checkpoints", latest(run_dir)), "r") as f:
+        got = {k: f["model"][k][()] for k in f["model"]}
+    # Each tensor's change in the step (the update; the running statistics' change from
+    # the file's values), ours against PyTorch's: max |ours - torch| / max |torch|.
+    # Per tensor and over the whole model: ||ours - torch64|| / ||torch64|| of the change.
+    worst_all, worst_name, worst32, ratio, bad = 0.0, "", 0.0, 0.0, []
+    sums = {"ours": 0.0, "torch32": 0.0, "norm": 0.0}
+    for name in torch_names:
+        key = "layers." + mapping[name]
+        if key not in got:
+            fail(f"{key} ({name}) is not in the checkpoint{tag}")
+        b = before[name].double().numpy()
+        e, g, e32 = state[name] - b, np.asarray(got[key], np.float64) - b, state32[name] - b
+        if np.shape(e) != np.shape(g):
+            fail(f"{key} ({name}): shape {np.shape(g)}, PyTorch's {np.shape(e)}")
+        norm = max(float(np.linalg.norm(e)), 1e-30)
+        rel, rel32 = float(np.linalg.norm(e - g)) / norm, float(np.linalg.norm(e - e32)) / norm
+        sums["ours"] += float(np.sum((e - g) ** 2))
+        sums["torch32"] += float(np.sum((e - e32) ** 2))
+        sums["norm"] += float(np.sum(e ** 2))
+        if rel > worst_all:
+            worst_all, worst_name, worst32 = rel, f"{key} ({name})", rel32
+        ratio = max(ratio, rel / max(rel32, FLOOR))
+        if not rel <= max(TENSOR_RATIO * rel32, FLOOR):
+            bad.append(f"{key} ({name}): {rel:.2e}, PyTorch float32 {rel32:.2e}")
+    if bad:
+        fail(f"{len(bad)} tensors{tag} changed further from PyTorch float64's step than {TENSOR_RATIO:g} x PyTorch "
+             "float32's own error: " + "; ".join(bad))
+    total, total32 = (sums["ours"] / sums["norm"]) ** 0.5, (sums["torch32"] / sums["norm"]) ** 0.5
+    print(f"the whole step{tag}: ||ours - torch64|| / ||torch64|| = {total:.2e}, PyTorch float32's {total32:.2e}")
+    print(f"{len(torch_names)} tensors, each: ||ours - torch64|| / ||torch64|| of its change at most {ratio:.2f} x "
+          f"PyTorch float32's (or {FLOOR:g}); the largest {worst_all:.2e} ({worst_name}; PyTorch float32 "
+          f"{worst32:.2e})")
+    if not total <= min(TOTAL_MAX, TOTAL_RATIO * total32):
+        fail(f"the whole step{tag} is {total:.2e} from PyTorch float64's: more than {TOTAL_MAX:g}, or than "
+             f"{TOTAL_RATIO:g} x PyTorch float32's")
+
+
+for layout in layouts:
+    check_run(layout)
 print("PASS")

@@ -10,6 +10,9 @@
 //   step_compare check FILE [CASE...]   compare; exit 0 when every tensor is within
 //                                       tolerance, 1 when not, 77 in the GPU build
 //                                       without a device
+//   step_compare list                   every case, one line each: name, sample shape
+//                                       (C,H,W) and layers (';'-separated), tab-separated
+//                                       (tests/gpu/torch_amp_gap.py builds them in PyTorch)
 // CASE: the committed cases by default; resnet50_224 (ResNet-50 at 224x224, too large
 // to commit) only when named.
 //
@@ -21,14 +24,17 @@
 // differs; measured on an H100: 3.4e-6 at worst). bf16 2e-2: both sides round the
 // operands to bf16 and sum in fp32, but an activation that differs in its last fp32
 // bits can round to the neighbouring bf16 value (2^-8 apart) and move a relu or a
-// max-pool's choice (measured: 2.8e-3 at worst; with cuDNN's own bf16 kernels,
-// DDP_CUDNN_NARROW=1, which store bf16 outputs, 0.19).
+// max-pool's choice (measured: 2.8e-3 at worst). With cuDNN's own bf16 kernels
+// (DDP_CUDNN_NARROW=1), which store bf16 outputs (0.19 in one tensor, measured in NCHW
+// on an H100), a model with convolutions is held to twice PyTorch's own bf16-against-
+// fp32 gap on it (Case::amp_forward, amp_step; tests/gpu/torch_amp_gap.py).
 #include <hdf5.h>
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -62,6 +68,10 @@ struct Case {
   std::vector<std::string> layers;
   Shape sample;
   Check fp32 = Check::per_tensor, bf16 = Check::per_tensor;
+  // For a model with convolutions: how far PyTorch's own bf16 step (autocast) lies
+  // from its fp32 step, the forward (logits, loss) and the whole step (L2), the worst
+  // of 5 seeds (tests/gpu/torch_amp_gap.py, PyTorch 1.13 CPU autocast, 2026-11-26).
+  double amp_forward = 0, amp_step = 0;
 };
 
 Check check_of(const Case& c, Precision p) { return p == Precision::fp32 ? c.fp32 : c.bf16; }
@@ -97,11 +107,19 @@ const std::vector<Case>& cases() {
       {"cnn",
        {"conv2d(8, 3, pad=1)", "relu", "maxpool(2)", "conv2d(16, 3, pad=1)", "relu", "maxpool(2)", "flatten",
         "linear(10)"},
-       {1, 28, 28}},
+       {1, 28, 28},
+       Check::per_tensor,
+       Check::per_tensor,
+       0.0214,
+       0.014},
       {"resnet",
        {"conv2d(8, 3, pad=1, bias=false)", "batchnorm2d", "relu", "resblock(8)", "resblock(16, stride=2)",
         "globalavgpool", "flatten", "linear(10)"},
-       {3, 16, 16}},
+       {3, 16, 16},
+       Check::per_tensor,
+       Check::per_tensor,
+       0.013,
+       0.0144},
       {"bottleneck",
        {"conv2d(16, 7, stride=2, pad=3, bias=false)", "batchnorm2d", "relu", "maxpool(3, stride=2, pad=1)",
         "bottleneck(8)", "bottleneck(8, stride=2)", "globalavgpool", "flatten", "linear(10)"},
@@ -110,7 +128,9 @@ const std::vector<Case>& cases() {
        // the -O2 build's reference (the whole step by 2.5e-3), by rounding activations
        // to the other bf16 neighbour.
        Check::per_tensor,
-       Check::whole_step},
+       Check::whole_step,
+       0.0514,
+       0.0986},
   };
   return c;
 }
@@ -130,6 +150,25 @@ std::vector<Case> select_cases(const std::vector<std::string>& names) {
     DDP_REQUIRE(found, "step_compare: no case '" << n << "'");
   }
   return chosen;
+}
+
+// Whether this build's bf16 convolutions run cuDNN's own bf16 kernels (GPU build,
+// DDP_CUDNN_NARROW=1), which store bf16 outputs.
+bool cudnn_narrow() {
+  const char* v = std::getenv("DDP_CUDNN_NARROW");
+  return compute_backend().device_memory() && v && *v && std::string(v) != "0";
+}
+
+// `step_compare list`: name, sample shape and layers of every case, tab-separated.
+int list_cases() {
+  for (const auto* list : {&cases(), &named_cases()})
+    for (const Case& c : *list) {
+      std::string shape, layers;
+      for (std::int64_t d : c.sample) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+      for (const std::string& l : c.layers) layers += (layers.empty() ? "" : ";") + l;
+      std::printf("%s\t%s\t%s\n", c.name, shape.c_str(), layers.c_str());
+    }
+  return 0;
 }
 
 constexpr std::int64_t kBatch = 8;
@@ -246,12 +285,19 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
     for (Precision p : kPrecisions) {
       const Check how = check_of(c, p);
       if (how == Check::skip) continue;
-      const bool whole_step = how == Check::whole_step;
+      // bf16 on cuDNN's own bf16 convolutions (DDP_CUDNN_NARROW=1 in the GPU build): they
+      // store their outputs in bf16, as PyTorch's autocast does, so the step is held to
+      // twice how far PyTorch's own bf16 step lies from its fp32 one, the forward tensor
+      // by tensor and the rest on the whole step.
+      const bool amp_like = p != Precision::fp32 && c.amp_step > 0 && cudnn_narrow();
+      const bool whole_step = how == Check::whole_step || amp_like;
       // A whole-step fp32 case's forward: 1e-4 (AMX against AVX2 at resnet50_224: 1.6e-5).
-      const double tol = p == Precision::fp32 ? (whole_step ? 1e-4 : 1e-5) : 2e-2;
+      const double tol = amp_like               ? 2 * c.amp_forward
+                         : p == Precision::fp32 ? (whole_step ? 1e-4 : 1e-5)
+                                                : 2e-2;
       // fp32: 4x what two CPU kernels' steps of ResNet-50 differ; bf16: 8x what the
       // sanitizer build's step of the bottleneck case differs from the reference (2.5e-3).
-      const double step_tol = p == Precision::fp32 ? 5e-2 : 2e-2;
+      const double step_tol = amp_like ? 2 * c.amp_step : p == Precision::fp32 ? 5e-2 : 2e-2;
       double worst = 0.0, diff2 = 0.0, ref2 = 0.0;
       std::string worst_name;
       for (const auto& [name, got] : run_step(c, p)) {
@@ -276,7 +322,7 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
         const bool forward = name == "logits" || name == "loss";
         const bool ok = (whole_step && !forward) || err <= tol;  // false for NaN
         if (!ok) {
-          std::printf("FAILED: %-44s rel err %.3g > %.1g\n", where.c_str(), err, tol);
+          std::printf("FAILED: %-44s rel err %.3g > %.2g\n", where.c_str(), err, tol);
           ++failures;
         }
         if (!(err <= worst)) {
@@ -286,10 +332,11 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
       }
       const double step_err = std::sqrt(diff2 / ref2);
       if (whole_step) {
-        std::printf("%-12s %-5s whole step rel err (L2) %.3g, tolerance %.0e; worst tensor %.3g (%s)\n",
-                    c.name, precision_name(p), step_err, step_tol, worst, worst_name.c_str());
+        std::printf("%-12s %-5s whole step rel err (L2) %.3g, tolerance %.2g%s; worst tensor %.3g (%s)\n",
+                    c.name, precision_name(p), step_err, step_tol, amp_like ? " (2x PyTorch AMP's)" : "",
+                    worst, worst_name.c_str());
         if (!(step_err <= step_tol)) {
-          std::printf("FAILED: %s %s whole step rel err %.3g > %.0e\n", c.name, precision_name(p), step_err,
+          std::printf("FAILED: %s %s whole step rel err %.3g > %.2g\n", c.name, precision_name(p), step_err,
                       step_tol);
           ++failures;
         }
@@ -307,10 +354,11 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
 }  // namespace ddp
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "list") == 0) return ddp::list_cases();
   if (argc < 3 || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "check") != 0)) {
     std::fprintf(stderr,
                  "usage: step_compare write|check FILE [CASE ...]  (default: the committed cases; "
-                 "also resnet50_224)\n");
+                 "also resnet50_224)\n       step_compare list\n");
     return 2;
   }
 #if defined(KOKKOS_ENABLE_CUDA)

@@ -84,6 +84,26 @@ TEST(Precision, Names) {
   EXPECT_THROW(parse_precision("fp8"), InputError);
 }
 
+// The GPU build's start-up check (ComputeBackend::precision_unsupported): bf16 tensor
+// cores from compute capability 8.0 (Ampere), fp16 from 7.0 (Volta); fp32 anywhere.
+TEST(Precision, TensorCoresByComputeCapability) {
+  for (int major : {5, 6, 7, 8, 9, 10}) {
+    EXPECT_EQ(missing_tensor_cores(Precision::fp32, major, 0), "");
+    EXPECT_EQ(missing_tensor_cores(Precision::bf16, major, 0).empty(), major >= 8) << major;
+    EXPECT_EQ(missing_tensor_cores(Precision::fp16, major, 0).empty(), major >= 7) << major;
+  }
+  EXPECT_EQ(missing_tensor_cores(Precision::bf16, 7, 5),
+            "compute capability 7.5 has no bf16 tensor cores (they need 8.0, Ampere, or newer)");
+  EXPECT_EQ(missing_tensor_cores(Precision::fp16, 6, 1),
+            "compute capability 6.1 has no fp16 tensor cores (they need 7.0, Volta, or newer)");
+  // Where the tensors stay on the host, every precision runs (bf16 emulated where the
+  // CPU has no bf16 kernels).
+  if (!compute_backend().device_memory()) {
+    for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+      EXPECT_EQ(compute_backend().precision_unsupported(p), "");
+  }
+}
+
 // C = alpha op(A) op(B) + beta C with rounded operands, in double.
 std::vector<float> reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha,
                                   const std::vector<float>& a, const std::vector<float>& b, float beta,

@@ -20,8 +20,9 @@ class Model {
   // bad spec or a layer that does not fit its input, naming model.layers(i), 1-based.
   // fuse: let neighbouring layers share passes over the activations (conv2d -> relu
   // forward, relu -> maxpool backward) and keep the activations between convolutions,
-  // resblocks, batch norms and max-pools in oneDNN's blocked layout; same results up
-  // to float rounding, off for tests.
+  // resblocks, batch norms and max-pools in the convolutions' own layout (oneDNN's
+  // blocked one; nhwc for cuDNN's bf16/fp16 kernels); same results up to float
+  // rounding, off for tests.
   Model(const std::vector<std::string>& specs, const Shape& sample_shape, std::uint64_t seed,
         bool fuse = true);
 
@@ -69,7 +70,8 @@ class Model {
   // trainer's); without one (or nullptr) they behave as plain BatchNorm. Not owned.
   void set_communicator(Communicator* comm);
   // The precision of every GEMM and convolution operand (train.precision). Plans the
-  // blocked layouts again: oneDNN's kernels for another precision may want others.
+  // layouts again: the kernels for another precision may want others (cuDNN's bf16
+  // and fp16 ones nhwc).
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
   // How layer i's output (and the gradient flowing back into it) lies in memory, as

@@ -202,6 +202,9 @@ class CudaBackend final : public ComputeBackend {
     const std::string why = missing_tensor_cores(p, major_, minor_);
     return why.empty() ? why : "the GPU (" + name_.substr(name_.find("GPU ")) + "): " + why;
   }
+  bool narrow_convolution_results(Precision p) const override {
+    return p != Precision::fp32 && narrow_convolutions();
+  }
   bool device_memory() const override { return true; }
 
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

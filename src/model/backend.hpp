@@ -93,6 +93,10 @@ class ComputeBackend {
   // How train.precision runs here, for rank 0's start-up line:
   // "bf16 (oneDNN brg:avx512_core_bf16)", "bf16 (emulated: ...)", "bf16 (cuBLAS/cuDNN ...)".
   virtual std::string precision_text(Precision p) const = 0;
+  // Whether convolutions at precision `p` store their results (y, dx, dw) rounded to
+  // it, as PyTorch's autocast does (the GPU build's cuDNN bf16/fp16 kernels under
+  // DDP_CUDNN_NARROW=1), rather than in fp32: tests widen their tolerances by it.
+  virtual bool narrow_convolution_results(Precision /*p*/) const { return false; }
   // Why train.precision `p` cannot run here (a GPU without tensor cores for it), or
   // empty: checked at start-up, before any step.
   virtual std::string precision_unsupported(Precision /*p*/) const { return {}; }

@@ -38,6 +38,8 @@ void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::in
 
 // Pixels per team of the NHWC loops: a run of one image's plane.
 constexpr std::int64_t kNhwcRun = 32;
+// Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
+constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
 
 // fn(b, c, i, e) for every element e of a (B, H, W, C) tensor: a team per run of
 // kNhwcRun pixels of one image, its vector lanes over the channels (contiguous, so a
@@ -46,7 +48,7 @@ template <class Fn>
 void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
   using Team = Kokkos::TeamPolicy<ExecSpace>;
   const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
-  const std::int64_t runs = (hw + kNhwcRun - 1) / kNhwcRun;
+  const std::int64_t runs = nhwc_runs(hw);
   Kokkos::parallel_for(
       label, Team(B * runs, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
         const std::int64_t t = team.league_rank(), b = t / runs, i0 = (t - b * runs) * kNhwcRun,
@@ -127,7 +129,7 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
 template <class F, class G>
 void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
                      Kokkos::View<double*> partial, F f, G g) {
-  const std::int64_t runs = (hw + kNhwcRun - 1) / kNhwcRun, rows = B * runs;
+  const std::int64_t runs = nhwc_runs(hw), rows = B * runs;
   Kokkos::parallel_for(
       label, Range(0, rows * C), KOKKOS_LAMBDA(std::int64_t p) {
         const std::int64_t r = p / C, c = p - r * C, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
@@ -146,7 +148,7 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
 // Rows of partial sums per channel that channel_sums makes: one per image, or in
 // NHWC one per run of kNhwcRun pixels of an image.
 constexpr std::int64_t partial_rows(Layout layout, std::int64_t B, std::int64_t hw) {
-  return layout == Layout::nhwc ? B * ((hw + kNhwcRun - 1) / kNhwcRun) : B;
+  return layout == Layout::nhwc ? B * nhwc_runs(hw) : B;
 }
 
 // No work after a channel's sums (channel_sums' default `then`).

@@ -34,7 +34,6 @@
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -150,13 +149,6 @@ std::vector<Case> select_cases(const std::vector<std::string>& names) {
     DDP_REQUIRE(found, "step_compare: no case '" << n << "'");
   }
   return chosen;
-}
-
-// Whether this build's bf16 convolutions run cuDNN's own bf16 kernels (GPU build,
-// DDP_CUDNN_NARROW=1), which store bf16 outputs.
-bool cudnn_narrow() {
-  const char* v = std::getenv("DDP_CUDNN_NARROW");
-  return compute_backend().device_memory() && v && *v && std::string(v) != "0";
 }
 
 // `step_compare list`: name, sample shape and layers of every case, tab-separated.
@@ -289,7 +281,8 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
       // store their outputs in bf16, as PyTorch's autocast does, so the step is held to
       // twice how far PyTorch's own bf16 step lies from its fp32 one, the forward tensor
       // by tensor and the rest on the whole step.
-      const bool amp_like = p != Precision::fp32 && c.amp_step > 0 && cudnn_narrow();
+      const bool amp_like =
+          p != Precision::fp32 && c.amp_step > 0 && compute_backend().narrow_convolution_results(p);
       const bool whole_step = how == Check::whole_step || amp_like;
       // A whole-step fp32 case's forward: 1e-4 (AMX against AVX2 at resnet50_224: 1.6e-5).
       const double tol = amp_like               ? 2 * c.amp_forward

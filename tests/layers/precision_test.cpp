@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -185,9 +184,7 @@ void check_layer(const std::string& spec, const Shape& in, std::int64_t B, Preci
   // either backend), but for cuDNN's own bf16/fp16 convolutions (GPU build with
   // DDP_CUDNN_NARROW=1), which store y, dx and dw in the narrow type: those are its
   // rounding (2^-8 for bf16, 2^-11 for fp16) off the fp32 result.
-  const char* narrow_env = std::getenv("DDP_CUDNN_NARROW");
-  const bool narrow_results = compute_backend().device_memory() && spec.rfind("conv2d", 0) == 0 &&
-                              narrow_env && std::string(narrow_env) != "0";
+  const bool narrow_results = spec.rfind("conv2d", 0) == 0 && compute_backend().narrow_convolution_results(p);
   const double tol = narrow_results ? (p == Precision::bf16 ? 8e-3 : 1e-3) : 2e-6;
   EXPECT_LT(max_relative_error(to_host(yl.data, ny), to_host(yr.data, ny)), tol)
       << spec << " " << precision_name(p);

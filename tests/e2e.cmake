@@ -59,6 +59,9 @@ ddp_add_error_test(batch_too_large NP 2 REGEX "train.batch_size = 41 is larger t
 if(NOT DDP_ENABLE_CUDA)
   ddp_add_error_test(nccl_without_gpu NP 2 REGEX "comm.backend = 'nccl' but NCCL is not available"
                      ARGS ${TINY} comm.backend=nccl)
+  ddp_add_error_test(cuda_graph_cpu_build NP 2
+                     REGEX "^error: train.cuda_graph = 'on' cannot be: the CPU build runs no CUDA graphs$"
+                     ARGS ${TINY} train.cuda_graph=on)
 endif()
 ddp_add_error_test(trace_steps_reversed NP 2 REGEX "io.trace_steps=9,3: the first step must not come after the last"
                    ARGS ${TINY} --trace io.trace_steps=9,3)
@@ -103,6 +106,16 @@ add_test(NAME e2e_nonfinite_np2
          COMMAND ${DDP_PYTHON} ${E2E}/nonfinite.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY} runs/nonfinite)
 set_tests_properties(e2e_nonfinite_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
                      TIMEOUT 240 PROCESSORS 2)
+if(DDP_ENABLE_CUDA)
+  # The same with the step replayed from a CUDA graph (train.cuda_graph): the check and
+  # the skip run outside the graph, on what it computed. Skipped (77) without a device.
+  add_test(NAME e2e_nonfinite_cuda_graph_np2
+           COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+                   ${DDP_PYTHON} ${E2E}/nonfinite.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY}
+                   runs/nonfinite_graph train.cuda_graph=on)
+  set_tests_properties(e2e_nonfinite_cuda_graph_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
+                       LABELS "e2e;errors;faults;gpu" TIMEOUT 240 PROCESSORS 2 SKIP_RETURN_CODE 77)
+endif()
 
 # train.clip_grad_norm: NaN gradients behind a finite loss (DDP_INJECT_FAULT=nan_gradient
 # on one rank of 2, in its second step) make the total norm NaN; 'stop' ends every
@@ -265,6 +278,22 @@ if(DDP_ENABLE_CUDA)
     set_tests_properties(e2e_error_gpu_${precision}_without_tensor_cores PROPERTIES
                          FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2
                          SKIP_RETURN_CODE 77 ENVIRONMENT DDP_TEST_COMPUTE_CAPABILITY=${cc})
+  endforeach()
+  # train.cuda_graph = 'on' where a replay could not be right: a dropout layer (its
+  # stream moves on every step), io.trace (it waits for the GPU inside the step). One
+  # line at start-up on 2 ranks; skipped (77) without a device.
+  foreach(case "dropout@model.layers=flatten,linear(8),dropout(0.5),linear(3)@model.layers.3. dropout.0.5.: dropout draws"
+               "trace@--trace@io.trace waits for the GPU")
+    string(REPLACE "@" ";" case "${case}")
+    list(GET case 0 what)
+    list(GET case 1 arg)
+    list(GET case 2 regex)
+    add_test(NAME e2e_error_gpu_cuda_graph_${what}
+             COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+                     ${E2E}/expect_error.sh "train.cuda_graph = 'on' cannot be: ${regex}" --
+                     ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.cuda_graph=on ${arg})
+    set_tests_properties(e2e_error_gpu_cuda_graph_${what} PROPERTIES FIXTURES_REQUIRED e2e_data
+                         LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77)
   endforeach()
 endif()
 

@@ -9,3 +9,6 @@ endif()
 ddp_add_mpi_test(test_guards SOURCES train/test_guards.cpp NP 1 2 3 LABELS train)
 # Progress lines' durations and time left (src/train/progress.hpp).
 ddp_add_test(test_progress SOURCES train/test_progress.cpp LABELS train)
+# train.cuda_graph without a GPU: the start-up plan, the model's obstacles, and the
+# capture-and-replay bookkeeping on a recording backend (src/train/step_graph.hpp).
+ddp_add_test(test_step_graph SOURCES train/test_step_graph.cpp LABELS train)

@@ -131,9 +131,10 @@ std::pair<std::int64_t, std::int64_t> host_memory() {
 // The DDP_LAUNCH_COUNT line: what the epoch dispatched, per step (per = 1 / steps),
 // and with names, the Kokkos kernels by label.
 void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool names) {
-  char line[400], own[64] = "";
+  char line[400], own[96] = "";
 #if defined(KOKKOS_ENABLE_CUDA)
-  std::snprintf(own, sizeof own, " + %.1f own CUDA kernels", double(dispatched.cuda) * per);
+  std::snprintf(own, sizeof own, " + %.1f own CUDA kernels + %.1f CUDA graph launches",
+                double(dispatched.cuda) * per, double(dispatched.graphs) * per);
 #endif
   std::snprintf(
       line, sizeof line,

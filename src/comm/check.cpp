@@ -60,7 +60,14 @@ std::string one_line(std::string msg) {
 // prefetch thread and the main thread); the user gets the first one's line.
 std::atomic<bool> g_failing{false};
 
-[[noreturn]] void fail(const std::string& what, const std::string& msg) {
+thread_local bool t_capturing = false;
+
+[[noreturn]] void fail(const std::string& what, const std::string& msg_in) {
+  const std::string msg =
+      t_capturing ? msg_in +
+                        " (while capturing the training step as a CUDA graph; train.cuda_graph = 'off' "
+                        "runs without one)"
+                  : msg_in;
   if (g_failing.exchange(true)) {
     // The first failure is in MPI_Abort, which ends this process too.
     std::this_thread::sleep_for(std::chrono::seconds(30));
@@ -140,6 +147,9 @@ std::thread::id g_main_thread;
   std::_Exit(code);
 }
 }  // namespace
+
+CaptureScope::CaptureScope() { t_capturing = true; }
+CaptureScope::~CaptureScope() { t_capturing = false; }
 
 void fatal(const char* file, int line, const std::string& msg) {
   fail(std::string(file) + ":" + std::to_string(line), msg);

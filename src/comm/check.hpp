@@ -43,6 +43,16 @@ void install_terminate_handler();
 // message once and no abort banner. Collective.
 [[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg);
 
+// While one lives on a thread, a failure there (a check, an uncaught exception)
+// adds that the training step was being captured as a CUDA graph, and that
+// train.cuda_graph = 'off' runs without: a call that cannot be captured is named so.
+struct CaptureScope {
+  CaptureScope();
+  ~CaptureScope();
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+};
+
 // Text of an MPI error code.
 std::string mpi_error_string(int code);
 // Text of the innermost HDF5 error on the default stack.

@@ -56,6 +56,10 @@ class Communicator {
   // The same ranks as an MPI communicator, for MPI-level helpers (the bucketed
   // gradient reducer makes its own duplicate of it).
   virtual MPI_Comm mpi_comm() const = 0;
+  // Whether its collectives on device buffers (allreduce_sum, the bucket reducer's)
+  // only queue work on the compute stream and the streams that join it, with no host
+  // wait, so that a CUDA graph of the step can capture them (NCCL).
+  virtual bool captures_collectives() const { return false; }
 };
 
 // MPI on host buffers, over a private duplicate of `comm`.

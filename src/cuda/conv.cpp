@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/cuda_check.hpp"
+#include "model/backend.hpp"
 
 namespace ddp::cuda {
 
@@ -80,6 +81,7 @@ void* CudnnConv::workspace(std::size_t bytes) {
     // Stream-ordered: the old block is freed after the work already queued on it.
     if (workspace_) CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
     CUDA_CHECK(cudaMallocAsync(&workspace_, bytes, stream_));
+    device_block_freed();  // a captured step graph may point at the old block
     workspace_bytes_ = bytes;
   }
   return workspace_;

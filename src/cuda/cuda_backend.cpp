@@ -231,6 +231,9 @@ class CudaBackend final : public ComputeBackend {
 
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  std::string graphs_unsupported() const override { return {}; }
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) override;
+
   cudaStream_t stream() const { return stream_; }
   Scratch& scratch() { return scratch_; }
   // One cuDNN handle and plan cache per operand type and format, made on first use.
@@ -248,6 +251,43 @@ class CudaBackend final : public ComputeBackend {
   std::string name_;
   int major_ = 0, minor_ = 0;  // the device's compute capability
 };
+
+// A graph instantiated from one capture of the stream, launched on it.
+class CapturedGraph final : public CapturedWork {
+ public:
+  CapturedGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CapturedGraph() override {
+    cudaStreamSynchronize(stream_);  // a replay still running keeps its graph
+    cudaGraphExecDestroy(exec_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void replay() override {
+    CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    kernel_trace::count_graph_launch();
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+std::unique_ptr<CapturedWork> CudaBackend::capture(const std::function<void()>& record) {
+  // Thread-local: the loader's thread may copy into pinned memory meanwhile; this
+  // thread's calls that cannot be captured (a wait, an allocation) fail, and the
+  // check that sees it ends the run with the call named (comm/check.cpp adds that a
+  // capture was under way).
+  const CaptureScope scope;
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  record();
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(made);
+  return std::make_unique<CapturedGraph>(exec, stream_);
+}
 
 CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) : backend_(backend), g_(g) {}
 

@@ -41,6 +41,7 @@ class NcclCommunicator final : public Communicator {
   // Every rank's queued collectives done (a one-element all-reduce, then a wait).
   void barrier() override;
   MPI_Comm mpi_comm() const override { return mpi_comm_; }
+  bool captures_collectives() const override { return true; }
   // NcclBucketReducer: each bucket starts on the NCCL stream when backward has made
   // it, and the compute stream waits for all of them only at finish().
   // (Device buffers: shared_memory does not apply.) scatter_to: each bucket goes to

@@ -1,6 +1,10 @@
 #include "model/backend.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 #include "comm/check.hpp"
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -13,6 +17,51 @@ namespace ddp {
 
 namespace {
 std::unique_ptr<ComputeBackend> g_backend;
+
+// watch_device_memory's record: blocks by address with their numbers, and the numbers
+// of those freed since take_device_frees. Allocations may come from any thread.
+std::mutex g_memory_mutex;
+std::uint64_t g_allocations = 0;
+std::unordered_map<const void*, std::uint64_t> g_blocks;
+std::vector<std::uint64_t> g_freed;
+
+// Kokkos's tools callbacks for every view's memory: host memory ("Host") is not what
+// a graph points into; device and pinned memory are.
+void on_allocate(const Kokkos::Profiling::SpaceHandle space, const char*, const void* ptr, std::uint64_t) {
+  if (std::strcmp(space.name, "Host") == 0) return;
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_blocks[ptr] = ++g_allocations;
+}
+void on_deallocate(const Kokkos::Profiling::SpaceHandle space, const char*, const void* ptr, std::uint64_t) {
+  if (std::strcmp(space.name, "Host") == 0) return;
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  const auto it = g_blocks.find(ptr);
+  g_freed.push_back(it == g_blocks.end() ? 0 : it->second);  // unknown: as old as can be
+  if (it != g_blocks.end()) g_blocks.erase(it);
+}
+}  // namespace
+
+void watch_device_memory() {
+  static bool watching = false;
+  if (watching) return;
+  watching = true;
+  Kokkos::Tools::Experimental::set_allocate_data_callback(on_allocate);
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(on_deallocate);
+}
+
+std::uint64_t device_allocations() {
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return g_allocations;
+}
+
+std::vector<std::uint64_t> take_device_frees() {
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return std::exchange(g_freed, {});
+}
+
+void device_block_freed() {
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_freed.push_back(0);
 }
 
 ComputeBackend& compute_backend() {

@@ -11,8 +11,10 @@
 // nvcc alone.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/precision.hpp"
 
@@ -84,6 +86,14 @@ class ConvKernels {
   virtual void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) = 0;
 };
 
+// Work queued on the backend's stream, captured once as a CUDA graph
+// (train.cuda_graph) and replayed there: the same kernels, arguments and pointers.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  virtual void replay() = 0;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -115,7 +125,28 @@ class ComputeBackend {
   // Wait until the work queued so far has finished (a no-op on the host): for
   // timings and for host code that reads results.
   virtual void synchronize() = 0;
+
+  // Why queued work cannot be captured as a CUDA graph here, or empty.
+  virtual std::string graphs_unsupported() const { return "the CPU build runs no CUDA graphs"; }
+  // What `record` queues on the backend's stream (and on streams that join it),
+  // captured into a graph instead of run: nothing runs until replay(). `record` must
+  // not wait for the device nor allocate device memory; a CUDA call that cannot be
+  // captured ends the run with one line naming it. Only where graphs_unsupported()
+  // is empty.
+  virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& /*record*/) { return nullptr; }
 };
+
+// A captured graph holds device pointers: it stays valid until a block that existed
+// when it was captured is freed. From watch_device_memory() on, the blocks of device
+// (and pinned) memory Kokkos's views take are numbered in the order of allocation
+// (through its tools interface), and their releases kept until taken.
+void watch_device_memory();
+// The number of the last block allocated (0: none yet).
+std::uint64_t device_allocations();
+// The numbers of the blocks freed since the last call. The CUDA glue's own
+// workspaces report a release as device_block_freed(), number 0: older than any graph.
+std::vector<std::uint64_t> take_device_frees();
+void device_block_freed();
 
 // The backend of this process, made on first use (after Kokkos::initialize) and
 // released when Kokkos finalizes: oneDNN in the CPU build, cuBLAS/cuDNN on Kokkos's

@@ -48,6 +48,9 @@ class BatchNorm2d : public Layer {
   void bind_buffers(float* buffers) override;
   void init(Rng& rng) override;
   void set_communicator(Communicator* comm) override { comm_ = sync_ ? comm : nullptr; }
+  std::string graph_obstacle() const override {
+    return comm_ ? "batchnorm2d(sync) reads the ranks' sample count on the host in every forward" : "";
+  }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   // backward's body, Relu: with the fused relu's mask. Public only because CUDA's

@@ -15,6 +15,9 @@ class Dropout : public Layer {
   std::string kind() const override { return "dropout"; }
   Shape output_shape(const Shape& in_sample) override { return in_sample; }
   void reseed(std::uint64_t seed) override;
+  std::string graph_obstacle() const override {
+    return "dropout draws its masks from a stream the host moves on at every step";
+  }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

@@ -65,4 +65,10 @@ void count_cuda_launch() {
   if (g_counting) ++g_counts.cuda;
 }
 
+void count_graph_launch() {
+  if (g_counting) ++g_counts.graphs;
+}
+
+bool counting() { return g_counting; }
+
 }  // namespace ddp::kernel_trace

@@ -36,14 +36,19 @@ struct Dispatches {
   std::int64_t copies = 0;   // Kokkos deep copies
   std::int64_t library = 0;  // GEMM and convolution calls (oneDNN, cuBLAS, cuDNN)
   std::int64_t cuda = 0;     // the GPU build's own CUDA kernels and copies around them (src/cuda)
+  std::int64_t graphs = 0;   // CUDA graph launches (train.cuda_graph), each a whole captured step
   std::map<std::string, std::int64_t> kernels;  // Kokkos kernels by label
-  std::int64_t total() const { return kokkos + copies + library + cuda; }
+  std::int64_t total() const { return kokkos + copies + library + cuda + graphs; }
 };
 void start_counting();
 Dispatches stop_counting();
+// Whether a count runs: Kokkos then fences at every kernel, which no CUDA graph can
+// capture (train.cuda_graph waits with its captures until the count ends).
+bool counting();
 // The backends call this once per GEMM or convolution call, and the GPU build once
 // per launch of its own kernels.
 void count_library_call();
 void count_cuda_launch();
+void count_graph_launch();
 
 }  // namespace ddp::kernel_trace

@@ -52,6 +52,11 @@ class Layer {
   // Stochastic layers (dropout) restart their random stream from `seed`.
   virtual void reseed(std::uint64_t /*seed*/) {}
 
+  // Why a CUDA graph of this layer's training forward and backward could not be
+  // replayed (a kernel argument the host changes every step, a host wait), or empty.
+  // Composite layers ask their parts.
+  virtual std::string graph_obstacle() const { return {}; }
+
   // x: (B, in_sample...) -> y: (B, out_sample...); y is resized by the layer.
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
 

@@ -249,6 +249,13 @@ void Model::set_precision(Precision p) {
   if (fuse_) plan_layouts();
 }
 
+std::string Model::graph_obstacle() const {
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    if (std::string why = layers_[i]->graph_obstacle(); !why.empty())
+      return "model.layers(" + std::to_string(i + 1) + ") " + specs_[i] + ": " + why;
+  return {};
+}
+
 void Model::reseed_dropout(std::uint64_t seed) {
   for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->reseed(hash64(seed, i));
 }

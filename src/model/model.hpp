@@ -81,6 +81,14 @@ class Model {
   Layout output_layout(std::size_t i) const { return layouts_[i]; }
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
+  // Why a training step of this model cannot be replayed from a CUDA graph, naming
+  // the first layer that stops it ("model.layers(3) dropout(0.5): ..."), or empty.
+  std::string graph_obstacle() const;
+  // Whether the next backward writes the gradients (zero_grad since the last one): a
+  // captured backward does one or the other. After replaying a captured backward,
+  // replayed_backward() leaves the model as backward() would.
+  bool writes_gradients() const { return write_grads_; }
+  void replayed_backward() { write_grads_ = false; }
 
   // Floats one training step at batch `batch` keeps between layers, planned from the
   // shapes before any forward: every layer's output (B, out_i...) and the gradient

@@ -17,7 +17,7 @@ namespace ddp {
 template <int BS, class Fn>
 void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
   if constexpr (BS == 1) {
-    using Team = Kokkos::TeamPolicy<ExecSpace>;
+    using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
     const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
     Kokkos::parallel_for(
         label, Team(B * C, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
@@ -46,7 +46,7 @@ constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) /
 // GPU warp reads them in one transaction).
 template <class Fn>
 void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
-  using Team = Kokkos::TeamPolicy<ExecSpace>;
+  using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
   const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
   const std::int64_t runs = nhwc_runs(hw);
   Kokkos::parallel_for(
@@ -86,7 +86,7 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
                 Kokkos::View<double*> partial, F f, G g) {
   const std::int64_t CB = (C + BS - 1) / BS, Cp = CB * BS;
   if constexpr (BS == 1) {
-    using Team = Kokkos::TeamPolicy<ExecSpace>;
+    using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
     const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
     Kokkos::parallel_for(
         label, Team(B * C, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {

@@ -36,8 +36,8 @@ KOKKOS_INLINE_FUNCTION Window window(std::int64_t i, std::int64_t s, std::int64_
 }
 
 // (plane, row, column) iterations without integer division per element.
-using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>>;
-using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>>;
+using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint>;
+using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, LaunchHint>;
 
 // One step of a window's running max: first max wins; NaN wins, as in PyTorch.
 // Selects, not branches (hence | not ||): which element wins is data, and a branch

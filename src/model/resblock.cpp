@@ -112,6 +112,12 @@ void ResBlock::set_communicator(Communicator* comm) {
   for (const Part& part : parts()) part.layer->set_communicator(comm);
 }
 
+std::string ResBlock::graph_obstacle() const {
+  for (const Part& part : parts())
+    if (std::string why = part.layer->graph_obstacle(); !why.empty()) return why;
+  return {};
+}
+
 void ResBlock::set_precision(Precision p) {
   Layer::set_precision(p);
   for (const Part& part : parts()) part.layer->set_precision(p);

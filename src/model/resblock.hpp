@@ -36,6 +36,7 @@ class ResBlock : public Layer {
   void bind_buffers(float* buffers) override;
   void init(Rng& rng) override;
   void set_communicator(Communicator* comm) override;
+  std::string graph_obstacle() const override;
   void set_precision(Precision p) override;
   void set_overwrite_gradients(bool on) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;

@@ -14,7 +14,12 @@
 namespace ddp {
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
-using Range = Kokkos::RangePolicy<ExecSpace>;
+// Kernels take their functor as a launch parameter (Kokkos's light-weight launch),
+// not through constant memory, whose staging waits on an event and copies from a
+// host buffer at each launch: no CUDA graph could capture that (train.cuda_graph).
+// No effect on the host.
+using LaunchHint = Kokkos::Experimental::WorkItemProperty::HintLightWeight_t;
+using Range = Kokkos::RangePolicy<ExecSpace, LaunchHint>;
 using View1 = Kokkos::View<float*>;
 using ConstView1 = Kokkos::View<const float*>;
 using LabelView = Kokkos::View<std::int32_t*>;

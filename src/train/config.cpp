@@ -160,6 +160,9 @@ const std::vector<Key>& keys() {
        "a non-finite loss or gradient (fp32, bf16): stop the run, or skip the step on every rank"},
       {"train", "clip_grad_norm", field<&C::train, &T::clip_grad_norm>, at_least(0), false,
        "max total 2-norm of the averaged gradients, as torch.nn.utils.clip_grad_norm_; 0: off"},
+      {"train", "cuda_graph", field<&C::train, &T::cuda_graph>, one_of({"off", "auto", "on"}), false,
+       "GPU build: the step's forward, loss, backward and NCCL buckets as one CUDA graph, replayed; "
+       "auto: where it can; on: an error where it cannot"},
       {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
        "directory of metrics.jsonl and checkpoints/"},
       {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,

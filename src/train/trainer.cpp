@@ -14,6 +14,7 @@
 #include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 #include "io/sampler.hpp"
+#include "model/backend.hpp"
 #include "model/rng.hpp"
 #include "train/checkpointing.hpp"
 #include "train/signals.hpp"
@@ -45,6 +46,12 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
   model_.set_communicator(&comm_);  // SyncBatchNorm's statistics
   if (cfg_.comm.overlap != "none" && comm_.size() > 1) make_reducer();
+  graph_plan_ = collective_input(comm_.mpi_comm(), [&] {
+    return plan_step_graphs(cfg_.train.cuda_graph, compute_backend().graphs_unsupported(),
+                            model_.graph_obstacle(), cfg_.io.trace, comm_.captures_collectives());
+  });
+  if (!graph_plan_.line.empty()) log::info(graph_plan_.line);
+  if (graph_plan_.on) watch_device_memory();
   log::info("memory per rank: " + memory_plan().text(cfg_.train.batch_size));
   if (cfg_.comm.zero > 0) {
     char line[320];

@@ -23,6 +23,7 @@
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 #include "train/progress.hpp"
+#include "train/step_graph.hpp"
 
 namespace ddp {
 
@@ -142,10 +143,14 @@ class Trainer {
     bool stopped = false;    // a preemption's checkpoint is written
     bool nonfinite = false;  // stop_nonfinite() once the loader is stopped
     std::string problem;     // a collective error found mid-epoch, reported once the loader is stopped
+    // Micro-batches this process trained, and graphs_' counts when the epoch began.
+    std::int64_t micro_batches = 0, graph_replays = 0, graph_captures = 0;
   };
   EpochRun begin_epoch();
   // Forward, loss and backward of one micro-batch (the stage's slot `slot`); with
-  // `last_micro` backward starts the gradient buckets; adds to `stats`' times.
+  // `last_micro` backward starts the gradient buckets, and under a CUDA graph that
+  // takes the collectives (graph_plan_.collectives) the gradients are reduced too;
+  // adds to `stats`' times (a replay's launch counts as backward).
   void forward_backward(int slot, const Batch& batch, bool last_micro, EpochStats& stats);
   // After a step: its samples counted, gradients zeroed, the position advanced, the
   // comm.check_every comparison and the progress line. False: stop (r.problem).
@@ -174,7 +179,8 @@ class Trainer {
   // the optimizer step, or its skip; adds to `stats`' comm and optimizer times.
   // Returns with `stop`, having changed nothing, when the run must end
   // (train.nonfinite = 'stop', or 'skip' with non-finite parameters).
-  Agreed reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats);
+  // `reduced`: forward_backward reduced the gradients already (in a CUDA graph).
+  Agreed reduce_and_step(std::int64_t samples_per_rank, bool reduced, EpochStats& stats);
   // reduce_and_step's steps: the gradients summed over the ranks (or the buckets
   // waited for); the step's health and flags agreed on (`inv`: the gradients' scale
   // to their mean); the optimizer step (and ZeRO's all-gather) at `step_scale`.
@@ -244,6 +250,10 @@ class Trainer {
   View1 loss_;        // (B) per-sample loss
   View1 correct_;     // (B) 1 where argmax == label
   Tensor dout_;       // (B, out...)
+
+  // train.cuda_graph, as it can be in this run, and the step's graphs.
+  StepGraphPlan graph_plan_;
+  StepGraphs graphs_;
   // io.trace: the current step's start (ns on the timeline); -1 when not recording.
   std::int64_t trace_step_begin_ = -1;
 };

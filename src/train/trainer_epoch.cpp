@@ -33,7 +33,7 @@ namespace {
 // all-reduce, so the micro-batches' kernels queue without waiting for the GPU.
 void accumulate_loss(const View1& loss, std::int64_t n, const Kokkos::View<double[3]>& acc) {
   Kokkos::parallel_for(
-      "Trainer::accumulate_loss", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
+      "Trainer::accumulate_loss", Range(0, 1), KOKKOS_LAMBDA(int) {
         double s = 0.0;
         for (std::int64_t i = 0; i < n; ++i) s += double(loss(i));
         acc(2) += s;
@@ -43,7 +43,7 @@ void accumulate_loss(const View1& loss, std::int64_t n, const Kokkos::View<doubl
 // Test hook (DDP_INJECT_FAULT=nan_gradient): v(0) = NaN, on the device.
 void poison_first(const View1& v) {
   Kokkos::parallel_for(
-      "Trainer::poison_first", Kokkos::RangePolicy<ExecSpace>(0, 1), KOKKOS_LAMBDA(int) {
+      "Trainer::poison_first", Range(0, 1), KOKKOS_LAMBDA(int) {
         const float zero = v(0) * 0.0f;
         v(0) = zero / zero;  // 0/0: NaN without <cmath> on the device
       });
@@ -101,6 +101,8 @@ Trainer::EpochRun Trainer::begin_epoch() {
   Kokkos::deep_copy(loss_acc_, 0.0);
   model_.zero_grad();
   step_indices_.clear();
+  r.graph_replays = graphs_.replays();
+  r.graph_captures = graphs_.captures();
   return r;
 }
 
@@ -142,6 +144,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     // Gradient accumulation: only the last micro-step of a group talks to the
     // other ranks; its buckets start as backward completes them.
     forward_backward(slot, batch, r.micro + 1 >= accumulation || b + 1 == r.batches, stats);
+    ++r.micro_batches;
     r.samples += batch.size;
     r.group_samples += batch.size;
     step_indices_.insert(step_indices_.end(), batch.index.begin(), batch.index.begin() + batch.size);
@@ -149,7 +152,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       for (std::int64_t i = 0; i < batch.size; ++i)
         std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
     if (++r.micro < accumulation && b + 1 < r.batches) continue;
-    Agreed a = reduce_and_step(r.group_samples, stats);
+    Agreed a = reduce_and_step(r.group_samples, graph_plan_.on && graph_plan_.collectives, stats);
     if (a.stop) {
       r.nonfinite = true;
       break;
@@ -171,27 +174,41 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
   inject_fault(FaultSite::train_step, step_);  // tests only: DDP_INJECT_FAULT
   inject_step_delay();                         // tests only: DDP_TEST_STEP_DELAY_US
   const double t_forward = now();
+  double t_backward = t_forward;
   model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
-  // One span after the other (emplace ends the previous one first); no heap on the hot path.
-  std::optional<trace::Span> span(std::in_place, "forward", "forward");
-  const Tensor& out = model_.forward(x_, /*training=*/true);
-  span.emplace("loss", "forward");
-  const float smoothing = static_cast<float>(cfg_.train.label_smoothing);
-  // The loss and its gradient in one kernel: per-sample sums, scaled at the step;
-  // fp16 multiplies by the loss scale first.
-  loss_forward_backward(loss_kind_, out, labels_, targets_, scaler_ ? scaler_->scale() : 1.0f, loss_,
-                        correct_, dout_, smoothing);
-  accumulate_loss(loss_, batch.size, loss_acc_);
-  const double t_backward = now();
-  if (inject_fault(FaultSite::loss_gradient, step_)) poison_first(dout_.data);  // tests only
-  if (span->on()) Kokkos::fence();
-  span.emplace("backward", "backward");
-  if (reducer_ && last_micro) {
-    model_.backward(dout_, [this](std::int64_t offset) { reducer_->mark_ready(offset); });
+  const bool poisoned = inject_fault(FaultSite::loss_gradient, step_);  // tests only
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const bool reduce = last_micro && graph_plan_.on && graph_plan_.collectives;
+  // What a CUDA graph captures (train.cuda_graph): device work only, every host value
+  // its kernels take in the key below.
+  const auto work = [&] {
+    // One span after the other (emplace ends the previous one first); no heap on the hot path.
+    std::optional<trace::Span> span(std::in_place, "forward", "forward");
+    const Tensor& out = model_.forward(x_, /*training=*/true);
+    span.emplace("loss", "forward");
+    const float smoothing = static_cast<float>(cfg_.train.label_smoothing);
+    // The loss and its gradient in one kernel: per-sample sums, scaled at the step;
+    // fp16 multiplies by the loss scale first.
+    loss_forward_backward(loss_kind_, out, labels_, targets_, loss_scale, loss_, correct_, dout_, smoothing);
+    accumulate_loss(loss_, batch.size, loss_acc_);
+    t_backward = now();
+    if (poisoned) poison_first(dout_.data);
+    if (span->on()) Kokkos::fence();
+    span.emplace("backward", "backward");
+    if (reducer_ && last_micro) {
+      model_.backward(dout_, [this](std::int64_t offset) { reducer_->mark_ready(offset); });
+    } else {
+      model_.backward(dout_);
+    }
+    span.reset();
+    if (reduce) reduce_gradients();
+  };
+  if (graph_plan_.on) {
+    const StepGraphKey key{slot, batch.size, model_.writes_gradients(), last_micro, loss_scale, poisoned};
+    if (!graphs_.run(key, work)) model_.replayed_backward();
   } else {
-    model_.backward(dout_);
+    work();
   }
-  span.reset();
   stage_.release(slot);
   stats.forward_seconds += t_backward - t_forward;
   stats.backward_seconds += now() - t_backward;
@@ -276,6 +293,10 @@ EpochStats Trainer::end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader,
   eta_.trained(r.t0 + seconds - r.mark, pos_.consumed - r.mark_consumed);
   stats.data_wait_seconds = loader->wait_seconds();
   loader.reset();
+  if (graph_plan_.on)  // rank 0's own count: every rank runs the same micro-batches
+    log::info("CUDA graph: " + std::to_string(graphs_.replays() - r.graph_replays) + " of " +
+              std::to_string(r.micro_batches) + " micro-batches of epoch " + std::to_string(r.epoch + 1) +
+              " ran from a graph (" + std::to_string(graphs_.captures() - r.graph_captures) + " captured)");
   if (r.nonfinite) stop_nonfinite();
   if (!r.problem.empty()) fatal_all(comm_.mpi_comm(), r.problem);
 

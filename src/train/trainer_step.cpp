@@ -196,12 +196,12 @@ void Trainer::take_step(double step_scale, EpochStats& stats) {
   }
 }
 
-Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, EpochStats& stats) {
+Trainer::Agreed Trainer::reduce_and_step(std::int64_t samples_per_rank, bool reduced, EpochStats& stats) {
   // Gradients hold per-sample sums; after the all-reduce they are divided by the
   // global sample count of this step, so W ranks with batch B match one rank with
   // batch W*B (every rank has the same batch sizes: the sampler pads).
   const double t0 = now();
-  reduce_gradients();
+  if (!reduced) reduce_gradients();
   const double t1 = now();
   std::optional<trace::Span> checks(std::in_place, "step checks", "step");
   stats.comm_seconds += t1 - t0;

@@ -13,7 +13,10 @@ On the tiny set with NaN/inf pixels (make_test_data.py: e2e_data/nan, rows 5, 12
 - on clean data with train.lr = 1e30 the model diverges: exit 1, one line saying the
   inputs are finite and the model has diverged.
 
-usage: nonfinite.py MPIEXEC DDP_TRAIN TINY.nml RUN_PREFIX
+With train.cuda_graph=on among the overrides (the GPU build), the 'skip' run must
+also have replayed steps from a CUDA graph: the check and the skip work under it.
+
+usage: nonfinite.py MPIEXEC DDP_TRAIN TINY.nml RUN_PREFIX [group.key=value ...]
 """
 import glob
 import json
@@ -34,7 +37,8 @@ BAD_ROWS = {5, 12, 30}  # of e2e_data/nan/train_001.h5; global samples 45, 52, 7
 def run(args, run_dir, *overrides):
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [args[0], "--oversubscribe", "--allow-run-as-root", "-n", "2", args[1], args[2],
-           f"io.run_dir={run_dir}", "io.checkpoint_every_steps=1", "io.keep_checkpoints=100", *overrides]
+           f"io.run_dir={run_dir}", "io.checkpoint_every_steps=1", "io.keep_checkpoints=100", *overrides,
+           *sys.argv[5:]]
     # The two streams apart: mpirun forwards them separately, in chunks, so one pipe
     # for both could split a line.
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
@@ -98,6 +102,11 @@ def main():
     rc, out = run(args, run_dir, NAN_FILES, "train.nonfinite=skip")
     if rc != 0:
         fail(f"train.nonfinite = 'skip' exited {rc}, expected 0")
+    if "train.cuda_graph=on" in sys.argv[5:]:
+        replayed = [int(m.group(1)) for m in re.finditer(r"^CUDA graph: (\d+) of \d+ micro-batches", out, re.M)]
+        print(f"micro-batches replayed from a CUDA graph, per epoch: {replayed}")
+        if len(replayed) != 2 or replayed[-1] == 0:
+            fail("no 'CUDA graph: N of M micro-batches' line per epoch with N > 0")
     records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     if len(records) != 2:
         fail(f"{len(records)} epochs in metrics.jsonl, expected 2")

@@ -18,6 +18,8 @@
 //   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
 //   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
 //                                 commutative); 1e-6 on more ranks (summation order)
+//   a CUDA graph of backend calls bitwise equal to the same calls run uncaptured, on new
+//   (train.cuda_graph's capture)  contents of the same buffers (fp32 and bf16)
 #include <mpi.h>
 
 #include <algorithm>
@@ -34,6 +36,7 @@
 #include "comm/gradient_reducer.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/conv_epilogue.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/device_communicator.hpp"
@@ -378,6 +381,59 @@ void test_transpose_image(cudaStream_t stream) {
   check("NHWC -> NCHW + bias, relu, add", rel_err(out.download(), want_out), 1e-6);
 }
 
+// train.cuda_graph's capture through the backend (ComputeBackend::capture): a GEMM,
+// a convolution's forward (its bias and relu epilogue), backward-filter and
+// backward-data, captured once after a warm-up call (as a step's first sight runs
+// uncaptured) and replayed on new contents of the same buffers: bitwise what the
+// same calls give uncaptured. bf16 adds the operand casts (and, under
+// DDP_CUDNN_NARROW=1, the NHWC moves).
+void test_graph_capture(cudaStream_t stream, ddp::Precision precision) {
+  using ddp::Layout;
+  auto backend = ddp::cuda::make_cuda_backend(stream);
+  const int m = 64, n = 48, k = 80, B = 4;
+  ddp::ConvGeometry g;
+  g.in = 3, g.h = g.w = 16, g.out = 8, g.k = 3, g.stride = 1, g.pad = 1, g.bias = true;
+  auto conv = backend->make_conv(g);
+  conv->configure(precision, /*fused_relu=*/true, Layout::nchw, Layout::nchw);
+  const std::size_t nx = std::size_t(B) * g.in * g.h * g.w, ny = std::size_t(B) * g.out * g.ho() * g.wo(),
+                    nw = std::size_t(g.out) * g.in * g.k * g.k;
+  DeviceBuffer<float> a(std::size_t(m) * k), b(std::size_t(k) * n), c(std::size_t(m) * n), x(nx), w(nw),
+      bias(std::size_t(g.out)), y(ny), dy(ny), dw(nw), db(std::size_t(g.out)), dx(nx);
+  const auto fill = [&](unsigned seed) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (DeviceBuffer<float>* buf : {&a, &b, &x, &w, &bias, &dy}) buf->upload(random_vector(buf->n, seed++));
+  };
+  const auto work = [&] {
+    backend->gemm(false, false, m, n, k, 1.0f, a.ptr, k, b.ptr, n, 0.0f, c.ptr, n, precision);
+    conv->forward(B, x.ptr, w.ptr, bias.ptr, y.ptr);
+    conv->backward_weights(B, x.ptr, dy.ptr, dw.ptr, db.ptr, /*accumulate=*/false);
+    conv->backward_data(B, dy.ptr, w.ptr, dx.ptr);
+  };
+  const auto outputs = [&] {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<std::vector<float>> out;
+    for (const DeviceBuffer<float>* buf : {&c, &y, &dw, &db, &dx}) out.push_back(buf->download());
+    return out;
+  };
+  fill(900);
+  work();  // plans and workspaces
+  auto graph = backend->capture(work);
+  const std::string tag = std::string(" ") + ddp::precision_name(precision);
+  for (unsigned round = 0; round < 2; ++round) {
+    fill(910 + 10 * round);
+    work();
+    const auto want = outputs();
+    fill(910 + 10 * round);
+    graph->replay();
+    const auto got = outputs();
+    const char* names[] = {"GEMM", "conv forward", "conv backward-filter", "conv bias gradient",
+                           "conv backward-data"};
+    for (std::size_t i = 0; i < got.size(); ++i)
+      check(("CUDA graph replay == uncaptured: " + std::string(names[i]) + tag).c_str(),
+            rel_err(got[i], want[i]), 0.0);
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm world = MPI_COMM_WORLD;
@@ -404,6 +460,8 @@ int main(int argc, char** argv) {
   test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
   test_conv_nhwc(compute);
   test_transpose_image(compute);
+  test_graph_capture(compute, ddp::Precision::fp32);
+  test_graph_capture(compute, ddp::Precision::bf16);
   test_device_mpi(world, compute);
   // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
   int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;

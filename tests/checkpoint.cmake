@@ -27,15 +27,14 @@ if(DDP_ENABLE_CUDA)
   # train.cuda_graph on the GPU (skipped, 77, without a device): 2 epochs replayed from
   # CUDA graphs end bitwise where the uncaptured run ends (MLP and CNN), and a stop and
   # resume with graphs on equals the straight run (fp32, and fp16 with its loss scale).
-  set(_with_gpu sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\"")
   ddp_add_checkpoint_test(cuda_graph_equal_np2 FIXTURE fashion NP 2 TIMEOUT 900
-    COMMAND ${_with_gpu} ${DDP_PYTHON} ${CKPT}/graph_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/graph_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             runs/ckpt_graph ${FASHION_NML} ${PROJECT_SOURCE_DIR}/inputs/fashion_cnn.nml)
   ddp_add_checkpoint_test(exactness_cuda_graph_np2 FIXTURE fashion NP 2 TIMEOUT 900
-    COMMAND ${_with_gpu} ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${FASHION_NML} runs/ckpt_exact_graph train.cuda_graph=on)
   ddp_add_checkpoint_test(exactness_fp16_cuda_graph_np2 FIXTURE fashion NP 2 TIMEOUT 900
-    COMMAND ${_with_gpu} ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${FASHION_NML} runs/ckpt_exact_fp16_graph train.precision=fp16 train.loss_scale=1048576
             train.loss_scale_growth_interval=50 train.cuda_graph=on)
   set_tests_properties(checkpoint_cuda_graph_equal_np2 checkpoint_exactness_cuda_graph_np2

@@ -110,7 +110,7 @@ if(DDP_ENABLE_CUDA)
   # The same with the step replayed from a CUDA graph (train.cuda_graph): the check and
   # the skip run outside the graph, on what it computed. Skipped (77) without a device.
   add_test(NAME e2e_nonfinite_cuda_graph_np2
-           COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+           COMMAND ${DDP_WITH_GPU}
                    ${DDP_PYTHON} ${E2E}/nonfinite.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY}
                    runs/nonfinite_graph train.cuda_graph=on)
   set_tests_properties(e2e_nonfinite_cuda_graph_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
@@ -272,7 +272,7 @@ if(DDP_ENABLE_CUDA)
     list(GET case 1 cc)
     list(GET case 2 regex)
     add_test(NAME e2e_error_gpu_${precision}_without_tensor_cores
-             COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+             COMMAND ${DDP_WITH_GPU}
                      ${E2E}/expect_error.sh "train.precision = '${precision}' cannot run on the GPU .*${regex}" --
                      ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.precision=${precision})
     set_tests_properties(e2e_error_gpu_${precision}_without_tensor_cores PROPERTIES
@@ -289,7 +289,7 @@ if(DDP_ENABLE_CUDA)
     list(GET case 1 arg)
     list(GET case 2 regex)
     add_test(NAME e2e_error_gpu_cuda_graph_${what}
-             COMMAND sh -c "nvidia-smi -L > /dev/null 2>&1 || exit 77; exec \"$0\" \"$@\""
+             COMMAND ${DDP_WITH_GPU}
                      ${E2E}/expect_error.sh "train.cuda_graph = 'on' cannot be: ${regex}" --
                      ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.cuda_graph=on ${arg})
     set_tests_properties(e2e_error_gpu_cuda_graph_${what} PROPERTIES FIXTURES_REQUIRED e2e_data

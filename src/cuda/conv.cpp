@@ -79,9 +79,11 @@ CudnnConv::~CudnnConv() {
 void* CudnnConv::workspace(std::size_t bytes) {
   if (bytes > workspace_bytes_) {
     // Stream-ordered: the old block is freed after the work already queued on it.
-    if (workspace_) CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
+    if (workspace_) {
+      CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
+      device_block_freed();  // a captured step graph may point at the old block
+    }
     CUDA_CHECK(cudaMallocAsync(&workspace_, bytes, stream_));
-    device_block_freed();  // a captured step graph may point at the old block
     workspace_bytes_ = bytes;
   }
   return workspace_;

@@ -21,6 +21,7 @@ std::unique_ptr<ComputeBackend> g_backend;
 // watch_device_memory's record: blocks by address with their numbers, and the numbers
 // of those freed since take_device_frees. Allocations may come from any thread.
 std::mutex g_memory_mutex;
+bool g_watching = false;
 std::uint64_t g_allocations = 0;
 std::unordered_map<const void*, std::uint64_t> g_blocks;
 std::vector<std::uint64_t> g_freed;
@@ -42,9 +43,9 @@ void on_deallocate(const Kokkos::Profiling::SpaceHandle space, const char*, cons
 }  // namespace
 
 void watch_device_memory() {
-  static bool watching = false;
-  if (watching) return;
-  watching = true;
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  if (g_watching) return;
+  g_watching = true;
   Kokkos::Tools::Experimental::set_allocate_data_callback(on_allocate);
   Kokkos::Tools::Experimental::set_deallocate_data_callback(on_deallocate);
 }
@@ -61,7 +62,7 @@ std::vector<std::uint64_t> take_device_frees() {
 
 void device_block_freed() {
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
-  g_freed.push_back(0);
+  if (g_watching) g_freed.push_back(0);  // unwatched, nobody would take them
 }
 
 ComputeBackend& compute_backend() {

@@ -40,12 +40,9 @@ bool StepGraphs::run(const StepGraphKey& key, const std::function<void()>& work)
                    entries_.end());
   }
   const auto e = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& x) { return x.key == key; });
-  if (e == entries_.end()) {  // first sight
-    work();
-    entries_.push_back({key, 0, nullptr});
-    return true;
-  }
-  if (!e->graph && kernel_trace::counting()) {  // Kokkos fences at every kernel meanwhile
+  // As it is at first sight, and while a count makes Kokkos fence at every kernel.
+  if (e == entries_.end() || (!e->graph && kernel_trace::counting())) {
+    if (e == entries_.end()) entries_.push_back({key, 0, nullptr});
     work();
     return true;
   }

@@ -45,7 +45,7 @@ struct StepGraphKey {
 // What train.cuda_graph makes of this run, the same on every rank.
 struct StepGraphPlan {
   bool on = false;           // capture and replay
-  bool collectives = false;  // the gradient all-reduce (or the buckets' wait) inside the graph
+  bool collectives = false;  // on, and the gradient all-reduce (or the buckets' wait) inside the graph
   std::string line;          // rank 0's start-up line; empty for 'off'
 };
 

@@ -152,7 +152,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       for (std::int64_t i = 0; i < batch.size; ++i)
         std::fprintf(trace.get(), "%lld\n", (long long)batch.index[i]);
     if (++r.micro < accumulation && b + 1 < r.batches) continue;
-    Agreed a = reduce_and_step(r.group_samples, graph_plan_.on && graph_plan_.collectives, stats);
+    Agreed a = reduce_and_step(r.group_samples, graph_plan_.collectives, stats);
     if (a.stop) {
       r.nonfinite = true;
       break;
@@ -178,7 +178,7 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
   model_.reseed_dropout(hash64(dropout_key_, std::uint64_t(pos_.dropout_position++)));
   const bool poisoned = inject_fault(FaultSite::loss_gradient, step_);  // tests only
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
-  const bool reduce = last_micro && graph_plan_.on && graph_plan_.collectives;
+  const bool reduce = last_micro && graph_plan_.collectives;
   // What a CUDA graph captures (train.cuda_graph): device work only, every host value
   // its kernels take in the key below.
   const auto work = [&] {

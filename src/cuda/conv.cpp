@@ -81,7 +81,9 @@ void* CudnnConv::workspace(std::size_t bytes) {
     // Stream-ordered: the old block is freed after the work already queued on it.
     if (workspace_) {
       CUDA_CHECK(cudaFreeAsync(workspace_, stream_));
-      device_block_freed();  // a captured step graph may point at the old block
+      // a captured step graph may point at the old block
+      device_block_freed("the cuDNN workspace (" + std::to_string(workspace_bytes_) + " bytes, growing to " +
+                         std::to_string(bytes) + ")");
     }
     CUDA_CHECK(cudaMallocAsync(&workspace_, bytes, stream_));
     workspace_bytes_ = bytes;

@@ -37,6 +37,14 @@ NcclCommunicator::~NcclCommunicator() {
   cudaStreamDestroy(stream_);
 }
 
+namespace {
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status == cudaStreamCaptureStatusActive;
+}
+}  // namespace
+
 template <class Call>
 void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, Call&& call, bool join) {
   last_op_ = std::string(op) + " of " + std::to_string(n) + " " + type;
@@ -44,6 +52,7 @@ void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, 
   CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   NCCL_CHECK(call());
   CUDA_CHECK(cudaEventRecord(done_, stream_));
+  done_in_capture_ = capturing(stream_);
   if (join) CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
 }
 
@@ -55,7 +64,11 @@ void NcclCommunicator::allreduce_sum_detached(float* data, std::size_t n) {
 
 // done_ was recorded after the last collective queued, and the NCCL stream runs
 // them in order.
-void NcclCommunicator::join() { CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+void NcclCommunicator::join() {
+  // A graph's collectives are joined inside the graph, which replays on the compute stream.
+  if (done_in_capture_ && !capturing(compute_)) return;
+  CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+}
 
 void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) {
   if (n == 0 || size_ == 1) return;
@@ -70,6 +83,7 @@ void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) {
   NCCL_CHECK(ncclAllReduce(host_staging_, host_staging_, n, ncclFloat64, ncclSum, comm_, stream_));
   CUDA_CHECK(cudaMemcpyAsync(data, host_staging_, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaEventRecord(done_, stream_));
+  done_in_capture_ = false;  // a host copy is never captured
   synchronize();
 }
 
@@ -224,6 +238,14 @@ void NcclCommunicator::synchronize() {
   const auto deadline = clock::now() + std::chrono::duration<double>(options_.timeout_s);
   // done_ was recorded after the last collective: polling it, not blocking in
   // cudaEventSynchronize, lets a dead peer or a network error be seen and reported.
+  // Recorded inside a captured graph, it cannot be polled: the graph's replays run on
+  // the compute stream, NCCL's branch joined, so an event recorded there now follows
+  // the last collective replayed (seen on an H100: cudaErrorInvalidValue from the
+  // query at the end of a 1-rank run with train.cuda_graph = 'on').
+  if (done_in_capture_) {
+    CUDA_CHECK(cudaEventRecord(done_, compute_));
+    done_in_capture_ = false;
+  }
   for (;;) {
     cudaError_t q = cudaEventQuery(done_);
     if (q == cudaSuccess) return;

@@ -82,6 +82,9 @@ class NcclCommunicator final : public Communicator {
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate of the constructor's communicator
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;  // compute -> NCCL, NCCL -> compute
+  // done_ was last recorded while the stream was captured into a CUDA graph
+  // (train.cuda_graph): outside that capture CUDA refuses to query or wait on it.
+  bool done_in_capture_ = false;
   float* scratch_ = nullptr;                      // barrier()'s one element
   double* host_staging_ = nullptr;                // allreduce_sum_host's device copy
   std::size_t host_staging_count_ = 0;

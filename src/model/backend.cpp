@@ -25,19 +25,32 @@ bool g_watching = false;
 std::uint64_t g_allocations = 0;
 std::unordered_map<const void*, std::uint64_t> g_blocks;
 std::vector<std::uint64_t> g_freed;
+std::vector<std::string> g_changes;  // since take_device_frees: what, for an error line
+constexpr std::size_t kChangesNamed = 4;
+
+void note_change(std::string what) {
+  if (g_changes.size() < kChangesNamed)
+    g_changes.push_back(std::move(what));
+  else if (g_changes.size() == kChangesNamed)
+    g_changes.push_back("...");
+}
 
 // Kokkos's tools callbacks for every view's memory: host memory ("Host") is not what
 // a graph points into; device and pinned memory are.
-void on_allocate(const Kokkos::Profiling::SpaceHandle space, const char*, const void* ptr, std::uint64_t) {
+void on_allocate(const Kokkos::Profiling::SpaceHandle space, const char* label, const void* ptr,
+                 std::uint64_t) {
   if (std::strcmp(space.name, "Host") == 0) return;
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
   g_blocks[ptr] = ++g_allocations;
+  note_change(std::string("'") + label + "' allocated");
 }
-void on_deallocate(const Kokkos::Profiling::SpaceHandle space, const char*, const void* ptr, std::uint64_t) {
+void on_deallocate(const Kokkos::Profiling::SpaceHandle space, const char* label, const void* ptr,
+                   std::uint64_t) {
   if (std::strcmp(space.name, "Host") == 0) return;
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
   const auto it = g_blocks.find(ptr);
   g_freed.push_back(it == g_blocks.end() ? 0 : it->second);  // unknown: as old as can be
+  note_change(std::string("'") + label + "' freed");
   if (it != g_blocks.end()) g_blocks.erase(it);
 }
 }  // namespace
@@ -57,12 +70,22 @@ std::uint64_t device_allocations() {
 
 std::vector<std::uint64_t> take_device_frees() {
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_changes.clear();
   return std::exchange(g_freed, {});
 }
 
-void device_block_freed() {
+void device_block_freed(const std::string& what) {
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
-  if (g_watching) g_freed.push_back(0);  // unwatched, nobody would take them
+  if (!g_watching) return;  // unwatched, nobody would take them
+  g_freed.push_back(0);
+  note_change(what + " freed");
+}
+
+std::string device_memory_changes() {
+  const std::lock_guard<std::mutex> lock(g_memory_mutex);
+  std::string line;
+  for (const std::string& c : g_changes) line += (line.empty() ? "" : ", ") + c;
+  return line;
 }
 
 ComputeBackend& compute_backend() {

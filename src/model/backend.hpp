@@ -144,9 +144,14 @@ void watch_device_memory();
 // The number of the last block allocated (0: none yet).
 std::uint64_t device_allocations();
 // The numbers of the blocks freed since the last call. The CUDA glue's own
-// workspaces report a release as device_block_freed(), number 0: older than any graph.
+// workspaces report a release as device_block_freed(what), number 0: older than any
+// graph.
 std::vector<std::uint64_t> take_device_frees();
-void device_block_freed();
+void device_block_freed(const std::string& what);
+// What was allocated or freed since take_device_frees, for an error line: the
+// blocks' labels (Kokkos's view labels, or what device_block_freed was told), the
+// first few, e.g. "'Conv2d::dx' allocated, the cuDNN workspace freed".
+std::string device_memory_changes();
 
 // The backend of this process, made on first use (after Kokkos::initialize) and
 // released when Kokkos finalizes: oneDNN in the CPU build, cuBLAS/cuDNN on Kokkos's

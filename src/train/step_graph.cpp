@@ -50,9 +50,10 @@ bool StepGraphs::run(const StepGraphKey& key, const std::function<void()>& work)
   if (capture) {  // its host code runs once more, recording
     const std::uint64_t before = device_allocations();
     e->graph = (backend_ ? *backend_ : compute_backend()).capture(work);
+    const std::string changes = device_memory_changes();
     DDP_REQUIRE(e->graph && device_allocations() == before && take_device_frees().empty(),
-                "train.cuda_graph: device memory was allocated or freed while the step was captured; "
-                "train.cuda_graph = 'off' runs without a graph");
+                "train.cuda_graph: device memory was allocated or freed while the step was captured ("
+                    << changes << "); train.cuda_graph = 'off' runs without a graph");
     e->allocations = before;
     ++captures_;
   }

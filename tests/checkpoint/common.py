@@ -27,8 +27,36 @@ def run(cmd, env=None, timeout=600):
     return p.returncode, p.stdout, p.stderr
 
 
+def children(pid):
+    """The pids of pid's child processes (mpiexec's ranks, which it starts itself)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                # the field after the parenthesised command name is the state, then the ppid
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(d))
+        except (ValueError, OSError, IndexError):
+            pass
+    return kids
+
+
+def send_stop(p):
+    """SIGUSR1 to mpiexec, which forwards it to the ranks; with DDP_TEST_SIGNAL_RANKS=1
+    to the ranks themselves, as Slurm's `scancel --signal=USR1` does (on a machine whose
+    mpiexec does not forward the signal: an Open MPI 4.1.6 mixed with 4.1.4 did not)."""
+    if os.environ.get("DDP_TEST_SIGNAL_RANKS") == "1":
+        ranks = children(p.pid)
+        for pid in ranks:
+            os.kill(pid, signal.SIGUSR1)
+        print(f">>> sent SIGUSR1 to the ranks {ranks}", flush=True)
+    else:
+        p.send_signal(signal.SIGUSR1)
+        print(">>> sent SIGUSR1 to mpiexec", flush=True)
+
+
 def run_until(cmd, stop_when, timeout=600):
-    """Runs cmd; sends SIGUSR1 to mpiexec when stop_when(line) is true for a line of
+    """Runs cmd; sends SIGUSR1 (send_stop) when stop_when(line) is true for a line of
     its stdout. Returns (exit status, stdout text, whether the signal was sent)."""
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -38,9 +66,8 @@ def run_until(cmd, stop_when, timeout=600):
         out.append(line)
         sys.stdout.write(line)
         if not sent and stop_when(line):
-            p.send_signal(signal.SIGUSR1)
+            send_stop(p)
             sent = True
-            print(">>> sent SIGUSR1 to mpiexec", flush=True)
         if time.time() > deadline:
             p.kill()
             break

@@ -160,8 +160,10 @@ TEST(StepGraphs, FirstSightRunsSecondCapturesThenReplays) {
   EXPECT_EQ(work.sum, 17.0);
   EXPECT_EQ(graphs.replays(), 3);
 
-  ddp::device_block_freed();   // a workspace grew: every graph may point at the old one
-  EXPECT_TRUE(run(a, 100.0));  // as it is again
+  ddp::device_block_freed("a workspace");  // a workspace grew: every graph may point at the old one
+  EXPECT_EQ(ddp::device_memory_changes(), "a workspace freed");  // what a failed capture's line names
+  EXPECT_TRUE(run(a, 100.0));                                    // as it is again
+  EXPECT_EQ(ddp::device_memory_changes(), "");                   // taken with the releases
   EXPECT_EQ(work.sum, 117.0);
   EXPECT_TRUE(run(a, 1000.0));  // captured again
   EXPECT_EQ(graphs.captures(), 2);

@@ -13,7 +13,11 @@
 //
 // DDP_LAUNCH_COUNT=1: also counts what the epoch dispatched (Kokkos kernels, deep
 // copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step;
-// DDP_LAUNCH_COUNT=names adds the Kokkos kernels per step by label.
+// DDP_LAUNCH_COUNT=names adds the Kokkos kernels per step by label;
+// DDP_LAUNCH_COUNT=times also times each of them, prints them by label, the longest
+// first, and the rest of the step: what runs outside the Kokkos kernels (GEMM and
+// convolution calls, the GPU build's own kernels, the host; the floor is the GEMMs'
+// and convolutions' part of it).
 // Kokkos fences around every kernel while it counts: take the times from a run
 // without it.
 #include <algorithm>
@@ -128,6 +132,38 @@ std::pair<std::int64_t, std::int64_t> host_memory() {
   return {kb.first < 0 ? -1 : kb.first * 1024, kb.second < 0 ? -1 : kb.second * 1024};
 }
 
+// DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their times.
+enum class Count { off, totals, names, times };
+
+Count count_mode(const char* env) {
+  if (!env || !*env || std::strcmp(env, "0") == 0) return Count::off;
+  if (std::strcmp(env, "names") == 0) return Count::names;
+  if (std::strcmp(env, "times") == 0) return Count::times;
+  return Count::totals;
+}
+
+// A timed count's kernels by label, the longest first, per step (per = 1 / steps),
+// and what of the counted (fenced) step `step_s` was outside them.
+void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, double step_s) {
+  std::vector<std::pair<double, std::string>> by_time;
+  for (const auto& [label, seconds] : dispatched.kernel_seconds) by_time.emplace_back(seconds, label);
+  std::sort(by_time.rbegin(), by_time.rend());
+  const double inside = dispatched.kernel_seconds_total() * per;
+  char line[400];
+  std::snprintf(
+      line, sizeof line,
+      "  kernels     %.3f ms per step in Kokkos kernels, %.3f ms outside them (GEMM/conv calls, own "
+      "CUDA kernels, the host) of the counted step's %.3f ms; by label, longest first:",
+      inside * 1e3, (step_s - inside) * 1e3, step_s * 1e3);
+  log::info(line);
+  for (const auto& [seconds, label] : by_time) {
+    const auto n = dispatched.kernels.find(label);
+    std::snprintf(line, sizeof line, "              %9.3f ms %7.2f x  %s", seconds * per * 1e3,
+                  n == dispatched.kernels.end() ? 0.0 : double(n->second) * per, label.c_str());
+    log::info(line);
+  }
+}
+
 // The DDP_LAUNCH_COUNT line: what the epoch dispatched, per step (per = 1 / steps),
 // and with names, the Kokkos kernels by label.
 void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool names) {
@@ -175,11 +211,11 @@ int main(int argc, char** argv) {
   EpochStats e;
   double seconds = 0.0, wait = 0.0, fwd = 0.0, bwd = 0.0, com = 0.0, opt = 0.0, samples = 0.0;
   std::int64_t steps = 0;
-  const char* count_env = std::getenv("DDP_LAUNCH_COUNT");
-  const bool count = count_env && std::strcmp(count_env, "0") != 0 && *count_env;
+  const Count mode = count_mode(std::getenv("DDP_LAUNCH_COUNT"));
+  const bool count = mode != Count::off;
   const int warmup = cfg.train.epochs > 1 ? 1 : 0;
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
-    if (count && epoch == warmup) kernel_trace::start_counting();
+    if (count && epoch == warmup) kernel_trace::start_counting(mode == Count::times);
     const std::int64_t before = trainer.step();
     e = trainer.train_epoch(epoch);
     if (epoch < warmup) continue;
@@ -226,7 +262,8 @@ int main(int argc, char** argv) {
       cfg.train.precision.c_str());
   log::info(text);
   const double per = 1.0 / double(steps);
-  if (count) print_launches(dispatched, per, std::strcmp(count_env, "names") == 0);
+  if (count) print_launches(dispatched, per, mode == Count::names);
+  if (mode == Count::times) print_kernel_times(dispatched, per, step);
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.
   const MemoryPlan plan = trainer.memory_plan();
@@ -290,7 +327,9 @@ int main(int argc, char** argv) {
                              {"device_used_bytes", (long long)device_used},
                              {"launches_per_step", count ? double(dispatched.total()) * per : -1.0},
                              {"kokkos_kernels_per_step", count ? double(dispatched.kokkos) * per : -1.0},
-                             {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0}};
+                             {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0},
+                             {"kokkos_kernel_ms_per_step",
+                              mode == Count::times ? dispatched.kernel_seconds_total() * per * 1e3 : -1.0}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

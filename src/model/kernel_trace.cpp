@@ -1,6 +1,9 @@
 #include "model/kernel_trace.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
 
 namespace ddp::kernel_trace {
 
@@ -8,23 +11,49 @@ namespace {
 bool g_on = false;
 std::vector<Kernel> g_kernels;
 bool g_counting = false;
+bool g_timing = false;
 Dispatches g_counts;
+
+// A timed count's kernels under way, by the id Kokkos hands back at their end: label
+// and start. Kernels may start from the loader's thread as well.
+using Clock = std::chrono::steady_clock;
+std::mutex g_mutex;
+std::uint64_t g_next_id = 0;
+std::unordered_map<std::uint64_t, std::pair<std::string, Clock::time_point>> g_running;
 
 namespace tools = Kokkos::Tools::Experimental;
 
-void count_kernel(const char* label, std::uint32_t, std::uint64_t*) {
+// Kokkos has fenced before this begin and fences again before the end.
+void count_kernel(const char* label, std::uint32_t, std::uint64_t* id) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  const std::string name = label ? label : "?";
   ++g_counts.kokkos;
-  ++g_counts.kernels[label ? label : "?"];
+  ++g_counts.kernels[name];
+  if (!g_timing) return;
+  *id = ++g_next_id;
+  g_running[*id] = {name, Clock::now()};
+}
+void end_kernel(std::uint64_t id) {
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = g_running.find(id);
+  if (it == g_running.end()) return;
+  g_counts.kernel_seconds[it->second.first] += std::chrono::duration<double>(now - it->second.second).count();
+  g_running.erase(it);
 }
 void count_copy(Kokkos::Profiling::SpaceHandle, const char*, const void*, Kokkos::Profiling::SpaceHandle,
                 const char*, const void*, std::uint64_t) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
   ++g_counts.copies;
 }
 
-void set_callbacks(bool on) {
+void set_callbacks(bool on, bool timed) {
   tools::set_begin_parallel_for_callback(on ? count_kernel : nullptr);
   tools::set_begin_parallel_reduce_callback(on ? count_kernel : nullptr);
   tools::set_begin_parallel_scan_callback(on ? count_kernel : nullptr);
+  tools::set_end_parallel_for_callback(on && timed ? end_kernel : nullptr);
+  tools::set_end_parallel_reduce_callback(on && timed ? end_kernel : nullptr);
+  tools::set_end_parallel_scan_callback(on && timed ? end_kernel : nullptr);
   tools::set_begin_deep_copy_callback(on ? count_copy : nullptr);
 }
 }  // namespace
@@ -45,15 +74,26 @@ std::vector<Kernel> stop() {
   return std::move(g_kernels);
 }
 
-void start_counting() {
+double Dispatches::kernel_seconds_total() const {
+  double sum = 0.0;
+  for (const auto& [label, seconds] : kernel_seconds) sum += seconds;
+  return sum;
+}
+
+void start_counting(bool timed) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
   g_counts = {};
+  g_running.clear();
   g_counting = true;
-  set_callbacks(true);
+  g_timing = timed;
+  set_callbacks(true, timed);
 }
 
 Dispatches stop_counting() {
-  set_callbacks(false);
+  set_callbacks(false, false);
+  const std::lock_guard<std::mutex> lock(g_mutex);
   g_counting = false;
+  g_timing = false;
   return g_counts;
 }
 

@@ -10,7 +10,9 @@
 // callbacks), every deep copy, and every GEMM or convolution call of the backend.
 // On a GPU each is at least one launch. Kokkos fences around each kernel while
 // a count runs (its tool interface asks that of a tool by default), so a counted
-// run's times are not the uncounted run's.
+// run's times are not the uncounted run's. A timed count also takes each Kokkos
+// kernel's time between those fences: the kernel alone, the work queued before it
+// (GEMM and convolution calls, the GPU build's own kernels) already done.
 
 #include <cstdint>
 #include <functional>
@@ -37,10 +39,13 @@ struct Dispatches {
   std::int64_t library = 0;  // GEMM and convolution calls (oneDNN, cuBLAS, cuDNN)
   std::int64_t cuda = 0;     // the GPU build's own CUDA kernels and copies around them (src/cuda)
   std::int64_t graphs = 0;   // CUDA graph launches (train.cuda_graph), each a whole captured step
-  std::map<std::string, std::int64_t> kernels;  // Kokkos kernels by label
+  std::map<std::string, std::int64_t> kernels;   // Kokkos kernels by label
+  std::map<std::string, double> kernel_seconds;  // a timed count: Kokkos kernels' time by label
   std::int64_t total() const { return kokkos + copies + library + cuda + graphs; }
+  double kernel_seconds_total() const;
 };
-void start_counting();
+// timed: also time every Kokkos kernel (Dispatches::kernel_seconds).
+void start_counting(bool timed = false);
 Dispatches stop_counting();
 // Whether a count runs: Kokkos then fences at every kernel, which no CUDA graph can
 // capture (train.cuda_graph waits with its captures until the count ends).

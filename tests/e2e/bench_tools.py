@@ -52,11 +52,12 @@ if os.path.exists(os.path.join(build, "gemm_bench")):  # oneDNN's: not in the CU
 out = run([os.path.join(build, "conv_bench"), "8", "3"])
 positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out, "convolution total")
 
-# With the launch count on (fenced kernels: the floor stays below the step all the more),
-# two epochs: the first warms up, and only the second is timed and counted.
+# With the launch count on and its kernels timed (fenced kernels: the floor stays below
+# the step all the more), two epochs: the first warms up, and only the second is timed
+# and counted.
 out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
            os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools",
-           "train.epochs=2"], {"DDP_LAUNCH_COUNT": "1"})
+           "train.epochs=2"], {"DDP_LAUNCH_COUNT": "times"})
 line = [l for l in out.splitlines() if l.startswith("json: ")]
 if len(line) != 1:
     fail("ddp_bench printed no json line")
@@ -77,6 +78,15 @@ if r["library_calls_per_step"] != 13:
 if not r["kokkos_kernels_per_step"] >= 10 or not r["launches_per_step"] >= 13 + r["kokkos_kernels_per_step"]:
     fail(f"ddp_bench counted {r['kokkos_kernels_per_step']} Kokkos kernels, {r['launches_per_step']} launches per step")
 positive(r"launches +([0-9.]+) per step \(rank 0\): ([0-9.]+) Kokkos kernels", out, "the launch count line")
+# The kernels' times: a part of the counted step, and the labels they add up from.
+(inside, outside, counted) = positive(r"kernels +([0-9.]+) ms per step in Kokkos kernels, ([0-9.]+) ms outside them .* "
+                                      r"counted step's ([0-9.]+) ms", out, "the kernel times line")
+if not (abs(inside - r["kokkos_kernel_ms_per_step"]) < 1e-3 and inside < counted
+        and abs(inside + outside - counted) < 3e-3):
+    fail(f"kernel times: {inside} + {outside} ms of {counted}, json {r['kokkos_kernel_ms_per_step']}")
+labels = re.findall(r"^ +([0-9.]+) ms +([0-9.]+) x  (\S.*)$", out, re.M)
+if len(labels) < 3 or abs(sum(float(ms) for ms, _, _ in labels) - inside) > 0.01 * inside + 2e-3:
+    fail(f"kernel times by label {labels} do not add up to {inside} ms")
 print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}, "
       f"{r['launches_per_step']:.1f} launches per step")
 

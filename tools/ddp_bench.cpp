@@ -14,10 +14,10 @@
 // DDP_LAUNCH_COUNT=1: also counts what the epoch dispatched (Kokkos kernels, deep
 // copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step;
 // DDP_LAUNCH_COUNT=names adds the Kokkos kernels per step by label;
-// DDP_LAUNCH_COUNT=times also times each of them, prints them by label, the longest
-// first, and the rest of the step: what runs outside the Kokkos kernels (GEMM and
-// convolution calls, the GPU build's own kernels, the host; the floor is the GEMMs'
-// and convolutions' part of it).
+// DDP_LAUNCH_COUNT=times also times each of them and, in the GPU build, each cuBLAS
+// and cuDNN call and each of the build's own CUDA kernels; prints them by label, the
+// longest first, and the rest of the step: what runs outside them (the host, copies,
+// collectives; on the CPU also the oneDNN calls, the floor's part of it).
 // Kokkos fences around every kernel while it counts: take the times from a run
 // without it.
 #include <algorithm>
@@ -142,24 +142,31 @@ Count count_mode(const char* env) {
   return Count::totals;
 }
 
-// A timed count's kernels by label, the longest first, per step (per = 1 / steps),
-// and what of the counted (fenced) step `step_s` was outside them.
+// A timed count's kernels and calls by label, the longest first, per step (per = 1 /
+// steps), and what of the counted (fenced) step `step_s` was outside them.
 void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, double step_s) {
   std::vector<std::pair<double, std::string>> by_time;
   for (const auto& [label, seconds] : dispatched.kernel_seconds) by_time.emplace_back(seconds, label);
+  for (const auto& [label, seconds] : dispatched.call_seconds) by_time.emplace_back(seconds, label);
   std::sort(by_time.rbegin(), by_time.rend());
-  const double inside = dispatched.kernel_seconds_total() * per;
+  const double kokkos = dispatched.kernel_seconds_total() * per,
+               calls = dispatched.call_seconds_total() * per;
   char line[400];
   std::snprintf(
       line, sizeof line,
-      "  kernels     %.3f ms per step in Kokkos kernels, %.3f ms outside them (GEMM/conv calls, own "
-      "CUDA kernels, the host) of the counted step's %.3f ms; by label, longest first:",
-      inside * 1e3, (step_s - inside) * 1e3, step_s * 1e3);
+      "  kernels     %.3f ms per step in Kokkos kernels, %.3f ms in cuBLAS/cuDNN calls and own CUDA "
+      "kernels, %.3f ms outside them (the host, copies, collectives; on a CPU the oneDNN calls) of "
+      "the counted step's %.3f ms; by label, longest first:",
+      kokkos * 1e3, calls * 1e3, (step_s - kokkos - calls) * 1e3, step_s * 1e3);
   log::info(line);
   for (const auto& [seconds, label] : by_time) {
-    const auto n = dispatched.kernels.find(label);
+    std::int64_t n = 0;  // how many: a Kokkos kernel's label, or a call's
+    if (const auto k = dispatched.kernels.find(label); k != dispatched.kernels.end())
+      n = k->second;
+    else if (const auto c = dispatched.calls.find(label); c != dispatched.calls.end())
+      n = c->second;
     std::snprintf(line, sizeof line, "              %9.3f ms %7.2f x  %s", seconds * per * 1e3,
-                  n == dispatched.kernels.end() ? 0.0 : double(n->second) * per, label.c_str());
+                  double(n) * per, label.c_str());
     log::info(line);
   }
 }
@@ -296,40 +303,42 @@ int main(int argc, char** argv) {
                 double(device_used) / (1024.0 * 1024.0), double(device_total) / (1024.0 * 1024.0));
   log::info(dev);
 #endif
-  const MetricRecord json = {{"input", cfg.source_path},
-                             {"world_size", (long long)ctx.size()},
-                             {"batch_size", (long long)B},
-                             {"steps", (long long)steps},
-                             {"warmup_epochs", (long long)warmup},
-                             {"samples_per_s", samples / seconds},
-                             {"step_ms", step * 1e3},
-                             {"data_wait_ms", wait * per_step},
-                             {"forward_ms", fwd * per_step},
-                             {"backward_ms", bwd * per_step},
-                             {"exposed_comm_ms", com * per_step},
-                             {"optimizer_ms", opt * per_step},
-                             {"floor_kernels_ms", kernels_max * 1e3},
-                             {"floor_allreduce_ms", reduce * 1e3},
-                             {"floor_ms", floor_step * 1e3},
-                             {"efficiency", floor_step / step},
-                             {"model_gflops_per_s", flops * cfg.train.accumulation_steps / step * 1e-9},
-                             {"compute", compute_backend().name()},
-                             {"precision", cfg.train.precision},
-                             {"params_bytes", (long long)plan.parameters},
-                             {"grads_bytes", (long long)plan.gradients},
-                             {"zero", (long long)cfg.comm.zero},
-                             {"optimizer_state_bytes", (long long)plan.optimizer_state},
-                             {"optimizer_state_bytes_max", (long long)state_max},
-                             {"optimizer_state_bytes_min", (long long)state_min},
-                             {"activations_planned_bytes", (long long)plan.activations},
-                             {"host_hwm_bytes", (long long)host[0]},
-                             {"host_rss_bytes", (long long)host[1]},
-                             {"device_used_bytes", (long long)device_used},
-                             {"launches_per_step", count ? double(dispatched.total()) * per : -1.0},
-                             {"kokkos_kernels_per_step", count ? double(dispatched.kokkos) * per : -1.0},
-                             {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0},
-                             {"kokkos_kernel_ms_per_step",
-                              mode == Count::times ? dispatched.kernel_seconds_total() * per * 1e3 : -1.0}};
+  const MetricRecord json = {
+      {"input", cfg.source_path},
+      {"world_size", (long long)ctx.size()},
+      {"batch_size", (long long)B},
+      {"steps", (long long)steps},
+      {"warmup_epochs", (long long)warmup},
+      {"samples_per_s", samples / seconds},
+      {"step_ms", step * 1e3},
+      {"data_wait_ms", wait * per_step},
+      {"forward_ms", fwd * per_step},
+      {"backward_ms", bwd * per_step},
+      {"exposed_comm_ms", com * per_step},
+      {"optimizer_ms", opt * per_step},
+      {"floor_kernels_ms", kernels_max * 1e3},
+      {"floor_allreduce_ms", reduce * 1e3},
+      {"floor_ms", floor_step * 1e3},
+      {"efficiency", floor_step / step},
+      {"model_gflops_per_s", flops * cfg.train.accumulation_steps / step * 1e-9},
+      {"compute", compute_backend().name()},
+      {"precision", cfg.train.precision},
+      {"params_bytes", (long long)plan.parameters},
+      {"grads_bytes", (long long)plan.gradients},
+      {"zero", (long long)cfg.comm.zero},
+      {"optimizer_state_bytes", (long long)plan.optimizer_state},
+      {"optimizer_state_bytes_max", (long long)state_max},
+      {"optimizer_state_bytes_min", (long long)state_min},
+      {"activations_planned_bytes", (long long)plan.activations},
+      {"host_hwm_bytes", (long long)host[0]},
+      {"host_rss_bytes", (long long)host[1]},
+      {"device_used_bytes", (long long)device_used},
+      {"launches_per_step", count ? double(dispatched.total()) * per : -1.0},
+      {"kokkos_kernels_per_step", count ? double(dispatched.kokkos) * per : -1.0},
+      {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0},
+      {"kokkos_kernel_ms_per_step",
+       mode == Count::times ? dispatched.kernel_seconds_total() * per * 1e3 : -1.0},
+      {"call_ms_per_step", mode == Count::times ? dispatched.call_seconds_total() * per * 1e3 : -1.0}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "model/backend.hpp"
+#include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
 
@@ -158,6 +159,7 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 void CudnnConv::forward(const ConvShape& s, const void* x, const void* w, void* y, float alpha, float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.fwd_bytes);
+  const kernel_trace::Timed timed("cuDNN conv forward", dtype_name(dtype_));
   CUDNN_CHECK(cudnnConvolutionForward(handle_, &alpha, x_desc_, x, w_desc_, w, conv_desc_, p.fwd, ws,
                                       p.fwd_bytes, &beta, y_desc_, y));
 }
@@ -166,6 +168,7 @@ void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy,
                               float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_data_bytes);
+  const kernel_trace::Timed timed("cuDNN conv backward data", dtype_name(dtype_));
   CUDNN_CHECK(cudnnConvolutionBackwardData(handle_, &alpha, w_desc_, w, y_desc_, dy, conv_desc_, p.bwd_data,
                                            ws, p.bwd_data_bytes, &beta, x_desc_, dx));
 }
@@ -174,6 +177,7 @@ void CudnnConv::backward_filter(const ConvShape& s, const void* x, const void* d
                                 float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_filter_bytes);
+  const kernel_trace::Timed timed("cuDNN conv backward filter", dtype_name(dtype_));
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &alpha, x_desc_, x, y_desc_, dy, conv_desc_,
                                              p.bwd_filter, ws, p.bwd_filter_bytes, &beta, w_desc_, dw));
 }

@@ -1,6 +1,7 @@
 #include "cuda/gemm.hpp"
 
 #include "cuda/cuda_check.hpp"
+#include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
 
@@ -21,6 +22,7 @@ void CublasGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, flo
   DDP_REQUIRE(c_type == DType::F32 || c_type == ab,
               "cuBLAS GEMM: C of " << dtype_name(c_type) << " with " << dtype_name(ab) << " operands");
   if (m == 0 || n == 0) return;
+  const kernel_trace::Timed timed("cuBLAS gemm", dtype_name(ab));
   // cuBLAS is column-major: a row-major (m, n) C is a column-major (n, m) C^T, and
   // C^T = op(B)^T op(A)^T, so the operands swap and keep their own transposes.
   CUBLAS_CHECK(cublasGemmEx(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,

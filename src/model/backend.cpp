@@ -36,17 +36,20 @@ void note_change(std::string what) {
 }
 
 // Kokkos's tools callbacks for every view's memory: host memory ("Host") is not what
-// a graph points into; device and pinned memory are.
+// a graph points into; device and pinned memory are. Empty blocks hold nothing to
+// point at: Kokkos's CUDA team kernels without scratch memory allocate 0 bytes of
+// "TeamScratchMemory" at every launch (Kokkos 4.6), which would stop every capture
+// of a model with batch norm.
 void on_allocate(const Kokkos::Profiling::SpaceHandle space, const char* label, const void* ptr,
-                 std::uint64_t) {
-  if (std::strcmp(space.name, "Host") == 0) return;
+                 std::uint64_t bytes) {
+  if (std::strcmp(space.name, "Host") == 0 || bytes == 0) return;
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
   g_blocks[ptr] = ++g_allocations;
   note_change(std::string("'") + label + "' allocated");
 }
 void on_deallocate(const Kokkos::Profiling::SpaceHandle space, const char* label, const void* ptr,
-                   std::uint64_t) {
-  if (std::strcmp(space.name, "Host") == 0) return;
+                   std::uint64_t bytes) {
+  if (std::strcmp(space.name, "Host") == 0 || bytes == 0) return;
   const std::lock_guard<std::mutex> lock(g_memory_mutex);
   const auto it = g_blocks.find(ptr);
   g_freed.push_back(it == g_blocks.end() ? 0 : it->second);  // unknown: as old as can be

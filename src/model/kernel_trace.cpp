@@ -74,10 +74,38 @@ std::vector<Kernel> stop() {
   return std::move(g_kernels);
 }
 
-double Dispatches::kernel_seconds_total() const {
+namespace {
+double sum_of(const std::map<std::string, double>& seconds) {
   double sum = 0.0;
-  for (const auto& [label, seconds] : kernel_seconds) sum += seconds;
+  for (const auto& [label, s] : seconds) sum += s;
   return sum;
+}
+double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+thread_local int t_timed_depth = 0;
+}  // namespace
+
+double Dispatches::kernel_seconds_total() const { return sum_of(kernel_seconds); }
+double Dispatches::call_seconds_total() const { return sum_of(call_seconds); }
+
+Timed::Timed(const char* what, const char* detail) {
+  if (!g_timing) return;
+  nested_ = t_timed_depth++ > 0;
+  if (nested_) return;
+  label_ = *detail ? std::string(what) + " " + detail : std::string(what);
+  Kokkos::fence();
+  start_ = now_seconds();
+}
+
+Timed::~Timed() {
+  if (!nested_ && label_.empty()) return;  // not timing
+  --t_timed_depth;
+  if (nested_) return;
+  Kokkos::fence();
+  const double seconds = now_seconds() - start_;
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_timing) return;
+  g_counts.call_seconds[label_] += seconds;
+  ++g_counts.calls[label_];
 }
 
 void start_counting(bool timed) {

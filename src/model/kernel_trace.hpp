@@ -41,8 +41,12 @@ struct Dispatches {
   std::int64_t graphs = 0;   // CUDA graph launches (train.cuda_graph), each a whole captured step
   std::map<std::string, std::int64_t> kernels;   // Kokkos kernels by label
   std::map<std::string, double> kernel_seconds;  // a timed count: Kokkos kernels' time by label
+  // a timed count on a GPU: library calls and own CUDA kernels (Timed) by label
+  std::map<std::string, std::int64_t> calls;
+  std::map<std::string, double> call_seconds;
   std::int64_t total() const { return kokkos + copies + library + cuda + graphs; }
   double kernel_seconds_total() const;
+  double call_seconds_total() const;
 };
 // timed: also time every Kokkos kernel (Dispatches::kernel_seconds).
 void start_counting(bool timed = false);
@@ -55,5 +59,23 @@ bool counting();
 void count_library_call();
 void count_cuda_launch();
 void count_graph_launch();
+
+// In a timed count, the GPU build's library calls (cuBLAS, cuDNN) and its own CUDA
+// kernels are timed too: one of these around each call fences the device before
+// and after it, as Kokkos does around its kernels, and adds the time under
+// "what detail" (Dispatches::call_seconds). Inside another, it times nothing (the
+// outer one holds its time). Outside a timed count it costs a flag's test.
+class Timed {
+ public:
+  explicit Timed(const char* what, const char* detail = "");
+  ~Timed();
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  std::string label_;    // empty: not timed
+  bool nested_ = false;  // inside another
+  double start_ = 0.0;
+};
 
 }  // namespace ddp::kernel_trace

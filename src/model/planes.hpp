@@ -151,6 +151,22 @@ constexpr std::int64_t partial_rows(Layout layout, std::int64_t B, std::int64_t 
   return layout == Layout::nhwc ? B * nhwc_runs(hw) : B;
 }
 
+// channel_sums adds each channel's column of rows in one thread where it has at most
+// kDirectRows rows. A longer column (NHWC's row per run of pixels makes tens of
+// thousands for a batch of large images: that one thread per channel was most of a
+// ResNet-50 step's batch-norm time on an H100) is first added in stretches of about
+// its square root, a thread per (stretch, channel), into rows after the first ones.
+constexpr std::int64_t kDirectRows = 64;
+constexpr std::int64_t stretch_rows(std::int64_t rows) {
+  std::int64_t s = 1;
+  while (s * s < rows) ++s;
+  return s;
+}
+// The rows of stretch sums for a column of `rows` (0: added directly).
+constexpr std::int64_t stretches(std::int64_t rows) {
+  return rows <= kDirectRows ? 0 : (rows + stretch_rows(rows) - 1) / stretch_rows(rows);
+}
+
 // No work after a channel's sums (channel_sums' default `then`).
 struct NoThen {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, double, double) const {}
@@ -158,9 +174,10 @@ struct NoThen {
 
 // sums(c) = sum of f(c, e), sums(C + c) = sum of g(c, e) over the elements e of
 // channel c of a (B, C, H, W) tensor in `layout`: plane_sums, then each channel's
-// rows added in order, and then(c, sum f, sum g) in the same kernel (the per-channel
-// work that needs no other rank's sums: one launch fewer). partial holds at least
-// partial_doubles(layout, B, C, hw).
+// rows added in order (in stretches first where they are many), and then(c, sum f,
+// sum g) in the last kernel (the per-channel work that needs no other rank's sums:
+// one launch fewer). The order is fixed: runs repeat bit for bit. partial holds at
+// least partial_doubles(layout, B, C, hw).
 template <class F, class G, class Then = NoThen>
 void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,
                   Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g, Then then = {}) {
@@ -180,12 +197,29 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
       plane_sums<1>(label, B, C, hw, partial, f, g);
       break;
   }
+  std::int64_t first = 0, n = rows;  // the last pass's rows: f's from row `first`, g's after them
+  if (const std::int64_t K = stretches(rows); K > 0) {
+    const std::int64_t len = stretch_rows(rows);
+    first = 2 * rows;
+    n = K;
+    Kokkos::parallel_for(
+        label, Range(0, K * C), KOKKOS_LAMBDA(std::int64_t p) {
+          const std::int64_t k = p / C, c = p - k * C, r0 = k * len, r1 = r0 + len < rows ? r0 + len : rows;
+          double sf = 0.0, sg = 0.0;
+          for (std::int64_t r = r0; r < r1; ++r) {
+            sf += partial(r * Cp + c);
+            sg += partial((rows + r) * Cp + c);
+          }
+          partial((first + k) * Cp + c) = sf;
+          partial((first + K + k) * Cp + c) = sg;
+        });
+  }
   Kokkos::parallel_for(
       label, Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
         double sf = 0.0, sg = 0.0;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          sf += partial(r * Cp + c);
-          sg += partial((rows + r) * Cp + c);
+        for (std::int64_t r = 0; r < n; ++r) {
+          sf += partial((first + r) * Cp + c);
+          sg += partial((first + n + r) * Cp + c);
         }
         sums(c) = sf;
         sums(C + c) = sg;
@@ -199,7 +233,8 @@ constexpr std::int64_t padded_channels(std::int64_t C) { return (C + 15) / 16 * 
 
 // The doubles channel_sums needs in `partial` for a (B, C, H, W) tensor in `layout`.
 constexpr std::int64_t partial_doubles(Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw) {
-  return 2 * partial_rows(layout, B, hw) * padded_channels(C);
+  const std::int64_t rows = partial_rows(layout, B, hw);
+  return 2 * (rows + stretches(rows)) * padded_channels(C);
 }
 
 // dst = src, an image tensor (B, C, H, W), in layout `to` (a Kokkos reorder, for

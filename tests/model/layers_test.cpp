@@ -14,6 +14,38 @@
 #include "model/flatten.hpp"
 #include "model/layer_registry.hpp"
 #include "model/linear.hpp"
+#include "model/planes.hpp"
+
+// Outside the anonymous namespace: nvcc's device lambdas need an enclosing function
+// with external linkage.
+namespace ddp::planes_check {
+// Where channel_sums' `then` sees each channel's sums.
+struct Keep {
+  Kokkos::View<double*> seen;
+  std::int64_t C;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c, double f, double g) const {
+    seen(c) = f;
+    seen(C + c) = g;
+  }
+};
+
+// channel_sums of x and x^2 for a (B, C, H, W) tensor x in `layout`: the sums, then
+// what `then` saw, on the host. The partial sums get exactly partial_doubles.
+std::vector<double> sums_and_seen(const View1& x, Layout layout, std::int64_t B, std::int64_t C,
+                                  std::int64_t hw) {
+  Kokkos::View<double*> partial("test::partial", partial_doubles(layout, B, C, hw)),
+      sums("test::sums", 2 * C), seen("test::seen", 2 * C);
+  ConstView1 xv = x;
+  auto f = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
+  auto g = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
+  channel_sums("test::channel_sums", layout, B, C, hw, partial, sums, f, g, Keep{seen, C});
+  auto s = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+  auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), seen);
+  std::vector<double> out(s.data(), s.data() + 2 * C);
+  out.insert(out.end(), t.data(), t.data() + 2 * C);
+  return out;
+}
+}  // namespace ddp::planes_check
 
 namespace ddp {
 namespace {
@@ -51,6 +83,43 @@ void check_layer(
   o.training = training;
   o.before_forward = before_forward;
   test::check_layer_gradients(*b.layer, x, b.params, b.grads, b.n, o);
+}
+
+// Batch norm's per-channel sums, NCHW and NHWC, with few rows of partial sums per
+// channel (added directly) and many (added in stretches first: NHWC's row per run
+// of pixels of a batch of large images): the sums of x and x^2 against the host's,
+// `then` given the same, and a second run equal bit for bit.
+TEST(Planes, ChannelSumsDirectAndInStretches) {
+  struct Case {
+    Layout layout;
+    std::int64_t B, C, hw;
+  };
+  for (const Case k : {Case{Layout::nhwc, 2, 3, 64}, Case{Layout::nhwc, 4, 5, 1600},
+                       Case{Layout::nchw, 8, 3, 49}, Case{Layout::nchw, 100, 3, 7}}) {
+    const std::int64_t rows = partial_rows(k.layout, k.B, k.hw);
+    SCOPED_TRACE(std::string(k.layout == Layout::nhwc ? "nhwc" : "nchw") + ", " + std::to_string(rows) +
+                 " rows a channel, " + std::to_string(stretches(rows)) + " stretches");
+    const std::vector<float> v = random_values(k.B * k.C * k.hw, 7);
+    Tensor x = make_tensor({k.B, k.C, k.hw}, v);
+    std::vector<double> want(2 * k.C, 0.0);
+    for (std::int64_t b = 0; b < k.B; ++b)
+      for (std::int64_t c = 0; c < k.C; ++c)
+        for (std::int64_t i = 0; i < k.hw; ++i) {
+          const double e = v[k.layout == Layout::nhwc ? (b * k.hw + i) * k.C + c : (b * k.C + c) * k.hw + i];
+          want[c] += e;
+          want[k.C + c] += e * e;
+        }
+    const std::vector<double> got = planes_check::sums_and_seen(x.data, k.layout, k.B, k.C, k.hw);
+    for (std::int64_t j = 0; j < 2 * k.C; ++j) {
+      EXPECT_NEAR(got[j], want[j], 1e-12 * std::abs(want[j]) + 1e-12) << "sum " << j;
+      EXPECT_EQ(got[2 * k.C + j], got[j]) << "then's sum " << j;
+    }
+    EXPECT_EQ(planes_check::sums_and_seen(x.data, k.layout, k.B, k.C, k.hw), got);
+  }
+  EXPECT_EQ(stretches(64), 0);  // added directly
+  // ResNet-50's first batch norms in NHWC at batch 256: 158 stretches of 159 rows
+  EXPECT_EQ(stretch_rows(25088), 159);
+  EXPECT_EQ(stretches(25088), 158);
 }
 
 TEST(Linear, ForwardIsXWtPlusB) {

@@ -172,6 +172,39 @@ TEST(StepGraphs, FirstSightRunsSecondCapturesThenReplays) {
   EXPECT_EQ(work.sum, 2117.0);
 }
 
+// Kokkos's CUDA team kernels without scratch memory (batch norm's) allocate 0 bytes
+// of team scratch at every launch: no memory a graph could point into, so no
+// obstacle to a capture. A block with bytes is one, and is named.
+TEST(StepGraphs, EmptyDeviceBlocksDoNotStopACapture) {
+  Work work;
+  RecordingBackend backend(work);
+  ddp::watch_device_memory();
+  ddp::take_device_frees();
+  ddp::StepGraphs graphs(&backend);
+  const Kokkos::Profiling::SpaceHandle device = Kokkos::Profiling::make_space_handle("Cuda");
+  const char* label = "Kokkos::CudaSpace::TeamScratchMemory";
+  int block = 0;
+  const auto team_kernel = [&] {
+    Kokkos::Profiling::allocateData(device, label, &block, 0);
+    work();
+  };
+  const StepGraphKey a{0, 32, true, true, 1.0f, false};
+  EXPECT_TRUE(graphs.run(a, team_kernel));   // as it is
+  EXPECT_TRUE(graphs.run(a, team_kernel));   // captured, although it "allocated"
+  EXPECT_FALSE(graphs.run(a, team_kernel));  // replayed
+  EXPECT_EQ(graphs.captures(), 1);
+  EXPECT_EQ(ddp::device_memory_changes(), "");
+
+  const std::uint64_t before = ddp::device_allocations();
+  Kokkos::Profiling::allocateData(device, label, &block, 64);
+  EXPECT_EQ(ddp::device_allocations(), before + 1);  // what fails a capture
+  EXPECT_EQ(ddp::device_memory_changes(), std::string("'") + label + "' allocated");
+  Kokkos::Profiling::deallocateData(device, label, &block, 64);
+  EXPECT_EQ(ddp::take_device_frees(), std::vector<std::uint64_t>{before + 1});
+  Kokkos::Profiling::deallocateData(device, label, &block, 0);  // an empty block's release: nothing
+  EXPECT_TRUE(ddp::take_device_frees().empty());
+}
+
 TEST(StepGraphs, KeysDifferInEveryField) {
   const StepGraphKey k{1, 64, false, true, 1024.0f, false};
   for (int field = 0; field < 6; ++field) {

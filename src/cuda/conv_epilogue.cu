@@ -117,8 +117,8 @@ void transpose_image(const void* src, DType src_type, void* dst, DType dst_type,
   if (n == 0) return;
   DDP_REQUIRE(dst_type == DType::F32 || (!bias && !relu && !add),
               "transpose_image: bias, relu and add need an fp32 destination");
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed(to_nhwc ? "transpose to NHWC" : "transpose to NCHW", dtype_name(dst_type));
+  const auto launch =
+      kernel_trace::cuda_launch(to_nhwc ? "transpose to NHWC" : "transpose to NCHW", dtype_name(dst_type));
   switch (src_type) {
     case DType::F32:
       transpose_to(static_cast<const float*>(src), dst, dst_type, to_nhwc, C, hw, n, bias, relu, add, stream);
@@ -139,8 +139,7 @@ void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::
                std::int64_t hw, bool relu, bool nhwc, cudaStream_t stream) {
   const std::int64_t n = B * C * hw;
   if (n == 0 || (!bias && !relu && in_type == DType::F32 && in == y)) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("bias_relu from", dtype_name(in_type));
+  const auto launch = kernel_trace::cuda_launch("bias_relu from", dtype_name(in_type));
   switch (in_type) {
     case DType::F32:
       bias_relu_kernel<<<blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(in), y, bias, C, hw, n,
@@ -161,16 +160,14 @@ void bias_relu(const void* in, DType in_type, float* y, const float* bias, std::
 void bias_grad(const float* dy, float* db, std::int64_t B, std::int64_t C, std::int64_t hw, bool add,
                bool nhwc, cudaStream_t stream) {
   if (C == 0 || (B == 0 && add)) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("bias_grad", nhwc ? "NHWC" : "NCHW");
+  const auto launch = kernel_trace::cuda_launch("bias_grad", nhwc ? "NHWC" : "NCHW");
   bias_grad_kernel<<<unsigned(C), kThreads, 0, stream>>>(dy, db, B, C, hw, add, nhwc);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void accumulate(const void* in, DType in_type, float* out, std::size_t n, bool add, cudaStream_t stream) {
   if (n == 0) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("accumulate from", dtype_name(in_type));
+  const auto launch = kernel_trace::cuda_launch("accumulate from", dtype_name(in_type));
   switch (in_type) {
     case DType::F32:
       accumulate_kernel<<<blocks(std::int64_t(n)), kThreads, 0, stream>>>(static_cast<const float*>(in), out,

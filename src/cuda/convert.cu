@@ -51,8 +51,7 @@ __global__ void round_through(const float* in, float* out, std::size_t n) {
 
 void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t stream) {
   if (n == 0 || (to == DType::F32 && in == out)) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("round_to", dtype_name(to));
+  const auto launch = kernel_trace::cuda_launch("round_to", dtype_name(to));
   if (to == DType::F32) {
     CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (to == DType::BF16) {
@@ -65,8 +64,7 @@ void round_to(const float* in, float* out, DType to, std::size_t n, cudaStream_t
 
 void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("convert fp32 to", dtype_name(to));
+  const auto launch = kernel_trace::cuda_launch("convert fp32 to", dtype_name(to));
   if (to == DType::F32) {
     CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (to == DType::BF16) {
@@ -79,8 +77,7 @@ void convert_from_f32(const float* in, void* out, DType to, std::size_t n, cudaS
 
 void convert_to_f32(const void* in, DType from, float* out, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  kernel_trace::count_cuda_launch();
-  const kernel_trace::Timed timed("convert to fp32 from", dtype_name(from));
+  const auto launch = kernel_trace::cuda_launch("convert to fp32 from", dtype_name(from));
   if (from == DType::F32) {
     CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   } else if (from == DType::BF16) {

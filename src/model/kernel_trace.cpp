@@ -80,32 +80,34 @@ double sum_of(const std::map<std::string, double>& seconds) {
   for (const auto& [label, s] : seconds) sum += s;
   return sum;
 }
-double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-thread_local int t_timed_depth = 0;
+thread_local bool t_timing_call = false;  // a Timed of this thread is timing
 }  // namespace
 
 double Dispatches::kernel_seconds_total() const { return sum_of(kernel_seconds); }
 double Dispatches::call_seconds_total() const { return sum_of(call_seconds); }
 
 Timed::Timed(const char* what, const char* detail) {
-  if (!g_timing) return;
-  nested_ = t_timed_depth++ > 0;
-  if (nested_) return;
+  if (!g_timing || t_timing_call) return;
+  t_timing_call = true;
   label_ = *detail ? std::string(what) + " " + detail : std::string(what);
   Kokkos::fence();
-  start_ = now_seconds();
+  start_ = Clock::now();
 }
 
 Timed::~Timed() {
-  if (!nested_ && label_.empty()) return;  // not timing
-  --t_timed_depth;
-  if (nested_) return;
+  if (label_.empty()) return;
   Kokkos::fence();
-  const double seconds = now_seconds() - start_;
+  const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  t_timing_call = false;
   const std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_timing) return;
   g_counts.call_seconds[label_] += seconds;
   ++g_counts.calls[label_];
+}
+
+Timed cuda_launch(const char* what, const char* detail) {
+  if (g_counting) ++g_counts.cuda;
+  return Timed(what, detail);
 }
 
 void start_counting(bool timed) {
@@ -127,10 +129,6 @@ Dispatches stop_counting() {
 
 void count_library_call() {
   if (g_counting) ++g_counts.library;
-}
-
-void count_cuda_launch() {
-  if (g_counting) ++g_counts.cuda;
 }
 
 void count_graph_launch() {

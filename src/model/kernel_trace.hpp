@@ -14,6 +14,7 @@
 // kernel's time between those fences: the kernel alone, the work queued before it
 // (GEMM and convolution calls, the GPU build's own kernels) already done.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,10 +55,8 @@ Dispatches stop_counting();
 // Whether a count runs: Kokkos then fences at every kernel, which no CUDA graph can
 // capture (train.cuda_graph waits with its captures until the count ends).
 bool counting();
-// The backends call this once per GEMM or convolution call, and the GPU build once
-// per launch of its own kernels.
+// The backends call this once per GEMM or convolution call.
 void count_library_call();
-void count_cuda_launch();
 void count_graph_launch();
 
 // In a timed count, the GPU build's library calls (cuBLAS, cuDNN) and its own CUDA
@@ -73,9 +72,12 @@ class Timed {
   Timed& operator=(const Timed&) = delete;
 
  private:
-  std::string label_;    // empty: not timed
-  bool nested_ = false;  // inside another
-  double start_ = 0.0;
+  std::string label_;  // empty: not timed (no timed count, or inside another)
+  std::chrono::steady_clock::time_point start_;
 };
+
+// The GPU build's own CUDA kernels: counted (Dispatches::cuda) and, in a timed
+// count, timed while the returned object lives.
+[[nodiscard]] Timed cuda_launch(const char* what, const char* detail = "");
 
 }  // namespace ddp::kernel_trace

@@ -167,6 +167,17 @@ constexpr std::int64_t stretches(std::int64_t rows) {
   return rows <= kDirectRows ? 0 : (rows + stretch_rows(rows) - 1) / stretch_rows(rows);
 }
 
+// Rows [r0, r1) of channel c's column of partial sums (f's rows from row f0, g's
+// from g0; rows of Cp) added in order to sf and sg.
+KOKKOS_INLINE_FUNCTION void add_rows(const Kokkos::View<double*>& partial, std::int64_t Cp, std::int64_t c,
+                                     std::int64_t f0, std::int64_t g0, std::int64_t r0, std::int64_t r1,
+                                     double& sf, double& sg) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    sf += partial((f0 + r) * Cp + c);
+    sg += partial((g0 + r) * Cp + c);
+  }
+}
+
 // No work after a channel's sums (channel_sums' default `then`).
 struct NoThen {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, double, double) const {}
@@ -206,10 +217,7 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
         label, Range(0, K * C), KOKKOS_LAMBDA(std::int64_t p) {
           const std::int64_t k = p / C, c = p - k * C, r0 = k * len, r1 = r0 + len < rows ? r0 + len : rows;
           double sf = 0.0, sg = 0.0;
-          for (std::int64_t r = r0; r < r1; ++r) {
-            sf += partial(r * Cp + c);
-            sg += partial((rows + r) * Cp + c);
-          }
+          add_rows(partial, Cp, c, 0, rows, r0, r1, sf, sg);
           partial((first + k) * Cp + c) = sf;
           partial((first + K + k) * Cp + c) = sg;
         });
@@ -217,10 +225,7 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
   Kokkos::parallel_for(
       label, Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
         double sf = 0.0, sg = 0.0;
-        for (std::int64_t r = 0; r < n; ++r) {
-          sf += partial((first + r) * Cp + c);
-          sg += partial((first + n + r) * Cp + c);
-        }
+        add_rows(partial, Cp, c, first, first + n, 0, n, sf, sg);
         sums(c) = sf;
         sums(C + c) = sg;
         then(c, sf, sg);

@@ -23,3 +23,4 @@ endif()
 
 ddp_add_mpi_test(layers_sync_batchnorm_test SOURCES layers/sync_batchnorm_test.cpp NP 1 2 3 4 LABELS layers)
 ddp_add_test(layers_precision_test SOURCES layers/precision_test.cpp LABELS layers CAPPED_ISA_TOO)
+ddp_add_test(layers_narrow_test SOURCES layers/narrow_test.cpp LABELS layers)

@@ -119,7 +119,12 @@ class CudaBackend;
 class CudnnConvKernels final : public ConvKernels {
  public:
   CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
-  void configure(Precision precision, bool fused_relu, Layout in, Layout out) override;
+  // Its narrow kernels read and write that type: a narrow activation is their operand
+  // or result as it is.
+  bool takes_narrow_activations(Precision p) const override {
+    return p != Precision::fp32 && narrow_convolutions();
+  }
+  void configure(Precision precision, bool fused_relu, ConvSide in, ConvSide out) override;
   // cuDNN's format here: NHWC for its bf16/fp16 kernels, else NCHW. (The blocked
   // layouts are the host backend's.)
   Layout native_input_layout() override { return nhwc_ ? Layout::nhwc : Layout::nchw; }
@@ -133,18 +138,19 @@ class CudnnConvKernels final : public ConvKernels {
   ConvShape shape(std::int64_t B) const;
   CudnnConv& conv();
 
-  // An fp32 operand (N, C, HW), NHWC where from_nhwc, as cuDNN reads it here: in its
-  // format, narrowed into scratch (its narrow kernels) or rounded in fp32 (the
-  // default) at the configured precision, or `from` itself where nothing differs.
-  const void* operand(const float* from, bool from_nhwc, std::int64_t N, std::int64_t C, std::int64_t hw,
-                      Scratch::Slot slot);
-  // Whether cuDNN writes a result of `layout` straight into the layer's fp32 tensor.
-  bool direct(Layout layout) const { return io_ == DType::F32 && (layout == Layout::nhwc) == nhwc_; }
+  // An operand (N, C, HW) of type from_type (fp32, or io_ where narrow), NHWC where
+  // from_nhwc, as cuDNN reads it here: in its format, narrowed into scratch (its
+  // narrow kernels) or rounded in fp32 (the default) at the configured precision, or
+  // `from` itself where nothing differs.
+  const void* operand(const void* from, DType from_type, bool from_nhwc, std::int64_t N, std::int64_t C,
+                      std::int64_t hw, Scratch::Slot slot);
+  // Whether cuDNN writes a result of `layout` and `type` straight into the layer's tensor.
+  bool direct(Layout layout, DType type) const { return io_ == type && (layout == Layout::nhwc) == nhwc_; }
   // A result (N, C, HW) cuDNN wrote at `from` (its format, type io_; the layer's
-  // tensor itself where direct) into `to` (fp32, NHWC where to_nhwc): + bias, relu?,
-  // or added to what `to` holds.
-  void result(const void* from, float* to, bool to_nhwc, std::int64_t N, std::int64_t C, std::int64_t hw,
-              const float* bias, bool relu, bool add);
+  // tensor itself where direct) into `to` (of to_type, NHWC where to_nhwc): + bias,
+  // relu?, or added to what `to` holds (fp32 only).
+  void result(const void* from, void* to, DType to_type, bool to_nhwc, std::int64_t N, std::int64_t C,
+              std::int64_t hw, const float* bias, bool relu, bool add);
 
   CudaBackend& backend_;
   ConvGeometry g_;
@@ -152,6 +158,7 @@ class CudnnConvKernels final : public ConvKernels {
   DType io_ = DType::F32;     // what cuDNN reads and writes: dtype_ with DDP_CUDNN_NARROW, else fp32
   bool nhwc_ = false;         // cuDNN's tensors NHWC, filters KRSC (its narrow kernels)
   Layout in_ = Layout::nchw, out_ = Layout::nchw;  // the layer's x and dx, y and dy
+  DType in_type_ = DType::F32, out_type_ = DType::F32;
   bool fused_relu_ = false;
   const float* dy_narrowed_ = nullptr;  // backward weights left this dy's copy in slot B
 };
@@ -291,43 +298,59 @@ std::unique_ptr<CapturedWork> CudaBackend::capture(const std::function<void()>& 
 
 CudnnConvKernels::CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g) : backend_(backend), g_(g) {}
 
-void CudnnConvKernels::configure(Precision precision, bool fused_relu, Layout in, Layout out) {
-  for (Layout l : {in, out})
+void CudnnConvKernels::configure(Precision precision, bool fused_relu, ConvSide in, ConvSide out) {
+  for (Layout l : {in.layout, out.layout})
     DDP_REQUIRE(l == Layout::nchw || l == Layout::nhwc,
                 "cuDNN convolutions here take NCHW or NHWC tensors, not " << layout_name(l));
   dtype_ = dtype_of(precision);
   io_ = narrow_convolutions() ? dtype_ : DType::F32;
   nhwc_ = io_ != DType::F32;
-  in_ = in;
-  out_ = out;
+  for (ConvSide side : {in, out})
+    DDP_REQUIRE(
+        side.type == Precision::fp32 || dtype_of(side.type) == io_,
+        "a " << precision_name(side.type) << " activation for a convolution that reads " << dtype_name(io_));
+  DDP_REQUIRE(out.type == Precision::fp32 || (!g_.bias && !fused_relu),
+              "a narrow convolution output takes no bias or fused relu here");
+  in_ = in.layout;
+  out_ = out.layout;
+  in_type_ = dtype_of(in.type);
+  out_type_ = dtype_of(out.type);
   fused_relu_ = fused_relu;
 }
 
-const void* CudnnConvKernels::operand(const float* from, bool from_nhwc, std::int64_t N, std::int64_t C,
-                                      std::int64_t hw, Scratch::Slot slot) {
+const void* CudnnConvKernels::operand(const void* from, DType from_type, bool from_nhwc, std::int64_t N,
+                                      std::int64_t C, std::int64_t hw, Scratch::Slot slot) {
   Scratch& scratch = backend_.scratch();
   const cudaStream_t stream = backend_.stream();
   const std::size_t n = std::size_t(N * C * hw);
   if (from_nhwc == nhwc_) {
-    if (io_ != DType::F32) return narrowed(from, n, io_, scratch, slot, stream);
-    return rounded(from, n, dtype_, scratch, slot, stream);
+    if (from_type != DType::F32) return from;  // already io_ (configure)
+    const float* f = static_cast<const float*>(from);
+    if (io_ != DType::F32) return narrowed(f, n, io_, scratch, slot, stream);
+    return rounded(f, n, dtype_, scratch, slot, stream);
   }
   void* to = scratch.get(slot, n * dtype_size(io_));
-  transpose_image(from, DType::F32, to, io_, nhwc_, N, C, hw, nullptr, false, false, stream);
+  transpose_image(from, from_type, to, io_, nhwc_, N, C, hw, nullptr, false, false, stream);
   if (io_ == DType::F32 && dtype_ != DType::F32)
     round_to(static_cast<float*>(to), static_cast<float*>(to), dtype_, n, stream);
   return to;
 }
 
-void CudnnConvKernels::result(const void* from, float* to, bool to_nhwc, std::int64_t N, std::int64_t C,
-                              std::int64_t hw, const float* bias, bool relu, bool add) {
+void CudnnConvKernels::result(const void* from, void* to, DType to_type, bool to_nhwc, std::int64_t N,
+                              std::int64_t C, std::int64_t hw, const float* bias, bool relu, bool add) {
   const cudaStream_t stream = backend_.stream();
+  if (to_type != DType::F32) {  // io_ (configure), no bias, relu or sum: a move where formats differ
+    if (to_nhwc != nhwc_)
+      transpose_image(from, io_, to, to_type, to_nhwc, N, C, hw, nullptr, false, false, stream);
+    return;
+  }
+  float* f = static_cast<float*>(to);
   if (to_nhwc != nhwc_)
-    transpose_image(from, io_, to, DType::F32, to_nhwc, N, C, hw, bias, relu, add, stream);
+    transpose_image(from, io_, f, DType::F32, to_nhwc, N, C, hw, bias, relu, add, stream);
   else if (add)
-    ::ddp::cuda::accumulate(from, io_, to, std::size_t(N * C * hw), true, stream);
+    ::ddp::cuda::accumulate(from, io_, f, std::size_t(N * C * hw), true, stream);
   else
-    bias_relu(from, io_, to, bias, N, C, hw, relu, to_nhwc, stream);  // nothing to do in place without both
+    bias_relu(from, io_, f, bias, N, C, hw, relu, to_nhwc, stream);  // nothing to do in place without both
 }
 
 ConvShape CudnnConvKernels::shape(std::int64_t B) const {
@@ -352,15 +375,15 @@ void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weig
   if (B == 0) return;
   const ConvShape s = shape(B);
   const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
-  const void* x_op = operand(x, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
-  const void* w_op = operand(weight, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
-  void* y_op = direct(out_)
+  const void* x_op = operand(x, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
+  const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
+  void* y_op = direct(out_, out_type_)
                    ? static_cast<void*>(y)
                    : backend_.scratch().get(Scratch::C, std::size_t(B * g_.out * hw_out) * dtype_size(io_));
   CudnnConv& c = conv();
   c.forward(s, x_op, w_op, y_op);
   kernel_trace::count_library_call();
-  result(y_op, y, out_ == Layout::nhwc, B, g_.out, hw_out, bias, fused_relu_, false);
+  result(y_op, y, out_type_, out_ == Layout::nhwc, B, g_.out, hw_out, bias, fused_relu_, false);
   if (kernel_trace::recording())
     kernel_trace::record(
         {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
@@ -383,8 +406,8 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   }
   const ConvShape s = shape(B);
   const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
-  const void* x_op = operand(x, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
-  const void* dy_op = operand(dy, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
+  const void* x_op = operand(x, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
+  const void* dy_op = operand(dy, out_type_, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
   CudnnConv& c = conv();
   if (io_ == DType::F32 && !nhwc_) {
     const float beta = accumulate ? 1.0f : 0.0f;
@@ -398,7 +421,7 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
     void* dw_op = backend_.scratch().get(Scratch::C, std::size_t(nw) * dtype_size(io_));
     c.backward_filter(s, x_op, dy_op, dw_op);
     kernel_trace::count_library_call();
-    result(dw_op, dweight, false, g_.out, g_.in, kk, nullptr, false, accumulate);
+    result(dw_op, dweight, DType::F32, false, g_.out, g_.in, kk, nullptr, false, accumulate);
     if (kernel_trace::recording())
       kernel_trace::record({"conv2d bwd_weights", g_.forward_flops(B),
                             [&c, s, x_op, dy_op, dw_op] { c.backward_filter(s, x_op, dy_op, dw_op); }});
@@ -418,14 +441,15 @@ void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const floa
   const std::int64_t hw_in = g_.h * g_.w, hw_out = g_.ho() * g_.wo();
   // Right after backward weights on the same dy, slot B still holds its copy.
   const void* dy_op = reuse_dy ? scratch.get(Scratch::B, std::size_t(B * g_.out * hw_out) * dtype_size(io_))
-                               : operand(dy, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
-  const void* w_op = operand(weight, false, g_.out, g_.in, g_.k * g_.k, Scratch::A);
-  void* dx_op = direct(in_) ? static_cast<void*>(dx)
-                            : scratch.get(Scratch::C, std::size_t(B * g_.in * hw_in) * dtype_size(io_));
+                               : operand(dy, out_type_, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
+  const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::A);
+  void* dx_op = direct(in_, in_type_)
+                    ? static_cast<void*>(dx)
+                    : scratch.get(Scratch::C, std::size_t(B * g_.in * hw_in) * dtype_size(io_));
   CudnnConv& c = conv();
   c.backward_data(s, w_op, dy_op, dx_op);
   kernel_trace::count_library_call();
-  result(dx_op, dx, in_ == Layout::nhwc, B, g_.in, hw_in, nullptr, false, false);
+  result(dx_op, dx, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, nullptr, false, false);
   if (kernel_trace::recording())
     kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),
                           [&c, s, w_op, dy_op, dx_op] { c.backward_data(s, w_op, dy_op, dx_op); }});

@@ -56,6 +56,14 @@ struct ConvGeometry {
   double forward_flops(std::int64_t B) const { return 2.0 * B * out * ho() * wo() * in * k * k; }
 };
 
+// How one side of a convolution lies in its buffers, x and dx (the input side) or y
+// and dy (the output side): their layout and their elements' type (fp32, or the
+// narrow precision where the model keeps them so: model/elements.hpp).
+struct ConvSide {
+  Layout layout = Layout::nchw;
+  Precision type = Precision::fp32;
+};
+
 // The kernels of one convolution layer. Whatever they need per batch size
 // (descriptors, primitives, algorithm choices, reorder buffers) is planned on first
 // use of that size and kept.
@@ -63,10 +71,15 @@ class ConvKernels {
  public:
   virtual ~ConvKernels() = default;
 
+  // Whether the kernels read and write activations of `p`'s narrow type themselves
+  // (cuDNN's bf16/fp16 kernels, which read and write that type anyway). Where not,
+  // the layer widens a narrow x or dy and narrows y or dx around fp32 sides.
+  virtual bool takes_narrow_activations(Precision /*p*/) const { return false; }
   // How the following calls run: the operand precision, a relu fused into forward
-  // (y = max(conv + b, 0)), and the layouts of x and dx (in) and of y and dy (out).
-  // Drops what was planned when any of it changes.
-  virtual void configure(Precision precision, bool fused_relu, Layout in, Layout out) = 0;
+  // (y = max(conv + b, 0)), and the two sides. A narrow side only where
+  // takes_narrow_activations(precision), and then with no bias, fused relu or
+  // accumulated result on it. Drops what was planned when any of it changes.
+  virtual void configure(Precision precision, bool fused_relu, ConvSide in, ConvSide out) = 0;
   // The layout the kernels, at the configured precision, read and write anyway in
   // every pass for x and dx (input side), for y and dy (output side): blocked, nhwc,
   // or nchw where they take NCHW or no single layout. Where it is not nchw, the model

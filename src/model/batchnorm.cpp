@@ -4,6 +4,7 @@
 
 #include "comm/check.hpp"
 #include "comm/communicator.hpp"
+#include "model/elements.hpp"
 #include "model/planes.hpp"
 #include "model/select.hpp"
 
@@ -129,9 +130,10 @@ struct BatchNormBackwardThen {
 
 // The gradient reaching the batch norm's output: dy, through the mask y > 0 where
 // a relu is fused.
-template <bool Relu>
+template <bool Relu, class D, class Y>
 struct BatchNormOutputGrad {
-  ConstView1 dy, y;
+  D dy;
+  Y y;
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const {
     if constexpr (Relu)
       return select_or_zero(relu_passes(y(e)), dy(e));
@@ -141,8 +143,16 @@ struct BatchNormOutputGrad {
 };
 
 void BatchNorm2d::statistics(const Tensor& x, bool training) {
+  if (x.type == Precision::fp32)
+    statistics_of<false>(x, training);
+  else
+    statistics_of<true>(x, training);
+}
+
+template <bool Narrow>
+void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
-  ConstView1 xv = x.data;
+  const auto xv = elements<Narrow>(x);
   auto mean = mean_, invstd = invstd_, gamma = gamma_, beta = beta_;
   const float eps = eps_;
   normalised_by_batch_ = training;
@@ -201,13 +211,22 @@ void BatchNorm2d::statistics(const Tensor& x, bool training) {
 
 // x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta (then
 // rectified where a relu is fused), in x's layout (NCHW, or a convolution's
-// blocked layout where the model keeps it).
+// blocked layout where the model keeps it) and type (narrow inside a residual
+// block: model/elements.hpp; the arithmetic fp32 either way).
 void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
-  const std::int64_t B = x.batch(), C = c_, hw = hw_;
   statistics(x, training);
-  resize(y, B, sample_, "BatchNorm2d::y", x.layout);
-  ConstView1 xv = x.data;
-  View1 yv = y.data;
+  resize(y, x.batch(), sample_, "BatchNorm2d::y", x.layout, x.type);
+  if (x.type == Precision::fp32)
+    normalise<false>(x, y);
+  else
+    normalise<true>(x, y);
+}
+
+template <bool Narrow>
+void BatchNorm2d::normalise(const Tensor& x, Tensor& y) {
+  const std::int64_t B = x.batch(), C = c_, hw = hw_;
+  const auto xv = elements<Narrow>(x);
+  const auto yv = elements<Narrow>(y);
   const BatchNormAffine bn = affine();
   // Padding channels: mean, invstd, gamma and beta are 0 there, so y is too.
   if (fused_relu_) {
@@ -215,32 +234,43 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
         "BatchNorm2d::forward_relu", x.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
           const float v = bn(c, xv(e));
-          yv(e) = select_or_zero(relu_passes(v), v);
+          yv.set(e, select_or_zero(relu_passes(v), v));
         });
   } else {
     for_each_element(
         "BatchNorm2d::forward", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) { yv(e) = bn(c, xv(e)); });
+        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+          yv.set(e, bn(c, xv(e)));
+        });
   }
 }
 
 void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
-  if (fused_relu_)
-    backward_passes<true>(x, y, dy, dx);
-  else
-    backward_passes<false>(x, y, dy, dx);
+  const bool narrow = x.type != Precision::fp32, narrow_dy = dy.type != Precision::fp32;
+  DDP_REQUIRE(narrow || !narrow_dy, "batchnorm2d: a narrow output gradient for an fp32 input");
+  if (fused_relu_) {
+    if (!narrow) return backward_passes<true, false, false>(x, y, dy, dx);
+    if (!narrow_dy) return backward_passes<true, true, false>(x, y, dy, dx);
+    return backward_passes<true, true, true>(x, y, dy, dx);
+  }
+  if (!narrow) return backward_passes<false, false, false>(x, y, dy, dx);
+  if (!narrow_dy) return backward_passes<false, true, false>(x, y, dy, dx);
+  backward_passes<false, true, true>(x, y, dy, dx);
 }
 
 // dy: (B, C, H, W) -> dgamma += (or =) sum dy xhat, dbeta += (or =) sum dy (this rank's samples);
 // dx = gamma invstd (dy - sum(dy)/N - xhat sum(dy xhat)/N) with the sums over all N
 // values of the channel (all ranks when synchronised); in eval dx = gamma invstd dy.
-// dy and dx in x's layout; with a fused relu, dy is first masked by y > 0.
-template <bool Relu>
+// dy and dx in x's layout, dx in x's type (dy fp32 or that); with a fused relu, dy
+// is first masked by y > 0. Narrow: x, y and dx narrow; NarrowDy: dy.
+template <bool Relu, bool Narrow, bool NarrowDy>
 void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   DDP_REQUIRE(dy.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
-  ConstView1 xv = x.data;
-  const BatchNormOutputGrad<Relu> g{dy.data, Relu ? y.data : dy.data};
+  const auto xv = elements<Narrow>(x);
+  using DyElements = decltype(elements<NarrowDy>(dy));
+  using YElements = decltype(elements<Narrow>(y));
+  const BatchNormOutputGrad<Relu, DyElements, YElements> g{elements<NarrowDy>(dy), elements<Narrow>(y)};
   auto mean = mean_, invstd = invstd_, gamma = gamma_;
   auto sums = sums_;
   const bool means_here = !comm_ && normalised_by_batch_ && needs_input_grad();
@@ -266,13 +296,13 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
     channel_sums("BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums, dy1, dy_xhat, then);
   }
   if (!needs_input_grad()) return;
-  resize(dx, B, sample_, "BatchNorm2d::dx", x.layout);
-  View1 dxv = dx.data;
+  resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);
+  const auto dxv = elements<Narrow>(dx);
   if (!normalised_by_batch_) {
     for_each_element(
         "BatchNorm2d::backward_eval", x.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          dxv(e) = g(e) * gamma(c) * invstd(c);
+          dxv.set(e, g(e) * gamma(c) * invstd(c));
         });
     return;
   }
@@ -290,11 +320,8 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
       "BatchNorm2d::backward", x.layout, B, C, hw,
       KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
         const float xhat = (xv(e) - mean(c)) * invstd(c);
-        dxv(e) = gamma(c) * invstd(c) * (g(e) - mdy(c) - xhat * mdyx(c));
+        dxv.set(e, gamma(c) * invstd(c) * (g(e) - mdy(c) - xhat * mdyx(c)));
       });
 }
-
-template void BatchNorm2d::backward_passes<true>(const Tensor&, const Tensor&, const Tensor&, Tensor&);
-template void BatchNorm2d::backward_passes<false>(const Tensor&, const Tensor&, const Tensor&, Tensor&);
 
 }  // namespace ddp

@@ -53,9 +53,14 @@ class BatchNorm2d : public Layer {
   }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
-  // backward's body, Relu: with the fused relu's mask. Public only because CUDA's
-  // extended lambdas may not live in private members.
-  template <bool Relu>
+  // The bodies of statistics, forward's pass and backward, for x (and y, dx) fp32 or
+  // narrow (Narrow), dy so or not (NarrowDy); Relu: with the fused relu's mask.
+  // Public only because CUDA's extended lambdas may not live in private members.
+  template <bool Narrow>
+  void statistics_of(const Tensor& x, bool training);
+  template <bool Narrow>
+  void normalise(const Tensor& x, Tensor& y);
+  template <bool Relu, bool Narrow, bool NarrowDy>
   void backward_passes(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx);
 
  private:

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "comm/check.hpp"
+#include "model/elements.hpp"
 
 namespace ddp {
 
@@ -62,7 +63,11 @@ void Conv2d::init(Rng& rng) {
 }
 
 void Conv2d::configure() {
-  if (kernels_) kernels_->configure(precision(), fused_relu_, in_layout_, out_layout_);
+  if (!kernels_) return;
+  const bool narrow = in_type_ != Precision::fp32 || out_type_ != Precision::fp32;
+  widened_ = narrow && !kernels_->takes_narrow_activations(precision());
+  const Precision in = widened_ ? Precision::fp32 : in_type_, out = widened_ ? Precision::fp32 : out_type_;
+  kernels_->configure(precision(), fused_relu_, {in_layout_, in}, {out_layout_, out});
 }
 
 void Conv2d::set_precision(Precision p) {
@@ -81,22 +86,45 @@ void Conv2d::set_layouts(Layout in, Layout out) {
   configure();
 }
 
+void Conv2d::set_types(Precision in, Precision out) {
+  in_type_ = in;
+  out_type_ = out;
+  configure();
+}
+
+const Tensor& Conv2d::for_kernels(const Tensor& t, Tensor& wide, const char* label) const {
+  if (!widened_ || t.type == Precision::fp32) return t;
+  convert_type(t, wide, Precision::fp32, label);
+  return wide;
+}
+
 // x: (B, in, h, w) -> y: (B, out, ho, wo), rectified when fused with a relu
-void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  DDP_REQUIRE(x.layout == in_layout_, "conv2d input in another layout than the model set");
-  const std::int64_t B = x.batch();
-  resize(y, B, out_sample_, "Conv2d::y", out_layout_);
-  kernels_->forward(B, x.data.data(), weight_, bias_, y.data.data());
+void Conv2d::forward(const Tensor& x_given, Tensor& y, bool /*training*/) {
+  DDP_REQUIRE(x_given.layout == in_layout_ && x_given.type == in_type_,
+              "conv2d input in another layout or type than the model set");
+  const std::int64_t B = x_given.batch();
+  resize(y, B, out_sample_, "Conv2d::y", out_layout_, out_type_);
+  const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
+  const bool narrow_y = widened_ && out_type_ != Precision::fp32;
+  if (narrow_y) resize(y_wide_, B, out_sample_, "Conv2d::y_wide", out_layout_);
+  kernels_->forward(B, x.data.data(), weight_, bias_, (narrow_y ? y_wide_ : y).data.data());
+  if (narrow_y) convert_type(y_wide_, y, out_type_, "Conv2d::y");
 }
 
 // dy: (B, out, ho, wo) -> dW (out, in, k, k) += (or =), db (out) += (or =), dx: (B, in, h, w)
-void Conv2d::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  DDP_REQUIRE(dy.layout == out_layout_, "conv2d output gradient in another layout than the model set");
-  const std::int64_t B = x.batch();
+void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& dy_given, Tensor& dx) {
+  DDP_REQUIRE(dy_given.layout == out_layout_ && dy_given.type == out_type_,
+              "conv2d output gradient in another layout or type than the model set");
+  const std::int64_t B = x_given.batch();
+  const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
+  const Tensor& dy = for_kernels(dy_given, dy_wide_, "Conv2d::dy_wide");
   kernels_->backward_weights(B, x.data.data(), dy.data.data(), dweight_, dbias_, !overwrite_gradients());
   if (!needs_input_grad()) return;
-  resize(dx, B, in_sample_, "Conv2d::dx", in_layout_);
-  kernels_->backward_data(B, dy.data.data(), weight_, dx.data.data());
+  resize(dx, B, in_sample_, "Conv2d::dx", in_layout_, in_type_);
+  const bool narrow_dx = widened_ && in_type_ != Precision::fp32;
+  if (narrow_dx) resize(dx_wide_, B, in_sample_, "Conv2d::dx_wide", in_layout_);
+  kernels_->backward_data(B, dy.data.data(), weight_, (narrow_dx ? dx_wide_ : dx).data.data());
+  if (narrow_dx) convert_type(dx_wide_, dx, in_type_, "Conv2d::dx");
 }
 
 }  // namespace ddp

@@ -46,13 +46,23 @@ class Conv2d : public Layer {
   Layout native_output_layout() const { return kernels_->native_output_layout(); }
   // The layouts of x and dx (in), of y and dy (out); nchw unless set.
   void set_layouts(Layout in, Layout out);
+  // The element types of x and dx (in), of y and dy (out): fp32 unless set, the
+  // narrow precision inside a residual block (ResBlock::set_narrow_inside). Where the
+  // backend's kernels do not take that type, they run on fp32 copies (widened here,
+  // their results narrowed after).
+  void set_types(Precision in, Precision out);
 
  private:
-  void configure();  // hands precision, fusion and layouts to the kernels
+  void configure();  // hands precision, fusion, layouts and types to the kernels
+  // t itself, or its fp32 copy in `wide` where t is narrow and the kernels want fp32
+  const Tensor& for_kernels(const Tensor& t, Tensor& wide, const char* label) const;
 
   ConvGeometry geometry_;
   bool fused_relu_ = false;
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
+  Precision in_type_ = Precision::fp32, out_type_ = Precision::fp32;
+  bool widened_ = false;  // a side is narrow and the kernels take fp32: they run on these copies
+  Tensor x_wide_, dy_wide_, y_wide_, dx_wide_;
   Shape in_sample_, out_sample_;          // (in, h, w), (out, ho, wo)
   float* weight_ = nullptr;               // (out, in, k, k)
   float* bias_ = nullptr;                 // (out) or none

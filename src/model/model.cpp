@@ -182,7 +182,13 @@ void Model::plan_layouts() {
     const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
     if (Conv2d* conv = conv_at(i)) conv->set_layouts(in, out[i]);
     if (Pool2d* pool = pool_at(i)) pool->set_output_layout(out[i]);
-    if (ResBlock* block = block_at(i)) block->set_layouts(in, native_out[i], out[i]);
+    if (ResBlock* block = block_at(i)) {
+      block->set_layouts(in, native_out[i], out[i]);
+      // Where its convolutions' results are narrow anyway (the GPU's narrow cuDNN
+      // kernels), the block keeps its activations so: the casts around them go.
+      const Precision p = block->precision();
+      block->set_narrow_inside(compute_backend().narrow_convolution_results(p) ? p : Precision::fp32);
+    }
   }
 }
 

@@ -1,7 +1,10 @@
 #include "model/resblock.hpp"
 
+#include <utility>
+
 #include "comm/check.hpp"
 #include "model/activation.hpp"
+#include "model/elements.hpp"
 #include "model/planes.hpp"
 #include "model/select.hpp"
 
@@ -147,18 +150,29 @@ void ResBlock::fuse_passes() {
   for (std::size_t k = 0; k + 1 < stages_.size(); ++k) stages_[k].bn->fuse_relu();
 }
 
+void ResBlock::set_narrow_inside(Precision type) {
+  DDP_REQUIRE(fused_ || type == Precision::fp32, kind()
+                                                     << " keeps narrow activations with fused passes only");
+  narrow_ = type;
+  for (std::size_t k = 0; k < stages_.size(); ++k)
+    stages_[k].conv->set_types(k == 0 ? Precision::fp32 : type, type);
+  if (down_conv_) down_conv_->set_types(Precision::fp32, type);
+}
+
 // y = relu(bn3(a3) + shortcut), shortcut = bn_down(s1) or x, with both batch norms'
 // statistics already taken: the same floats as the unfused passes, in one.
+// Narrow: a and s1 are.
+template <bool Narrow>
 void ResBlock::fused_output(const Tensor& x, Tensor& y) {
   const Tensor& a = stages_.back().a;
-  resize_like(y, a, "ResBlock::y");
-  const BatchNormAffine bn = stages_.back().bn->affine();
-  ConstView1 av = a.data;
-  View1 yv = y.data;
   const std::int64_t B = a.batch(), C = a.shape[1], hw = a.shape[2] * a.shape[3];
+  resize(y, B, out_sample_, "ResBlock::y", a.layout);
+  const BatchNormAffine bn = stages_.back().bn->affine();
+  const auto av = elements<Narrow>(a);
+  View1 yv = y.data;
   if (projection_) {
     const BatchNormAffine down = down_bn_->affine();
-    ConstView1 sv = s1_.data;
+    const auto sv = elements<Narrow>(std::as_const(s1_));
     for_each_element(
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
@@ -202,7 +216,10 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   if (fused_) {
     last.bn->statistics(last.a, training);
     if (projection_) down_bn_->statistics(s1_, training);
-    fused_output(x, y);
+    if (narrow_ == Precision::fp32)
+      fused_output<false>(x, y);
+    else
+      fused_output<true>(x, y);
   } else {
     last.bn->forward(last.a, last.b, training);
     if (projection_) down_bn_->forward(s1_, s2_, training);

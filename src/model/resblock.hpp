@@ -53,9 +53,17 @@ class ResBlock : public Layer {
   // sum and the relu in one pass forward (so b of the last stage and s2 are never
   // written).
   void fuse_passes();
+  // Keep the block's own activations and their gradients (every convolution's output,
+  // every batch norm's, the shortcut's) in `type`, bf16 or fp16, as PyTorch's AMP
+  // does; x, y, dx and dy stay fp32. The model does so where the convolutions' results
+  // are narrow anyway (the GPU's narrow cuDNN kernels), so nothing is rounded that
+  // was not: only the casts around them go. fp32: off. Fused passes only.
+  void set_narrow_inside(Precision type);
 
-  // The block's output y = relu(bn3(a) + shortcut) in one pass (fused). Public only
-  // because CUDA's extended lambdas may not live in private members.
+  // The block's output y = relu(bn3(a) + shortcut) in one pass (fused), from a and
+  // s1 narrow (Narrow) or fp32. Public only because CUDA's extended lambdas may not
+  // live in private members.
+  template <bool Narrow>
   void fused_output(const Tensor& x, Tensor& y);
 
  private:
@@ -81,8 +89,9 @@ class ResBlock : public Layer {
   std::int64_t channels_, stride_;
   bool projection_ = false;
   bool fused_ = false;
-  Shape in_sample_, out_sample_;  // (C_in, H, W), (C_out, Ho, Wo)
-  std::vector<Stage> stages_;     // the residual branch, input to output
+  Precision narrow_ = Precision::fp32;  // the type of the activations inside
+  Shape in_sample_, out_sample_;        // (C_in, H, W), (C_out, Ho, Wo)
+  std::vector<Stage> stages_;           // the residual branch, input to output
   std::unique_ptr<Conv2d> down_conv_;
   std::unique_ptr<BatchNorm2d> down_bn_;
   Tensor s1_, s2_;   // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)

@@ -54,18 +54,21 @@ void reserve(View1& v, std::int64_t n, const char* label) {
 }
 }  // namespace
 
-void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout) {
+void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout,
+            Precision type) {
   t.shape.resize(sample.size() + 1);
   t.shape[0] = batch;
   std::copy(sample.begin(), sample.end(), t.shape.begin() + 1);
   t.layout = layout;
-  reserve(t.data, t.storage_numel(), label);
+  t.type = type;
+  reserve(t.data, t.storage_floats(), label);
 }
 
 void resize_like(Tensor& t, const Tensor& like, const char* label) {
-  reserve(t.data, like.storage_numel(), label);
+  reserve(t.data, like.storage_floats(), label);
   t.shape = like.shape;
   t.layout = like.layout;
+  t.type = like.type;
 }
 
 }  // namespace ddp

@@ -34,10 +34,17 @@ struct Tensor {
   View1 data;   // at least storage_numel() elements; only that prefix is meaningful
   Shape shape;  // (B, sample...), in PyTorch's order whatever the layout
   Layout layout = Layout::nchw;
+  // The elements' type: fp32, or bf16/fp16 packed two to a float of `data` where the
+  // model keeps an activation narrow (model/elements.hpp reads and writes them).
+  Precision type = Precision::fp32;
 
   std::int64_t numel() const { return shape.empty() ? 0 : shape_numel(shape); }
   // Elements the layout occupies: numel() but for a blocked layout's padding channels.
   std::int64_t storage_numel() const;
+  // Floats of `data` those elements take: half as many (rounded up) where narrow.
+  std::int64_t storage_floats() const {
+    return type == Precision::fp32 ? storage_numel() : (storage_numel() + 1) / 2;
+  }
   std::int64_t batch() const { return shape[0]; }
   std::int64_t sample_numel() const {
     std::int64_t n = 1;
@@ -57,12 +64,12 @@ struct Tensor {
 // memory each). On a GPU: a plain View (its kernels want 256-byte aligned operands).
 View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised = false);
 
-// Make t a (batch, sample...) tensor in `layout`. Its buffer grows (a new View named
-// `label`) only when too small; the shape vector keeps its capacity, so a repeated
-// call allocates nothing.
+// Make t a (batch, sample...) tensor in `layout` of elements of `type`. Its buffer
+// grows (a new View named `label`) only when too small; the shape vector keeps its
+// capacity, so a repeated call allocates nothing.
 void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label,
-            Layout layout = Layout::nchw);
-// Make t the shape and layout of `like` (same rules).
+            Layout layout = Layout::nchw, Precision type = Precision::fp32);
+// Make t the shape, layout and type of `like` (same rules).
 void resize_like(Tensor& t, const Tensor& like, const char* label);
 
 }  // namespace ddp

@@ -394,7 +394,7 @@ void test_graph_capture(cudaStream_t stream, ddp::Precision precision) {
   ddp::ConvGeometry g;
   g.in = 3, g.h = g.w = 16, g.out = 8, g.k = 3, g.stride = 1, g.pad = 1, g.bias = true;
   auto conv = backend->make_conv(g);
-  conv->configure(precision, /*fused_relu=*/true, Layout::nchw, Layout::nchw);
+  conv->configure(precision, /*fused_relu=*/true, {Layout::nchw}, {Layout::nchw});
   const std::size_t nx = std::size_t(B) * g.in * g.h * g.w, ny = std::size_t(B) * g.out * g.ho() * g.wo(),
                     nw = std::size_t(g.out) * g.in * g.k * g.k;
   DeviceBuffer<float> a(std::size_t(m) * k), b(std::size_t(k) * n), c(std::size_t(m) * n), x(nx), w(nw),

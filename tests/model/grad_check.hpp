@@ -60,6 +60,17 @@ inline double max_relative_error(const std::vector<float>& a, const std::vector<
   return diff / scale;
 }
 
+// |a - b| / |b| in the Euclidean norm over all elements: a few elements far off
+// (a relu flipped by a rounding) move it little.
+inline double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 // Elements with |analytic - numeric| > rtol * max(|analytic|, |numeric|) + atol;
 // the first few are printed.
 inline std::size_t count_off(const std::vector<float>& analytic, const std::vector<double>& numeric,

@@ -158,7 +158,11 @@ class OnednnConv final : public ConvKernels {
   explicit OnednnConv(const ConvGeometry& g)
       : g_(g), dparams_(std::size_t(g.out * g.in * g.k * g.k + (g.bias ? g.out : 0))) {}
 
-  void configure(Precision precision, bool fused_relu, Layout in, Layout out) override {
+  // fp32 sides only (takes_narrow_activations: no)
+  void configure(Precision precision, bool fused_relu, ConvSide in_side, ConvSide out_side) override {
+    DDP_REQUIRE(in_side.type == Precision::fp32 && out_side.type == Precision::fp32,
+                "oneDNN's convolutions here read and write fp32 activations");
+    const Layout in = in_side.layout, out = out_side.layout;
     if (precision != precision_ || fused_relu != fused_relu_ || in != in_layout_ || out != out_layout_)
       by_batch_.clear();
     precision_ = precision;

@@ -1,0 +1,118 @@
+#pragma once
+// A tensor's elements whatever their type. Activations are fp32 but where the model
+// keeps them in the narrow type of train.precision (bf16 or fp16) between the layers
+// of a residual block on the GPU (ResBlock::set_narrow_inside), as PyTorch's AMP
+// does: half the bytes for every pass over them, and no casts around the narrow
+// convolutions that read and write that type anyway. A narrow tensor packs two
+// elements into each float of its buffer. Kernels read and write elements through
+// the accessors below, in fp32; the narrowing rounds to nearest, ties to even, as
+// round_bf16 / round_fp16 (model/precision.hpp) and the CUDA casts do.
+
+#include <cstdint>
+
+#include "model/tensor.hpp"
+
+namespace ddp {
+
+// A float's bits and back (a union: Kokkos 3.4 has no bit_cast; nvcc and GCC
+// define reading the other member).
+KOKKOS_INLINE_FUNCTION std::uint32_t float_bits(float x) {
+  union {
+    float f;
+    std::uint32_t u;
+  } v{x};
+  return v.u;
+}
+KOKKOS_INLINE_FUNCTION float bits_float(std::uint32_t u) {
+  union {
+    std::uint32_t u;
+    float f;
+  } v{u};
+  return v.f;
+}
+
+// bf16: the float's upper half, rounded; NaN stays a (quiet) NaN.
+KOKKOS_INLINE_FUNCTION std::uint16_t to_bf16(float x) {
+  std::uint32_t u = float_bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    if (u & 0x007fffffu) u |= 0x00400000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // may carry into inf, as it should
+  }
+  return static_cast<std::uint16_t>(u >> 16);
+}
+KOKKOS_INLINE_FUNCTION float from_bf16(std::uint16_t h) { return bits_float(std::uint32_t(h) << 16); }
+
+// fp16 (IEEE binary16): beyond 65504 (from 65520 on, which ties to the next power)
+// inf, below 2^-14 its subnormals (multiples of 2^-24), below 2^-25 signed zero.
+KOKKOS_INLINE_FUNCTION std::uint16_t to_fp16(float x) {
+  const std::uint32_t u = float_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+  if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  const std::uint32_t e = a >> 23;
+  if (e < 113) {  // a subnormal fp16: the value in units of 2^-24, to nearest even
+    if (e < 102) return static_cast<std::uint16_t>(sign);
+    const std::uint32_t m = (a & 0x7fffffu) | 0x800000u, s = 126 - e, half = 1u << (s - 1);
+    std::uint32_t r = m >> s;
+    const std::uint32_t rest = m & ((1u << s) - 1u);
+    if (rest > half || (rest == half && (r & 1u))) ++r;  // 0x400 is the smallest normal
+    return static_cast<std::uint16_t>(sign | r);
+  }
+  const std::uint32_t rounded = a + 0x0fffu + ((a >> 13) & 1u);  // 10 mantissa bits, may carry
+  return static_cast<std::uint16_t>(sign | ((rounded >> 13) - (112u << 10)));
+}
+KOKKOS_INLINE_FUNCTION float from_fp16(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return bits_float(float_bits(float(m) * 5.9604644775390625e-08f) | sign);  // m 2^-24
+  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// The elements of a tensor (index e of its storage, as the layout lays them out)
+// as floats, through one of two accessors whose kind the kernels take as a template
+// argument, so that an fp32 loop stays a plain loop over floats (a test of the type
+// in every access cost the host's batch norm a fifth of a small ResNet's speed).
+// T: const or not; set(e, v) only where not.
+template <class T>
+struct Fp32Elements {
+  T* data;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const { return data[e]; }
+  KOKKOS_INLINE_FUNCTION void set(std::int64_t e, float v) const { data[e] = v; }
+};
+
+// bf16 or fp16 elements (fp16 chosen per tensor: both take the same kernels);
+// set(e, v) stores v rounded.
+template <class T>
+struct NarrowElements {
+  T* data;
+  bool fp16;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const {
+    return fp16 ? from_fp16(data[e]) : from_bf16(data[e]);
+  }
+  KOKKOS_INLINE_FUNCTION void set(std::int64_t e, float v) const { data[e] = fp16 ? to_fp16(v) : to_bf16(v); }
+};
+
+// t's elements through the accessor of kind Narrow (t's type must be of that kind:
+// the caller chose it by t.type).
+template <bool Narrow>
+auto elements(const Tensor& t) {
+  if constexpr (Narrow)
+    return NarrowElements<const std::uint16_t>{reinterpret_cast<const std::uint16_t*>(t.data.data()),
+                                               t.type == Precision::fp16};
+  else
+    return Fp32Elements<const float>{t.data.data()};
+}
+template <bool Narrow>
+auto elements(Tensor& t) {
+  if constexpr (Narrow)
+    return NarrowElements<std::uint16_t>{reinterpret_cast<std::uint16_t*>(t.data.data()),
+                                         t.type == Precision::fp16};
+  else
+    return Fp32Elements<float>{t.data.data()};
+}
+
+// dst = src's elements in type `to` (src's shape and layout; rounded where narrower):
+// the widening and narrowing around kernels that take fp32 only.
+void convert_type(const Tensor& src, Tensor& dst, Precision to, const char* label);
+
+}  // namespace ddp

@@ -1,0 +1,265 @@
+// Activations kept in the narrow type (model/elements.hpp): the casts against the
+// precision's own rounding, and the layers that read and write narrow tensors
+// (batch norm, the convolution, the residual block) against the same layers on fp32
+// tensors holding the same values. A narrow result must be the fp32 one rounded,
+// bit for bit, where the arithmetic is the same; the block, whose convolutions write
+// fp32 on the host, within the rounding of its stored activations.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "layer_fixture.hpp"
+#include "model/batchnorm.hpp"
+#include "model/conv2d.hpp"
+#include "model/elements.hpp"
+#include "model/resblock.hpp"
+
+namespace ddp {
+namespace {
+
+using test::BoundLayer;
+using test::from_host;
+using test::norm_relative_error;
+using test::random_values;
+using test::to_host;
+
+// Each value through to_bf16/from_bf16 and to_fp16/from_fp16 in a kernel (on the
+// device in the GPU build): (bf16, fp16) rounded values.
+std::pair<std::vector<float>, std::vector<float>> narrowed_in_a_kernel(const std::vector<float>& x) {
+  const std::int64_t n = std::int64_t(x.size());
+  View1 in("test::in", n), bf("test::bf16", n), hf("test::fp16", n);
+  from_host(in, x);
+  Kokkos::parallel_for(
+      "test::narrow", Range(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        bf(i) = from_bf16(to_bf16(in(i)));
+        hf(i) = from_fp16(to_fp16(in(i)));
+      });
+  return {to_host(bf, n), to_host(hf, n)};
+}
+
+TEST(NarrowElements, CastsRoundAsThePrecisionDoes) {
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -2.5f,
+                          65504.0f,
+                          65519.0f,
+                          65520.0f,
+                          -70000.0f,
+                          1e-8f,
+                          -3e-8f,
+                          5.9604644775390625e-08f,
+                          2.98023223876953125e-08f,
+                          2.98023224e-08f,
+                          6.1035156e-05f,
+                          6.09e-05f,
+                          1e-40f,
+                          3.0e38f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          1.00390625f,
+                          1.01171875f,
+                          1.0009765625f};
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-30, 18);
+  for (int i = 0; i < 20000; ++i)
+    x.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(mantissa(gen), exponent(gen)));
+  for (int i = 0; i < 4000; ++i)  // exact ties: fp16's, then bf16's
+    for (std::uint32_t u :
+         {(std::uint32_t(gen()) & 0xffffe000u) | 0x1000u, (std::uint32_t(gen()) & 0xffff0000u) | 0x8000u}) {
+      float f;
+      std::memcpy(&f, &u, 4);
+      if (std::isfinite(f)) x.push_back(f);
+    }
+  const auto [bf, hf] = narrowed_in_a_kernel(x);
+  std::size_t off_bf = 0, off_hf = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    off_bf += float_bits(bf[i]) != float_bits(round_bf16(x[i]));
+    off_hf += float_bits(hf[i]) != float_bits(round_fp16(x[i]));
+  }
+  EXPECT_EQ(off_bf, 0u) << "of " << x.size();
+  EXPECT_EQ(off_hf, 0u) << "of " << x.size();
+  // The encodings themselves
+  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(to_fp16(65520.0f), 0x7c00);
+  EXPECT_EQ(to_fp16(5.9604644775390625e-08f), 0x0001);
+  EXPECT_EQ(to_fp16(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isnan(from_fp16(to_fp16(std::nanf("")))));
+}
+
+// A (B, sample) tensor of `type` in `layout` holding `values` rounded to it, and its
+// fp32 twin holding the same (widened) values.
+std::pair<Tensor, Tensor> narrow_and_wide(std::int64_t B, const Shape& sample, Layout layout, Precision type,
+                                          std::uint32_t seed) {
+  Tensor given, narrow, wide;
+  resize(given, B, sample, "test::given", layout);
+  from_host(given.data, random_values(given.storage_numel(), seed));
+  convert_type(given, narrow, type, "test::narrow");
+  convert_type(narrow, wide, Precision::fp32, "test::wide");
+  return {narrow, wide};
+}
+
+// The elements of t as floats, whatever its type.
+std::vector<float> values(const Tensor& t) {
+  Tensor wide;
+  convert_type(t, wide, Precision::fp32, "test::values");
+  return to_host(wide.data, t.storage_numel());
+}
+
+// How many of narrow's elements are not wide's rounded to narrow's type, bit for bit.
+std::size_t not_rounded(const Tensor& narrow, const Tensor& wide) {
+  EXPECT_EQ(narrow.type == Precision::fp32, false);
+  EXPECT_EQ(wide.type, Precision::fp32);
+  const std::vector<float> n = values(narrow), w = to_host(wide.data, wide.storage_numel());
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    const float r = narrow.type == Precision::bf16 ? round_bf16(w[i]) : round_fp16(w[i]);
+    off += float_bits(n[i]) != float_bits(r);
+  }
+  return off;
+}
+
+void check_batchnorm(Precision type, Layout layout, bool relu) {
+  const Shape sample = {5, 6, 7};
+  const std::int64_t B = 3;
+  BoundLayer narrow("batchnorm2d", sample), wide("batchnorm2d", sample);
+  if (relu) {
+    dynamic_cast<BatchNorm2d&>(*narrow.layer).fuse_relu();
+    dynamic_cast<BatchNorm2d&>(*wide.layer).fuse_relu();
+  }
+  auto [xn, xw] = narrow_and_wide(B, sample, layout, type, 11);
+  auto [dyn, dyw] = narrow_and_wide(B, sample, layout, type, 12);
+  Tensor yn, yw, dxn, dxw;
+  narrow.layer->forward(xn, yn, true);
+  wide.layer->forward(xw, yw, true);
+  ASSERT_EQ(yn.type, type);
+  EXPECT_EQ(not_rounded(yn, yw), 0u);
+  narrow.layer->backward(xn, yn, dyn, dxn);
+  wide.layer->backward(xw, yw, dyw, dxw);
+  ASSERT_EQ(dxn.type, type);
+  EXPECT_EQ(not_rounded(dxn, dxw), 0u);
+  EXPECT_EQ(to_host(narrow.grads, narrow.n), to_host(wide.grads, wide.n));
+  EXPECT_EQ(to_host(narrow.buffers, narrow.nbuf), to_host(wide.buffers, wide.nbuf));
+}
+
+TEST(NarrowElements, BatchNormWritesItsFp32ResultsRounded) {
+  for (Precision type : {Precision::bf16, Precision::fp16})
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(precision_name(type)) + " " + layout_name(layout) + (relu ? " relu" : ""));
+        check_batchnorm(type, layout, relu);
+      }
+}
+
+// A convolution at precision p reading and writing narrow tensors against the same
+// convolution on fp32 tensors of the same values. Its operands are p's values either
+// way, so the weight gradient is the same and y, dx are the fp32 ones rounded: on the
+// host (and the GPU's default) the layer widens and narrows around the fp32 kernels;
+// under DDP_CUDNN_NARROW=1 cuDNN reads and writes the narrow tensors itself.
+void check_conv(Precision p) {
+  const std::string spec = "conv2d(12, 3, stride=2, pad=1, bias=false)";
+  const Shape sample = {6, 9, 8};
+  const std::int64_t B = 3;
+  BoundLayer narrow(spec, sample), wide(spec, sample);
+  auto& cn = dynamic_cast<Conv2d&>(*narrow.layer);
+  auto& cw = dynamic_cast<Conv2d&>(*wide.layer);
+  cn.set_precision(p);
+  cw.set_precision(p);
+  const Layout layout = cn.native_input_layout() == Layout::nhwc ? Layout::nhwc : Layout::nchw;
+  cn.set_layouts(layout, layout);
+  cw.set_layouts(layout, layout);
+  cn.set_types(p, p);
+  auto [xn, xw] = narrow_and_wide(B, sample, layout, p, 21);
+  auto [dyn, dyw] = narrow_and_wide(B, narrow.out_sample, layout, p, 22);
+  Tensor yn, yw, dxn, dxw;
+  cn.forward(xn, yn, true);
+  cw.forward(xw, yw, true);
+  ASSERT_EQ(yn.type, p);
+  EXPECT_EQ(not_rounded(yn, yw), 0u);
+  cn.backward(xn, yn, dyn, dxn);
+  cw.backward(xw, yw, dyw, dxw);
+  ASSERT_EQ(dxn.type, p);
+  EXPECT_EQ(not_rounded(dxn, dxw), 0u);
+  EXPECT_EQ(to_host(narrow.grads, narrow.n), to_host(wide.grads, wide.n));
+}
+
+TEST(NarrowElements, Conv2dWritesItsResultsRounded) {
+  check_conv(Precision::bf16);
+  check_conv(Precision::fp16);
+}
+
+// A bottleneck with a projection at precision p, its activations inside narrow,
+// against the same block keeping them fp32, on the same x, dy and parameters, and
+// both against the block in fp32 (precision fp32).
+void check_block(Precision p) {
+  const std::string spec = "bottleneck(4, stride=2)";
+  const Shape sample = {8, 9, 9};
+  const std::int64_t B = 4;
+  BoundLayer narrow(spec, sample), wide(spec, sample), exact(spec, sample);
+  for (BoundLayer* bl : {&narrow, &wide, &exact}) {
+    auto& block = dynamic_cast<ResBlock&>(*bl->layer);
+    block.set_precision(bl == &exact ? Precision::fp32 : p);
+    block.fuse_passes();
+    block.set_layouts(Layout::nchw, block.native_layout(), Layout::nchw);
+  }
+  dynamic_cast<ResBlock&>(*narrow.layer).set_narrow_inside(p);
+  Tensor x, dy;
+  resize(x, B, sample, "test::x");
+  resize(dy, B, narrow.out_sample, "test::dy");
+  from_host(x.data, random_values(x.numel(), 31));
+  from_host(dy.data, random_values(dy.numel(), 32));
+  struct Results {
+    std::vector<float> y, dx, grads;
+  };
+  auto run = [&](BoundLayer& bl) {
+    Tensor y, dx;
+    for (int step = 0; step < 2; ++step) {  // the second on buffers already there
+      bl.layer->forward(x, y, true);
+      bl.layer->backward(x, y, dy, dx);
+    }
+    EXPECT_EQ(y.type, Precision::fp32);
+    EXPECT_EQ(dx.type, Precision::fp32);
+    return Results{to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(bl.grads, bl.n)};
+  };
+  const Results n = run(narrow), w = run(wide), e = run(exact);
+  if (compute_backend().narrow_convolution_results(p)) {
+    // cuDNN's narrow kernels: the fp32 block rounds every activation a convolution
+    // reads and widens every one it writes, so the narrow one stores the same values.
+    EXPECT_EQ(n.y, w.y);
+    EXPECT_EQ(n.dx, w.dx);
+    EXPECT_EQ(n.grads, w.grads);
+    return;
+  }
+  // Host: the convolutions write fp32, which the narrow block stores rounded before
+  // each batch norm and convolution. That moves the block by about as much as p's
+  // operands do against fp32 (in this small block with few values per channel, a
+  // relu that flips on a rounding moves dx by 16% in bf16, 0.05% in fp16): not more
+  // than twice that.
+  const std::vector<std::pair<const char*, double>> moved = {
+      {"y", norm_relative_error(n.y, w.y) / norm_relative_error(w.y, e.y)},
+      {"dx", norm_relative_error(n.dx, w.dx) / norm_relative_error(w.dx, e.dx)},
+      {"gradients", norm_relative_error(n.grads, w.grads) / norm_relative_error(w.grads, e.grads)}};
+  for (const auto& [what, ratio] : moved) {
+    EXPECT_LT(ratio, 2.0) << what << ", " << precision_name(p);
+    EXPECT_GT(ratio, 0.0) << what << ", " << precision_name(p)
+                          << ": the activations inside were not narrowed";
+    std::printf("bottleneck %s inside: %s moved %.2f times as much as by %s operands\n", precision_name(p),
+                what, ratio, precision_name(p));
+  }
+}
+
+TEST(NarrowElements, BottleneckKeepsItsActivationsNarrow) {
+  check_block(Precision::bf16);
+  check_block(Precision::fp16);
+}
+
+}  // namespace
+}  // namespace ddp

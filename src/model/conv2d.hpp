@@ -47,7 +47,7 @@ class Conv2d : public Layer {
   // The layouts of x and dx (in), of y and dy (out); nchw unless set.
   void set_layouts(Layout in, Layout out);
   // The element types of x and dx (in), of y and dy (out): fp32 unless set, the
-  // narrow precision inside a residual block (ResBlock::set_narrow_inside). Where the
+  // narrow precision inside residual blocks (ResBlock::set_types). Where the
   // backend's kernels do not take that type, they run on fp32 copies (widened here,
   // their results narrowed after).
   void set_types(Precision in, Precision out);

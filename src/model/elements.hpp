@@ -1,7 +1,7 @@
 #pragma once
 // A tensor's elements whatever their type. Activations are fp32 but where the model
 // keeps them in the narrow type of train.precision (bf16 or fp16) between the layers
-// of a residual block on the GPU (ResBlock::set_narrow_inside), as PyTorch's AMP
+// of residual blocks on the GPU (ResBlock::set_types), as PyTorch's AMP
 // does: half the bytes for every pass over them, and no casts around the narrow
 // convolutions that read and write that type anyway. A narrow tensor packs two
 // elements into each float of its buffer. Kernels read and write elements through

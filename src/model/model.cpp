@@ -178,6 +178,12 @@ void Model::plan_layouts() {
     }
   }
   layouts_ = out;
+  // The narrow type a block keeps inside, fp32 for other layers.
+  auto narrow_at = [&](std::size_t i) {
+    const ResBlock* block = block_at(i);
+    const Precision p = block ? block->precision() : Precision::fp32;
+    return compute_backend().narrow_convolution_results(p) ? p : Precision::fp32;
+  };
   for (std::size_t i = 0; i < n; ++i) {
     const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
     if (Conv2d* conv = conv_at(i)) conv->set_layouts(in, out[i]);
@@ -185,9 +191,11 @@ void Model::plan_layouts() {
     if (ResBlock* block = block_at(i)) {
       block->set_layouts(in, native_out[i], out[i]);
       // Where its convolutions' results are narrow anyway (the GPU's narrow cuDNN
-      // kernels), the block keeps its activations so: the casts around them go.
-      const Precision p = block->precision();
-      block->set_narrow_inside(compute_backend().narrow_convolution_results(p) ? p : Precision::fp32);
+      // kernels), a block keeps its activations so, and blocks in a row hand theirs
+      // on so: the casts around the convolutions go.
+      const Precision inside = narrow_at(i);
+      block->set_types(i > 0 && narrow_at(i - 1) == inside ? inside : Precision::fp32, inside,
+                       narrow_at(i + 1) == inside ? inside : Precision::fp32);
     }
   }
 }

@@ -242,8 +242,9 @@ constexpr std::int64_t partial_doubles(Layout layout, std::int64_t B, std::int64
   return 2 * (rows + stretches(rows)) * padded_channels(C);
 }
 
-// dst = src, an image tensor (B, C, H, W), in layout `to` (a Kokkos reorder, for
-// the layer that keeps a blocked layout inside but meets NCHW at its edge).
+// dst = src, an image tensor (B, C, H, W), in layout `to` and src's type (a Kokkos
+// reorder, for the layer that keeps a blocked layout inside but meets NCHW at its
+// edge).
 void convert_layout(const Tensor& src, Tensor& dst, Layout to, const char* label);
 
 }  // namespace ddp

@@ -150,26 +150,29 @@ void ResBlock::fuse_passes() {
   for (std::size_t k = 0; k + 1 < stages_.size(); ++k) stages_[k].bn->fuse_relu();
 }
 
-void ResBlock::set_narrow_inside(Precision type) {
-  DDP_REQUIRE(fused_ || type == Precision::fp32, kind()
-                                                     << " keeps narrow activations with fused passes only");
-  narrow_ = type;
-  for (std::size_t k = 0; k < stages_.size(); ++k)
-    stages_[k].conv->set_types(k == 0 ? Precision::fp32 : type, type);
-  if (down_conv_) down_conv_->set_types(Precision::fp32, type);
+void ResBlock::set_types(Precision in, Precision inside, Precision out) {
+  const bool narrow = in != Precision::fp32 || inside != Precision::fp32 || out != Precision::fp32;
+  DDP_REQUIRE(fused_ || !narrow, kind() << " keeps narrow activations with fused passes only");
+  DDP_REQUIRE((in == Precision::fp32 || in == inside) && (out == Precision::fp32 || out == inside),
+              kind() << "'s input and output are fp32 or of the type inside");
+  in_type_ = in;
+  narrow_ = inside;
+  out_type_ = out;
+  for (std::size_t k = 0; k < stages_.size(); ++k) stages_[k].conv->set_types(k == 0 ? in : inside, inside);
+  if (down_conv_) down_conv_->set_types(in, inside);
 }
 
 // y = relu(bn3(a3) + shortcut), shortcut = bn_down(s1) or x, with both batch norms'
 // statistics already taken: the same floats as the unfused passes, in one.
-// Narrow: a and s1 are.
-template <bool Narrow>
+// Narrow: a and s1 are; NarrowX: x; NarrowY: y.
+template <bool Narrow, bool NarrowX, bool NarrowY>
 void ResBlock::fused_output(const Tensor& x, Tensor& y) {
   const Tensor& a = stages_.back().a;
   const std::int64_t B = a.batch(), C = a.shape[1], hw = a.shape[2] * a.shape[3];
-  resize(y, B, out_sample_, "ResBlock::y", a.layout);
+  resize(y, B, out_sample_, "ResBlock::y", a.layout, out_type_);
   const BatchNormAffine bn = stages_.back().bn->affine();
   const auto av = elements<Narrow>(a);
-  View1 yv = y.data;
+  const auto yv = elements<NarrowY>(y);
   if (projection_) {
     const BatchNormAffine down = down_bn_->affine();
     const auto sv = elements<Narrow>(std::as_const(s1_));
@@ -177,22 +180,64 @@ void ResBlock::fused_output(const Tensor& x, Tensor& y) {
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
           const float v = bn(c, av(e)) + down(c, sv(e));
-          yv(e) = select_or_zero(relu_passes(v), v);
+          yv.set(e, select_or_zero(relu_passes(v), v));
         });
   } else {
-    ConstView1 xv = x.data;
+    const auto xv = elements<NarrowX>(x);
     for_each_element(
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
           const float v = bn(c, av(e)) + xv(e);
-          yv(e) = select_or_zero(relu_passes(v), v);
+          yv.set(e, select_or_zero(relu_passes(v), v));
         });
   }
 }
 
+void ResBlock::write_output(const Tensor& x, Tensor& y) {
+  const bool narrow_x = in_type_ != Precision::fp32, narrow_y = out_type_ != Precision::fp32;
+  if (narrow_ == Precision::fp32)
+    fused_output<false, false, false>(x, y);
+  else if (narrow_x)
+    narrow_y ? fused_output<true, true, true>(x, y) : fused_output<true, true, false>(x, y);
+  else
+    narrow_y ? fused_output<true, false, true>(x, y) : fused_output<true, false, false>(x, y);
+}
+
+// g = dy where y > 0 (the gradient of the pre-relu sum), all three of y's type.
+template <bool Narrow>
+void ResBlock::output_grad(const Tensor& y, const Tensor& dy) {
+  resize_like(g_, dy, "ResBlock::g");
+  const auto yv = elements<Narrow>(y), dyv = elements<Narrow>(dy);
+  const auto gv = elements<Narrow>(g_);
+  Kokkos::parallel_for(
+      "ResBlock::relu_backward", Range(0, dy.storage_numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { gv.set(i, select_or_zero(relu_passes(yv(i)), dyv(i))); });
+}
+
+void ResBlock::add_shortcut(const Tensor& short_grad, Tensor& dx) {
+  const bool narrow_dx = dx.type != Precision::fp32, narrow_short = short_grad.type != Precision::fp32;
+  if (narrow_dx)
+    narrow_short ? add_shortcut_grad<true, true>(short_grad, dx)
+                 : add_shortcut_grad<true, false>(short_grad, dx);
+  else
+    narrow_short ? add_shortcut_grad<false, true>(short_grad, dx)
+                 : add_shortcut_grad<false, false>(short_grad, dx);
+}
+
+// dx += the shortcut's gradient: dx narrow (NarrowDx) or not, the gradient so (NarrowShort) or not.
+template <bool NarrowDx, bool NarrowShort>
+void ResBlock::add_shortcut_grad(const Tensor& short_grad, Tensor& dx) {
+  const auto sv = elements<NarrowShort>(short_grad);
+  const auto dxv = elements<NarrowDx>(dx);
+  Kokkos::parallel_for(
+      "ResBlock::add_shortcut_grad", Range(0, dx.storage_numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { dxv.set(i, dxv(i) + sv(i)); });
+}
+
 // x: (B, C_in, H, W) -> y: (B, C_out, Ho, Wo)
 void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
-  DDP_REQUIRE(x_given.layout == in_, kind() << " input in another layout than the model set");
+  DDP_REQUIRE(x_given.layout == in_ && x_given.type == in_type_,
+              kind() << " input in another layout or type than the model set");
   const bool convert_in = in_ != inside_, convert_out = out_ != inside_;
   if (convert_in) convert_layout(x_given, x_in_, inside_, "ResBlock::x_in");
   const Tensor& x = convert_in ? x_in_ : x_given;
@@ -216,10 +261,7 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   if (fused_) {
     last.bn->statistics(last.a, training);
     if (projection_) down_bn_->statistics(s1_, training);
-    if (narrow_ == Precision::fp32)
-      fused_output<false>(x, y);
-    else
-      fused_output<true>(x, y);
+    write_output(x, y);
   } else {
     last.bn->forward(last.a, last.b, training);
     if (projection_) down_bn_->forward(s1_, s2_, training);
@@ -244,9 +286,12 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   const Tensor &x = convert_in ? x_in_ : x_given, &y = convert_out ? y_in_ : y_given,
                &dy = convert_out ? dy_in_ : dy_given;
   Tensor& dx = convert_in ? dx_in_ : dx_given;
+  DDP_REQUIRE(dy.type == out_type_, kind() << " output gradient in another type than the model set");
   // g = dy where the output is positive: the gradient of both branches' sum
-  resize_like(g_, dy, "ResBlock::g");
-  relu_backward(y.data, dy.data, g_.data, dy.storage_numel());
+  if (out_type_ == Precision::fp32)
+    output_grad<false>(y, dy);
+  else
+    output_grad<true>(y, dy);
   const Tensor* grad = &g_;  // the gradient of the current stage's batch-norm output
   for (std::size_t k = stages_.size(); k-- > 0;) {
     Stage& st = stages_[k];
@@ -270,12 +315,7 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     down_conv_->backward(x, s1_, ds1_, dx_short_);
   }
   if (!needs_input_grad()) return;
-  // dx = branch gradient + shortcut gradient
-  ConstView1 short_grad = projection_ ? dx_short_.data : g_.data;
-  View1 dxv = dx.data;
-  Kokkos::parallel_for(
-      "ResBlock::add_shortcut_grad", Range(0, dx.storage_numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv(i) += short_grad(i); });
+  add_shortcut(projection_ ? dx_short_ : g_, dx);  // dx = branch gradient + shortcut gradient
   if (convert_in) convert_layout(dx_in_, dx_given, in_, "ResBlock::dx");
 }
 

@@ -53,18 +53,24 @@ class ResBlock : public Layer {
   // sum and the relu in one pass forward (so b of the last stage and s2 are never
   // written).
   void fuse_passes();
-  // Keep the block's own activations and their gradients (every convolution's output,
-  // every batch norm's, the shortcut's) in `type`, bf16 or fp16, as PyTorch's AMP
-  // does; x, y, dx and dy stay fp32. The model does so where the convolutions' results
-  // are narrow anyway (the GPU's narrow cuDNN kernels), so nothing is rounded that
-  // was not: only the casts around them go. fp32: off. Fused passes only.
-  void set_narrow_inside(Precision type);
+  // The element types of x and dx (in), of the block's own activations and their
+  // gradients (inside: every convolution's output, every batch norm's, the
+  // shortcut's) and of y and dy (out); fp32 unless set. A narrow type inside (bf16,
+  // fp16) is what PyTorch's AMP keeps; the model sets it where the convolutions'
+  // results are narrow anyway (the GPU's narrow cuDNN kernels), and hands it from
+  // one block to the next. in and out: fp32 or the type inside. Fused passes only.
+  void set_types(Precision in, Precision inside, Precision out);
 
   // The block's output y = relu(bn3(a) + shortcut) in one pass (fused), from a and
-  // s1 narrow (Narrow) or fp32. Public only because CUDA's extended lambdas may not
-  // live in private members.
-  template <bool Narrow>
+  // s1 narrow (Narrow) or fp32, x (NarrowX) and y (NarrowY) too. Public only because
+  // CUDA's extended lambdas may not live in private members.
+  template <bool Narrow, bool NarrowX, bool NarrowY>
   void fused_output(const Tensor& x, Tensor& y);
+  // Backward's element passes: g_ from y and dy, dx += the shortcut's gradient.
+  template <bool Narrow>
+  void output_grad(const Tensor& y, const Tensor& dy);
+  template <bool NarrowDx, bool NarrowShort>
+  void add_shortcut_grad(const Tensor& short_grad, Tensor& dx);
 
  private:
   struct Part {  // a sub-layer and the name prefix of its parameters
@@ -73,6 +79,9 @@ class ResBlock : public Layer {
   };
   std::vector<Part> parts() const;  // conv1, bn1, conv2, bn2[, conv3, bn3][, downsample.0, downsample.1]
   std::vector<Conv2d*> convs() const;
+  // fused_output and add_shortcut_grad for the types of the tensors at hand
+  void write_output(const Tensor& x, Tensor& y);
+  void add_shortcut(const Tensor& short_grad, Tensor& dx);
 
   // One conv -> bn step of the residual branch, with its activations, all
   // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
@@ -89,9 +98,9 @@ class ResBlock : public Layer {
   std::int64_t channels_, stride_;
   bool projection_ = false;
   bool fused_ = false;
-  Precision narrow_ = Precision::fp32;  // the type of the activations inside
-  Shape in_sample_, out_sample_;        // (C_in, H, W), (C_out, Ho, Wo)
-  std::vector<Stage> stages_;           // the residual branch, input to output
+  Precision in_type_ = Precision::fp32, narrow_ = Precision::fp32, out_type_ = Precision::fp32;  // set_types
+  Shape in_sample_, out_sample_;  // (C_in, H, W), (C_out, Ho, Wo)
+  std::vector<Stage> stages_;     // the residual branch, input to output
   std::unique_ptr<Conv2d> down_conv_;
   std::unique_ptr<BatchNorm2d> down_bn_;
   Tensor s1_, s2_;   // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)

@@ -64,8 +64,10 @@ void Conv2d::init(Rng& rng) {
 
 void Conv2d::configure() {
   if (!kernels_) return;
-  const bool narrow = in_type_ != Precision::fp32 || out_type_ != Precision::fp32;
-  widened_ = narrow && !kernels_->takes_narrow_activations(precision());
+  const bool narrow = in_type_ != Precision::fp32 || out_type_ != Precision::fp32,
+             of_precision = (in_type_ == Precision::fp32 || in_type_ == precision()) &&
+                            (out_type_ == Precision::fp32 || out_type_ == precision());
+  widened_ = narrow && !(of_precision && kernels_->takes_narrow_activations(precision()));
   const Precision in = widened_ ? Precision::fp32 : in_type_, out = widened_ ? Precision::fp32 : out_type_;
   kernels_->configure(precision(), fused_relu_, {in_layout_, in}, {out_layout_, out});
 }

@@ -44,7 +44,7 @@ KOKKOS_INLINE_FUNCTION std::uint16_t to_bf16(float x) {
 KOKKOS_INLINE_FUNCTION float from_bf16(std::uint16_t h) { return bits_float(std::uint32_t(h) << 16); }
 
 // fp16 (IEEE binary16): beyond 65504 (from 65520 on, which ties to the next power)
-// inf, below 2^-14 its subnormals (multiples of 2^-24), below 2^-25 signed zero.
+// inf, below 2^-14 its subnormals (multiples of 2^-24), up to 2^-25 signed zero.
 KOKKOS_INLINE_FUNCTION std::uint16_t to_fp16(float x) {
   const std::uint32_t u = float_bits(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
   if (a >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));

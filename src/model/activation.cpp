@@ -1,5 +1,7 @@
 #include "model/activation.hpp"
 
+#include "comm/check.hpp"
+#include "model/elements.hpp"
 #include "model/select.hpp"
 
 namespace ddp {
@@ -19,10 +21,23 @@ void relu_forward(ConstView1 x, View1 y, std::int64_t n) {
       KOKKOS_LAMBDA(std::int64_t i) { y(i) = select_or_zero(relu_passes(x(i)), x(i)); });
 }
 
-void relu_backward(ConstView1 y, ConstView1 dy, View1 dx, std::int64_t n) {
+namespace {
+template <bool Narrow>
+void relu_backward_of(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  const auto yv = elements<Narrow>(y), dyv = elements<Narrow>(dy);
+  const auto dxv = elements<Narrow>(dx);
   Kokkos::parallel_for(
-      "ReLU::backward", Range(0, n),
-      KOKKOS_LAMBDA(std::int64_t i) { dx(i) = select_or_zero(relu_passes(y(i)), dy(i)); });
+      "ReLU::backward", Range(0, y.storage_numel()),
+      KOKKOS_LAMBDA(std::int64_t i) { dxv.set(i, select_or_zero(relu_passes(yv(i)), dyv(i))); });
+}
+}  // namespace
+
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  DDP_REQUIRE(dy.type == y.type && dx.type == y.type, "relu backward on tensors of different types");
+  if (y.type == Precision::fp32)
+    relu_backward_of<false>(y, dy, dx);
+  else
+    relu_backward_of<true>(y, dy, dx);
 }
 
 // y = max(x, 0)
@@ -43,7 +58,7 @@ void ReLU::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& 
     return;
   }
   resize_like(dx, x, "ReLU::dx");
-  relu_backward(y.data, dy.data, dx.data, x.storage_numel());
+  relu_backward(y, dy, dx);
 }
 
 // y = tanh(x)

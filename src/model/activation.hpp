@@ -27,10 +27,12 @@ class ReLU : public Layer {
   bool fused_forward_ = false, fused_backward_ = false;
 };
 
-// The relu kernels, which resblock runs too: y = relu(x), and dx = dy where the relu
-// let x through (judged on its output y), over n elements; dx may be dy (in place).
+// The relu kernels, which resblock runs too: y = relu(x) over n elements; dx = dy
+// where the relu let x through (judged on its output y), over y's elements, all three
+// of y's type (fp32, or narrow inside residual blocks: model/elements.hpp), dx sized
+// by the caller; dx may be dy (in place).
 void relu_forward(ConstView1 x, View1 y, std::int64_t n);
-void relu_backward(ConstView1 y, ConstView1 dy, View1 dx, std::int64_t n);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 class Tanh : public Layer {
  public:

@@ -13,11 +13,7 @@ void convert(const Tensor& src, Tensor& dst, const char* label) {
 }  // namespace
 
 void convert_type(const Tensor& src, Tensor& dst, Precision to, const char* label) {
-  dst.shape = src.shape;
-  dst.layout = src.layout;
-  dst.type = to;
-  if (static_cast<std::int64_t>(dst.data.extent(0)) < dst.storage_floats())
-    dst.data = make_buffer(label, dst.storage_floats(), /*uninitialised=*/true);
+  resize_like(dst, src, to, label);
   const bool narrow_from = src.type != Precision::fp32, narrow_to = to != Precision::fp32;
   if (narrow_from && narrow_to)
     convert<true, true>(src, dst, label);

@@ -1,7 +1,5 @@
 #include "model/resblock.hpp"
 
-#include <utility>
-
 #include "comm/check.hpp"
 #include "model/activation.hpp"
 #include "model/elements.hpp"
@@ -175,7 +173,7 @@ void ResBlock::fused_output(const Tensor& x, Tensor& y) {
   const auto yv = elements<NarrowY>(y);
   if (projection_) {
     const BatchNormAffine down = down_bn_->affine();
-    const auto sv = elements<Narrow>(std::as_const(s1_));
+    const auto sv = elements<Narrow>(s1_);
     for_each_element(
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
         KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
@@ -201,17 +199,6 @@ void ResBlock::write_output(const Tensor& x, Tensor& y) {
     narrow_y ? fused_output<true, true, true>(x, y) : fused_output<true, true, false>(x, y);
   else
     narrow_y ? fused_output<true, false, true>(x, y) : fused_output<true, false, false>(x, y);
-}
-
-// g = dy where y > 0 (the gradient of the pre-relu sum), all three of y's type.
-template <bool Narrow>
-void ResBlock::output_grad(const Tensor& y, const Tensor& dy) {
-  resize_like(g_, dy, "ResBlock::g");
-  const auto yv = elements<Narrow>(y), dyv = elements<Narrow>(dy);
-  const auto gv = elements<Narrow>(g_);
-  Kokkos::parallel_for(
-      "ResBlock::relu_backward", Range(0, dy.storage_numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { gv.set(i, select_or_zero(relu_passes(yv(i)), dyv(i))); });
 }
 
 void ResBlock::add_shortcut(const Tensor& short_grad, Tensor& dx) {
@@ -288,10 +275,8 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   Tensor& dx = convert_in ? dx_in_ : dx_given;
   DDP_REQUIRE(dy.type == out_type_, kind() << " output gradient in another type than the model set");
   // g = dy where the output is positive: the gradient of both branches' sum
-  if (out_type_ == Precision::fp32)
-    output_grad<false>(y, dy);
-  else
-    output_grad<true>(y, dy);
+  resize_like(g_, dy, "ResBlock::g");
+  relu_backward(y, dy, g_);
   const Tensor* grad = &g_;  // the gradient of the current stage's batch-norm output
   for (std::size_t k = stages_.size(); k-- > 0;) {
     Stage& st = stages_[k];
@@ -306,7 +291,7 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     }
     Stage& before = stages_[k - 1];
     st.conv->backward(before.r, st.a, st.da, before.dr);
-    if (!fused_) relu_backward(before.r.data, before.dr.data, before.dr.data, before.dr.storage_numel());
+    if (!fused_) relu_backward(before.r, before.dr, before.dr);
     grad = &before.dr;
   }
   if (projection_) {

@@ -66,9 +66,7 @@ class ResBlock : public Layer {
   // CUDA's extended lambdas may not live in private members.
   template <bool Narrow, bool NarrowX, bool NarrowY>
   void fused_output(const Tensor& x, Tensor& y);
-  // Backward's element passes: g_ from y and dy, dx += the shortcut's gradient.
-  template <bool Narrow>
-  void output_grad(const Tensor& y, const Tensor& dy);
+  // dx += the shortcut's gradient (backward's last pass).
   template <bool NarrowDx, bool NarrowShort>
   void add_shortcut_grad(const Tensor& short_grad, Tensor& dx);
 

@@ -64,11 +64,13 @@ void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* labe
   reserve(t.data, t.storage_floats(), label);
 }
 
-void resize_like(Tensor& t, const Tensor& like, const char* label) {
-  reserve(t.data, like.storage_floats(), label);
+void resize_like(Tensor& t, const Tensor& like, const char* label) { resize_like(t, like, like.type, label); }
+
+void resize_like(Tensor& t, const Tensor& like, Precision type, const char* label) {
   t.shape = like.shape;
   t.layout = like.layout;
-  t.type = like.type;
+  t.type = type;
+  reserve(t.data, t.storage_floats(), label);
 }
 
 }  // namespace ddp

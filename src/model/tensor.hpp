@@ -69,7 +69,8 @@ View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised =
 // capacity, so a repeated call allocates nothing.
 void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label,
             Layout layout = Layout::nchw, Precision type = Precision::fp32);
-// Make t the shape, layout and type of `like` (same rules).
+// Make t the shape, layout and type of `like` (same rules), or of `type`.
 void resize_like(Tensor& t, const Tensor& like, const char* label);
+void resize_like(Tensor& t, const Tensor& like, Precision type, const char* label);
 
 }  // namespace ddp

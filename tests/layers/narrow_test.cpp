@@ -117,7 +117,7 @@ std::vector<float> values(const Tensor& t) {
 
 // How many of narrow's elements are not wide's rounded to narrow's type, bit for bit.
 std::size_t not_rounded(const Tensor& narrow, const Tensor& wide) {
-  EXPECT_EQ(narrow.type == Precision::fp32, false);
+  EXPECT_NE(narrow.type, Precision::fp32);
   EXPECT_EQ(wide.type, Precision::fp32);
   const std::vector<float> n = values(narrow), w = to_host(wide.data, wide.storage_numel());
   std::size_t off = 0;

@@ -3,6 +3,16 @@
 # files, one-line errors) and tools/make_synthetic_images (format, determinism,
 # balance, labels learnable by a nearest-class-mean classifier).
 # They need a python3 with numpy, h5py and PIL (python3-pil); without one they are left out.
+# tools/bundle_gpu: the CPU build bundled, run in a mount namespace that hides the
+# system's MPI and HDF5 (root; label tools). Not in the GPU build, whose programs
+# need a device to run.
+if(NOT DDP_ENABLE_CUDA)
+  add_test(NAME tools_bundle_gpu
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/bundle_gpu_test.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  set_tests_properties(tools_bundle_gpu PROPERTIES LABELS "tools;mpi" TIMEOUT 300 PROCESSORS 2
+                       FIXTURES_REQUIRED e2e_data SKIP_RETURN_CODE 77)
+endif()
+
 ddp_find_python(DDP_TOOLS_PYTHON "import h5py, numpy, PIL.Image" "python3 with numpy, h5py and PIL, for the tool tests"
                 ${DDP_PYTHON} /usr/bin/python3)
 if(NOT DDP_TOOLS_PYTHON)

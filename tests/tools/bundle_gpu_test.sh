@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# tools/bundle_gpu on this build, run where MPI and HDF5 are not: a private mount
+# namespace hides every library the bundle packed (but those this script's own
+# tools need), Open MPI's launcher, components, help files and configuration, and
+# PMIx's. There the system's mpiexec and the build's own ddp_train must fail (what
+# is hidden is hidden), and from the bundle, in a checkout that is not the source
+# tree: mpiexec trains the tiny classification on 2 ranks to its validation
+# accuracy, and ctest runs an MPI test through the bundle's CTest files.
+# usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree, after the
+# e2e_data fixture; needs root for the mount namespace)
+set -euo pipefail
+source_dir=$1 build=$2
+if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null || ! command -v patchelf >/dev/null; then
+  echo "SKIPPED: needs root, unshare and patchelf"
+  exit 77
+fi
+tmp=$(mktemp -d "$build/bundle_gpu_test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+DATA=e2e_data/tiny BUILD_DIR=$build XZ_OPT=-1 "$source_dir/tools/bundle_gpu" "$tmp/bundle.tar.xz" ddp_train test_backend
+
+checkout=$tmp/checkout
+mkdir -p "$checkout"
+for d in inputs tests tools; do ln -s "$source_dir/$d" "$checkout/$d"; done
+tar -C "$checkout" -xf "$tmp/bundle.tar.xz"
+
+# What to hide: each packed library's system copy, but the libraries of the tools
+# used below; Open MPI's and PMIx's folders and launchers.
+keep=$(for t in bash ctest mount grep sed cat mkdir ln dirname find sort python3 readlink; do
+  ldd "$(command -v $t)" 2>/dev/null
+done | sed -n 's/^\s*\([^ ]*\) => .*/\1/p' | sort -u)
+hidden_libs=()
+while IFS=$'\t' read -r packed origin; do
+  grep -qxF "$(basename "$packed")" <<<"$keep" || hidden_libs+=("$(readlink -f "$origin")")
+done <"$checkout/ddp_bundle/MANIFEST"
+for must in libmpi.so libhdf5_openmpi.so libopen-pal.so libpmix.so; do
+  printf '%s\n' "${hidden_libs[@]}" | grep -q "/$must" || { echo "FAILED: $must would not be hidden" >&2; exit 1; }
+done
+ompi() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
+hidden_dirs=("$(ompi pkglibdir)" "$(ompi pkgdatadir)" "$(ompi sysconfdir)"
+             "$(dirname "$(readlink -f "$(ldd "$(readlink -f "$(command -v orterun)")" |
+                                            sed -n 's/.*libpmix[^ ]* => \([^ ]*\).*/\1/p')")")")
+hidden_programs=("$(readlink -f "$(command -v orterun)")" "$(readlink -f "$(command -v orted)")")
+
+cat >"$tmp/inside.sh" <<EOF
+set -euo pipefail
+for f in ${hidden_libs[*]} ${hidden_programs[*]}; do mount --bind /dev/null "\$f"; done
+for d in ${hidden_dirs[*]}; do [[ -d \$d ]] && mount -t tmpfs none "\$d"; done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cd "$checkout"
+if mpiexec --version >/dev/null 2>&1; then echo "FAILED: the system's mpiexec still runs" >&2; exit 1; fi
+if "$build/ddp_train" --version >/dev/null 2>&1; then echo "FAILED: the build's own ddp_train still starts" >&2; exit 1; fi
+echo "hidden: ${#hidden_libs[@]} libraries, ${#hidden_dirs[@]} folders, ${#hidden_programs[@]} programs; the system's mpiexec and the build's ddp_train fail"
+source ddp_bundle/env.sh
+[[ \$(command -v mpiexec) == "$checkout/ddp_bundle/bin/mpiexec" ]] || { echo "FAILED: mpiexec is \$(command -v mpiexec)" >&2; exit 1; }
+mpiexec -np 2 --oversubscribe ddp_bundle/build/ddp_train tests/e2e/tiny.nml io.run_dir=runs/tiny 2>&1 | tee train.log
+grep -E 'val.*acc' train.log | tail -n 1
+grep -qE 'val.*acc' train.log || { echo "FAILED: no validation accuracy from the bundle's ddp_train" >&2; exit 1; }
+ctest --test-dir ddp_bundle/build -R '^test_backend_np2\$' --output-on-failure 2>&1 | tee ctest.log
+grep -q '100% tests passed, 0 tests failed out of 1' ctest.log || { echo "FAILED: test_backend_np2 from the bundle" >&2; exit 1; }
+EOF
+unshare --mount --propagation private bash "$tmp/inside.sh"
+echo "bundle_gpu_test: passed"

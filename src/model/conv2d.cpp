@@ -89,6 +89,7 @@ void Conv2d::set_layouts(Layout in, Layout out) {
 }
 
 void Conv2d::set_types(Precision in, Precision out) {
+  if (in == in_type_ && out == out_type_) return;  // the kernels stay planned
   in_type_ = in;
   out_type_ = out;
   configure();

@@ -51,6 +51,9 @@ class Conv2d : public Layer {
   // backend's kernels do not take that type, they run on fp32 copies (widened here,
   // their results narrowed after).
   void set_types(Precision in, Precision out);
+  // Whether y may be of the narrow type: not where a bias or a fused relu follows the
+  // convolution (they run in the kernels' fp32 epilogue).
+  bool output_may_be_narrow() const { return !geometry_.bias && !fused_relu_; }
 
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels

@@ -80,6 +80,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
   reseed_dropout(hash64(seed, ~0ull));
   layouts_.assign(layers_.size(), Layout::nchw);
+  types_.assign(layers_.size(), Precision::fp32);
   if (fuse_) fuse_layers();
   acts_.resize(layers_.size());
   grad_.resize(layers_.size());
@@ -178,36 +179,93 @@ void Model::plan_layouts() {
     }
   }
   layouts_ = out;
-  // The narrow type a block keeps inside, fp32 for other layers.
-  auto narrow_at = [&](std::size_t i) {
-    const ResBlock* block = block_at(i);
-    const Precision p = block ? block->precision() : Precision::fp32;
-    return compute_backend().narrow_convolution_results(p) ? p : Precision::fp32;
-  };
+  types_ = plan_types();
+  // Residual blocks keep their activations inside in the narrow type wherever the
+  // model keeps any so.
+  const Precision inside = narrow_activations() ? precision_ : Precision::fp32;
   for (std::size_t i = 0; i < n; ++i) {
     const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
-    if (Conv2d* conv = conv_at(i)) conv->set_layouts(in, out[i]);
+    const Precision in_type = i > 0 ? types_[i - 1] : Precision::fp32;
+    if (Conv2d* conv = conv_at(i)) {
+      conv->set_layouts(in, out[i]);
+      conv->set_types(in_type, types_[i]);
+    }
     if (Pool2d* pool = pool_at(i)) pool->set_output_layout(out[i]);
     if (ResBlock* block = block_at(i)) {
       block->set_layouts(in, native_out[i], out[i]);
-      // Where its convolutions' results are narrow anyway (the GPU's narrow cuDNN
-      // kernels), a block keeps its activations so, and blocks in a row hand theirs
-      // on so: the casts around the convolutions go.
-      const Precision inside = narrow_at(i);
-      block->set_types(i > 0 && narrow_at(i - 1) == inside ? inside : Precision::fp32, inside,
-                       narrow_at(i + 1) == inside ? inside : Precision::fp32);
+      block->set_types(in_type, inside, types_[i]);
     }
   }
 }
 
-std::int64_t Model::activation_floats(std::int64_t batch) const {
-  std::int64_t per_sample = 0;
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const std::int64_t in = shape_numel(shapes_[i]), out = shape_numel(shapes_[i + 1]);
-    per_sample += out;                         // acts_[i]
-    if (i > first_trained_) per_sample += in;  // grad_[i]
+bool Model::narrow_activations() const {
+  return precision_ != Precision::fp32 &&
+         (narrow_asked_ || compute_backend().narrow_convolution_results(precision_));
+}
+
+// Where the convolutions' results are narrow anyway (the GPU's narrow cuDNN kernels),
+// the activations between layers are kept in that type, as PyTorch's AMP keeps them:
+// half the bytes for every pass, and no casts around the convolutions. From a layer
+// that writes it (a convolution without bias or fused relu, a residual block) through
+// the layers that keep their input's type (batch norm, a relu that passes its
+// neighbours' tensors on, a max-pool on nhwc) to a layer that reads it (a convolution,
+// a residual block, globalavgpool on nhwc), forward and backward: in ResNet-50 from
+// the stem's convolution to the global pool. fp32 elsewhere (the input, the layers
+// after the pool, an MLP).
+std::vector<Precision> Model::plan_types() const {
+  const std::size_t n = layers_.size();
+  std::vector<Precision> types(n, Precision::fp32);
+  if (!fuse_ || !narrow_activations()) return types;
+  auto at = [&](std::size_t i) { return i < n ? layers_[i].get() : nullptr; };
+  auto in_layout = [&](std::size_t i) { return i > 0 ? layouts_[i - 1] : Layout::nchw; };
+  auto writes = [&](std::size_t i) {
+    const auto* conv = dynamic_cast<const Conv2d*>(at(i));
+    return (conv && conv->output_may_be_narrow()) || dynamic_cast<const ResBlock*>(at(i));
+  };
+  auto keeps = [&](std::size_t i) {
+    const auto* relu = dynamic_cast<const ReLU*>(at(i));
+    const auto* pool = dynamic_cast<const Pool2d*>(at(i));
+    return dynamic_cast<const BatchNorm2d*>(at(i)) || (relu && relu->passes_through()) ||
+           (pool && pool->kind() == "maxpool" && in_layout(i) == Layout::nhwc);
+  };
+  auto reads = [&](std::size_t i) {
+    return dynamic_cast<const Conv2d*>(at(i)) || dynamic_cast<const ResBlock*>(at(i)) ||
+           (i < n && keeps(i)) || (dynamic_cast<const GlobalAvgPool*>(at(i)) && in_layout(i) == Layout::nhwc);
+  };
+  std::vector<bool> narrow(n);  // narrow[i]: layer i's output
+  for (std::size_t i = 0; i < n; ++i) narrow[i] = (writes(i) || keeps(i)) && reads(i + 1);
+  // A layer that keeps its input's type has both sides narrow or neither.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!keeps(i) || narrow[i] == (i > 0 && narrow[i - 1])) continue;
+      narrow[i] = false;
+      if (i > 0) narrow[i - 1] = false;
+      changed = true;
+    }
   }
-  return batch * per_sample;
+  for (std::size_t i = 0; i < n; ++i)
+    if (narrow[i]) types[i] = precision_;
+  return types;
+}
+
+void Model::plan_narrow_activations(bool on) {
+  narrow_asked_ = on;
+  if (fuse_) plan_layouts();
+}
+
+std::int64_t Model::activation_floats(std::int64_t batch) const {
+  // A narrow tensor takes half the floats (two elements to a float, rounded up).
+  auto floats = [&](std::size_t i) {  // of layer i's output
+    const std::int64_t n = batch * shape_numel(shapes_[i + 1]);
+    return types_[i] == Precision::fp32 ? n : (n + 1) / 2;
+  };
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    total += floats(i);                              // acts_[i]
+    if (i > first_trained_) total += floats(i - 1);  // grad_[i]
+  }
+  return total;
 }
 
 const Tensor& Model::forward(const Tensor& x, bool training) {
@@ -275,13 +333,14 @@ void Model::reseed_dropout(std::uint64_t seed) {
 }
 
 std::string Model::summary() const {
-  // Columns as wide as their longest entry; "layout" only when some output is blocked.
+  // Columns as wide as their longest entry; "layout" only when some output is blocked
+  // or narrow.
   std::size_t w_layer = 5, w_out = shape_str(input_shape()).size(), w_params = 10;
   bool blocked = false;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     w_layer = std::max(w_layer, specs_[i].size());
     w_out = std::max(w_out, shape_str(shapes_[i + 1]).size());
-    blocked = blocked || layouts_[i] != Layout::nchw;
+    blocked = blocked || layouts_[i] != Layout::nchw || types_[i] != Precision::fp32;
   }
   w_layer += 2;
   w_out += 2;
@@ -293,8 +352,9 @@ std::string Model::summary() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     os << std::setw(4) << i << std::setw(w_layer) << specs_[i] << std::setw(w_out)
        << shape_str(shapes_[i + 1]);
-    if (layouts_[i] != Layout::nchw)
-      os << std::setw(w_params) << layer_params_[i] << layout_name(layouts_[i]);
+    if (layouts_[i] != Layout::nchw || types_[i] != Precision::fp32)
+      os << std::setw(w_params) << layer_params_[i] << layout_name(layouts_[i])
+         << (types_[i] != Precision::fp32 ? std::string(" ") + precision_name(types_[i]) : "");
     else
       os << layer_params_[i];
     os << "\n";

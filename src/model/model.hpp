@@ -79,6 +79,17 @@ class Model {
   // cuDNN's bf16/fp16) from a convolution or resblock to the next layer that reads it
   // (plan_layouts), else nchw.
   Layout output_layout(std::size_t i) const { return layouts_[i]; }
+  // The type layer i's output and the gradient w.r.t. it are stored in: fp32, or the
+  // narrow precision where the model keeps activations so (plan_types).
+  Precision output_type(std::size_t i) const { return types_[i]; }
+  // Whether activations are kept narrow where layers allow: at bf16/fp16 where the
+  // backend's convolutions write narrow results (the GPU's narrow cuDNN kernels), or
+  // where asked (plan_narrow_activations).
+  bool narrow_activations() const;
+  // Keep activations narrow at bf16/fp16 also where the backend's convolutions take
+  // fp32 (they then run on widened copies): the GPU's plan, checked on the host by
+  // the tests.
+  void plan_narrow_activations(bool on);
   // Restart the dropout streams from `seed` (the trainer makes them differ per rank).
   void reseed_dropout(std::uint64_t seed);
   // Why a training step of this model cannot be replayed from a CUDA graph, naming
@@ -92,7 +103,8 @@ class Model {
 
   // Floats one training step at batch `batch` keeps between layers, planned from the
   // shapes before any forward: every layer's output (B, out_i...) and the gradient
-  // w.r.t. the input of every layer backward reaches after the first trained one.
+  // w.r.t. the input of every layer backward reaches after the first trained one,
+  // half as many where they are narrow (output_type).
   // What layers hold inside (a block's inner activations, pooling indices, dropout
   // masks, library workspaces) is not in it: ddp_bench measures the whole.
   std::int64_t activation_floats(std::int64_t batch) const;
@@ -103,8 +115,11 @@ class Model {
  private:
   void fuse_layers();
   void plan_layouts();
+  std::vector<Precision> plan_types() const;  // the output types, from layouts_
 
-  std::vector<Layout> layouts_;  // layouts_[i]: output_layout(i)
+  std::vector<Layout> layouts_;   // layouts_[i]: output_layout(i)
+  std::vector<Precision> types_;  // types_[i]: output_type(i)
+  bool narrow_asked_ = false;     // plan_narrow_activations
   Precision precision_ = Precision::fp32;
   bool fuse_;                             // fusions and blocked layouts on (planned again by set_precision)
   std::vector<std::string> specs_;        // as given, whitespace-trimmed

@@ -1,6 +1,7 @@
 #include "model/pool.hpp"
 
 #include "comm/check.hpp"
+#include "model/elements.hpp"
 #include "model/planes.hpp"
 #include "model/select.hpp"
 
@@ -76,7 +77,9 @@ KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  if (x.layout == Layout::nhwc) return forward_nhwc(x, y);
+  if (x.layout == Layout::nhwc)
+    return x.type == Precision::fp32 ? forward_nhwc<false>(x, y) : forward_nhwc<true>(x, y);
+  DDP_REQUIRE(x.type == Precision::fp32, kind() << " takes a narrow x in nhwc only");
   if (x.layout == Layout::nChw8c) return forward_blocked<8>(x, y);
   if (x.layout == Layout::nChw16c) return forward_blocked<16>(x, y);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
@@ -158,7 +161,12 @@ void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // mask, dy passes only where the output y > 0.
 void Pool2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
-  if (x.layout == Layout::nhwc) return backward_nhwc(dy, dx);
+  if (x.layout == Layout::nhwc) {
+    DDP_REQUIRE(dy.type == x.type, kind() << ": a " << precision_name(dy.type) << " dy for a "
+                                          << precision_name(x.type) << " x");
+    return x.type == Precision::fp32 ? backward_nhwc<false>(dy, dx, x.type)
+                                     : backward_nhwc<true>(dy, dx, x.type);
+  }
   if (x.layout == Layout::nChw8c) return backward_blocked<8>(dy, dx, x.layout);
   if (x.layout == Layout::nChw16c) return backward_blocked<16>(dy, dx, x.layout);
   const std::int64_t B = x.batch(), H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_, pad = pad_;
@@ -308,17 +316,19 @@ void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout) {
 // thread per output element, a team's lanes over the channels; ties and NaN as in
 // the NCHW kernel. The argmax (B, Ho, Wo, C) is the input pixel r * W + q, and -1
 // where the relu mask stops the gradient (y <= 0): backward reads only it and dy.
+// y in x's type (a narrow max is one of the narrow elements: no rounding).
+template <bool Narrow>
 void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
   DDP_REQUIRE(takes(x.layout), kind() << " takes no nhwc input");
   DDP_REQUIRE(out_layout_ == Layout::nchw || out_layout_ == Layout::nhwc,
               kind() << ": output layout " << layout_name(out_layout_) << " for an nhwc input");
   const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
                      pad = pad_;
-  resize(y, B, out_sample_, "MaxPool::y", out_layout_);
+  resize(y, B, out_sample_, "MaxPool::y", out_layout_, x.type);
   reserve_argmax(argmax_, B * C * Ho * Wo);
   if (B == 0) return;
-  ConstView1 xv = x.data;
-  View1 yv = y.data;
+  const auto xv = elements<Narrow>(x);
+  const auto yv = elements<Narrow>(y);
   auto am = argmax_;
   const bool nhwc_out = out_layout_ == Layout::nhwc, mask = relu_mask_;
   for_each_element_nhwc(
@@ -326,26 +336,29 @@ void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t o, std::int64_t e) {
         const std::int64_t i = o / Wo, j = o - i * Wo;
         const Window wr = window(i, s, pad, k, H), wc = window(j, s, pad, k, W);
-        const float* xp = xv.data() + b * H * W * C + c;  // channel c of image b: pixel p at xp[p * C]
-        std::int64_t best = wr.begin * W + wc.begin;      // padding never wins: start inside
-        float m = xp[best * C];
+        const std::int64_t x0 = b * H * W * C + c;    // channel c of image b: pixel p at x0 + p * C
+        std::int64_t best = wr.begin * W + wc.begin;  // padding never wins: start inside
+        float m = xv(x0 + best * C);
         for (std::int64_t r = wr.begin; r < wr.end; ++r)
-          for (std::int64_t q = wc.begin; q < wc.end; ++q) take_max(xp[(r * W + q) * C], r * W + q, m, best);
-        yv(nhwc_out ? e : (b * C + c) * Ho * Wo + o) = m;
+          for (std::int64_t q = wc.begin; q < wc.end; ++q)
+            take_max(xv(x0 + (r * W + q) * C), r * W + q, m, best);
+        yv.set(nhwc_out ? e : (b * C + c) * Ho * Wo + o, m);
         am(e) = !mask | relu_passes(m) ? static_cast<std::int32_t>(best) : -1;
       });
 }
 
 // dy: (B, C, Ho, Wo) in y's layout -> dx: (B, H, W, C). A thread per input element
 // gathers dy from the windows whose argmax it is (overlapping windows or not: no
-// atomics, and what no window takes is zero).
-void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx) {
+// atomics, and what no window takes is zero). Narrow: dy and dx (of `type`) narrow,
+// the sum in fp32 rounded once.
+template <bool Narrow>
+void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx, Precision type) {
   const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
                      pad = pad_;
-  resize(dx, B, in_sample_, "MaxPool::dx", Layout::nhwc);
+  resize(dx, B, in_sample_, "MaxPool::dx", Layout::nhwc, type);
   if (B == 0) return;
-  ConstView1 dyv = dy.data;
-  View1 dxv = dx.data;
+  const auto dyv = elements<Narrow>(dy);
+  const auto dxv = elements<Narrow>(dx);
   auto am = argmax_;
   const bool nhwc_out = out_layout_ == Layout::nhwc;
   for_each_element_nhwc(
@@ -360,7 +373,7 @@ void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx) {
             const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
             g += am(oe) == at ? dyv(nhwc_out ? oe : (b * C + c) * Ho * Wo + o) : 0.0f;
           }
-        dxv(e) = g;
+        dxv.set(e, g);
       });
 }
 
@@ -384,13 +397,15 @@ void GlobalAvgPool::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   ConstView1 xv = x.data;
   View1 yv = y.data;
   const float inv = 1.0f / static_cast<float>(hw);
+  if (x.layout == Layout::nhwc)
+    return x.type == Precision::fp32 ? forward_nhwc<false>(x, yv) : forward_nhwc<true>(x, yv);
+  DDP_REQUIRE(x.type == Precision::fp32, "globalavgpool takes a narrow x in nhwc only");
   switch (x.layout) {
     case Layout::nChw8c:
       return forward_blocked<8>(B, xv, yv);
     case Layout::nChw16c:
       return forward_blocked<16>(B, xv, yv);
     case Layout::nhwc:
-      return forward_nhwc(B, xv, yv);
     case Layout::nchw:
       break;
   }
@@ -416,10 +431,12 @@ void GlobalAvgPool::forward_blocked(std::int64_t B, ConstView1 xv, View1 yv) {
       });
 }
 
-// x: (B, H, W, C): a thread per (b, c), adjacent threads on adjacent channels; the
-// NCHW kernel's order of additions.
-void GlobalAvgPool::forward_nhwc(std::int64_t B, ConstView1 xv, View1 yv) {
-  const std::int64_t C = c_, hw = hw_;
+// x: (B, H, W, C) of either type: a thread per (b, c), adjacent threads on adjacent
+// channels; the NCHW kernel's order of additions.
+template <bool Narrow>
+void GlobalAvgPool::forward_nhwc(const Tensor& x, View1 yv) {
+  const std::int64_t B = x.batch(), C = c_, hw = hw_;
+  const auto xv = elements<Narrow>(x);
   const float inv = 1.0f / static_cast<float>(hw);
   Kokkos::parallel_for(
       "GlobalAvgPool::forward_nhwc", Range(0, B * C), KOKKOS_LAMBDA(std::int64_t p) {
@@ -430,18 +447,24 @@ void GlobalAvgPool::forward_nhwc(std::int64_t B, ConstView1 xv, View1 yv) {
       });
 }
 
-// dy: (B, C, 1, 1) -> dx: (B, C, H, W) = dy / (H W) everywhere in the plane, in x's layout
+// dy: (B, C, 1, 1) -> dx: (B, C, H, W) = dy / (H W) everywhere in the plane, in x's
+// layout and type
 void GlobalAvgPool::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
+  resize(dx, x.batch(), in_sample_, "GlobalAvgPool::dx", x.layout, x.type);
+  return x.type == Precision::fp32 ? spread<false>(dy, dx) : spread<true>(dy, dx);
+}
+
+template <bool Narrow>
+void GlobalAvgPool::spread(const Tensor& dy, Tensor& dx) {
   const std::int64_t C = c_;
-  resize(dx, x.batch(), in_sample_, "GlobalAvgPool::dx", x.layout);
   ConstView1 dyv = dy.data;
-  View1 dxv = dx.data;
+  const auto dxv = elements<Narrow>(dx);
   const float inv = 1.0f / static_cast<float>(hw_);
   for_each_element(
-      "GlobalAvgPool::backward", x.layout, x.batch(), C, hw_,
+      "GlobalAvgPool::backward", dx.layout, dx.batch(), C, hw_,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t, std::int64_t e) {
-        dxv(e) = c < C ? dyv(b * C + c) * inv : 0.0f;
+        dxv.set(e, c < C ? dyv(b * C + c) * inv : 0.0f);
       });
 }
 

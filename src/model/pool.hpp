@@ -9,6 +9,9 @@
 // Plain Kokkos kernels: these are memory-bound and small next to the convolutions.
 // NCHW; every max-pool also channels-last (nhwc), and the 2x2 one also the
 // convolutions' blocked layouts (nChw8c, nChw16c), where the model sets them.
+// A max-pool on an nhwc x of the narrow type (model/elements.hpp, where the model
+// keeps the activations so: Model::plan_layouts) writes y and dx in that type and
+// reads dy in it; globalavgpool reads an nhwc x of that type and writes dx in it.
 
 #include "model/layer.hpp"
 
@@ -47,9 +50,12 @@ class Pool2d : public Layer {
   void forward_blocked(const Tensor& x, Tensor& y);
   template <int BS>
   void backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout);
-  // and for an x in nhwc, any window
+  // and for an x in nhwc, any window; Narrow: x, y, dy and dx narrow (elements.hpp),
+  // dx of `type`
+  template <bool Narrow>
   void forward_nhwc(const Tensor& x, Tensor& y);
-  void backward_nhwc(const Tensor& dy, Tensor& dx);
+  template <bool Narrow>
+  void backward_nhwc(const Tensor& dy, Tensor& dx, Precision type);
 
  private:
   Op op_;
@@ -72,10 +78,14 @@ class GlobalAvgPool : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
-  // forward for an x in BS-channel blocks, and in nhwc (public for CUDA's extended lambdas)
+  // forward for an x in BS-channel blocks, and in nhwc of either type; backward's
+  // pass, dx of either type (public for CUDA's extended lambdas)
   template <int BS>
   void forward_blocked(std::int64_t B, ConstView1 xv, View1 yv);
-  void forward_nhwc(std::int64_t B, ConstView1 xv, View1 yv);
+  template <bool Narrow>
+  void forward_nhwc(const Tensor& x, View1 yv);
+  template <bool Narrow>
+  void spread(const Tensor& dy, Tensor& dx);
 
  private:
   std::int64_t c_ = 0, hw_ = 0;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,8 @@
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/elements.hpp"
+#include "model/model.hpp"
+#include "model/pool.hpp"
 #include "model/resblock.hpp"
 
 namespace ddp {
@@ -197,6 +200,67 @@ TEST(NarrowElements, Conv2dWritesItsResultsRounded) {
   check_conv(Precision::fp16);
 }
 
+// A max-pool on an nhwc x of type p against the same pool on fp32 tensors of the same
+// values: y is the same elements (a max rounds nothing), dx the fp32 one rounded (the
+// sums where 3x3 windows at stride 2 overlap are rounded once), with and without the
+// relu mask it takes over from a relu before it.
+TEST(NarrowElements, MaxPoolKeepsItsInputsType) {
+  const Shape sample = {6, 9, 8};
+  const std::int64_t B = 3;
+  for (Precision p : {Precision::bf16, Precision::fp16})
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(std::string(precision_name(p)) + (relu ? " relu" : ""));
+      BoundLayer narrow("maxpool(3, stride=2, pad=1)", sample), wide("maxpool(3, stride=2, pad=1)", sample);
+      for (BoundLayer* l : {&narrow, &wide}) {
+        auto& pool = dynamic_cast<Pool2d&>(*l->layer);
+        pool.set_output_layout(Layout::nhwc);
+        if (relu) pool.absorb_relu_backward();
+      }
+      auto [xn, xw] = narrow_and_wide(B, sample, Layout::nhwc, p, 41);
+      auto [dyn, dyw] = narrow_and_wide(B, narrow.out_sample, Layout::nhwc, p, 42);
+      Tensor yn, yw, dxn, dxw;
+      narrow.layer->forward(xn, yn, true);
+      wide.layer->forward(xw, yw, true);
+      ASSERT_EQ(yn.type, p);
+      EXPECT_EQ(values(yn), to_host(yw.data, yw.storage_numel()));
+      narrow.layer->backward(xn, yn, dyn, dxn);
+      wide.layer->backward(xw, yw, dyw, dxw);
+      ASSERT_EQ(dxn.type, p);
+      EXPECT_EQ(not_rounded(dxn, dxw), 0u);
+      const std::vector<float> dx = values(dxn);
+      std::size_t nonzero = 0, sums = 0;
+      for (std::size_t i = 0; i < dx.size(); ++i) nonzero += dx[i] != 0.0f;
+      const std::vector<float> dy = values(dyn);
+      for (float d : dx) sums += std::find(dy.begin(), dy.end(), d) == dy.end() && d != 0.0f;
+      EXPECT_GT(nonzero, 0u);
+      EXPECT_GT(sums, 0u) << "no element of dx sums two windows' gradients";
+    }
+}
+
+// globalavgpool on an nhwc x of type p: y (fp32) the same as from the fp32 twin (the
+// same sums in the same order), dx the fp32 one rounded.
+TEST(NarrowElements, GlobalAvgPoolReadsAndWritesNarrow) {
+  const Shape sample = {6, 5, 7};
+  const std::int64_t B = 3;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(p));
+    BoundLayer narrow("globalavgpool", sample), wide("globalavgpool", sample);
+    auto [xn, xw] = narrow_and_wide(B, sample, Layout::nhwc, p, 51);
+    Tensor dy, yn, yw, dxn, dxw;
+    resize(dy, B, narrow.out_sample, "test::dy");
+    from_host(dy.data, random_values(dy.numel(), 52));
+    narrow.layer->forward(xn, yn, true);
+    wide.layer->forward(xw, yw, true);
+    EXPECT_EQ(yn.type, Precision::fp32);
+    EXPECT_EQ(to_host(yn.data, yn.numel()), to_host(yw.data, yw.numel()));
+    narrow.layer->backward(xn, yn, dy, dxn);
+    wide.layer->backward(xw, yw, dy, dxw);
+    ASSERT_EQ(dxn.type, p);
+    EXPECT_EQ(dxn.layout, Layout::nhwc);
+    EXPECT_EQ(not_rounded(dxn, dxw), 0u);
+  }
+}
+
 // Residual blocks in a row at precision p, first to last, on the same x, dy and
 // parameters every time: y, dx and the parameter gradients after two steps. Narrow:
 // keeping their activations inside narrow and handing them on so (the model's plan
@@ -314,6 +378,95 @@ TEST(NarrowElements, BlocksHandTheirActivationsOnNarrow) {
         specs.front().c_str(), by_operands.y, by_operands.dx, by_operands.grads, bf16_off.y, bf16_off.dx,
         bf16_off.grads, fp16_off.y, fp16_off.dx, fp16_off.grads);
   }
+}
+
+// A whole model at precision p with its activations kept narrow where its layers
+// allow (Model::plan_narrow_activations: the plan of the GPU's narrow cuDNN path, on
+// any backend) or not: the output and the gradients after one step, and the type
+// of each layer's output.
+struct ModelResults {
+  std::vector<float> y, grads;
+  std::vector<Precision> types;
+  std::vector<Layout> layouts;
+  std::int64_t activation_floats = 0;
+};
+ModelResults run_model(Precision p, bool narrow, const std::vector<std::string>& specs, const Shape& sample) {
+  const std::int64_t B = 4;
+  Model m(specs, sample, 5);
+  m.set_precision(p);
+  m.plan_narrow_activations(narrow);
+  Tensor x, dout;
+  resize(x, B, sample, "test::x");
+  from_host(x.data, random_values(x.numel(), 61));
+  const Tensor& y = m.forward(x, true);
+  resize(dout, B, {y.shape.begin() + 1, y.shape.end()}, "test::dout");
+  from_host(dout.data, random_values(dout.numel(), 62));
+  m.zero_grad();
+  m.backward(dout, nullptr);
+  ModelResults r{
+      to_host(y.data, y.numel()), to_host(m.gradients(), m.num_parameters()), {}, {}, m.activation_floats(B)};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    r.types.push_back(m.output_type(i));
+    r.layouts.push_back(m.output_layout(i));
+  }
+  if (narrow) {
+    EXPECT_NE(m.summary().find(precision_name(p)), std::string::npos) << m.summary();
+  }
+  return r;
+}
+
+// The plan: narrow from the first convolution (no bias) through batch norms, the
+// relus they fuse, a second convolution and two blocks, up to the global pool where
+// that reads the blocks' layout narrow (nhwc: the GPU's narrow path), else fp32 from
+// the last block's output on; after the pool fp32. The same model with a 3x3
+// max-pool after the stem: where the pool reads nchw (not nhwc), no narrow max-pool,
+// so the stem falls back to fp32 as a whole (a batch norm keeps its input's type). The
+// numbers: bf16 kept narrow within twice the distance from fp32 that bf16 operands
+// alone give, fp16 within bf16 operands' distance; the activations planned smaller.
+TEST(NarrowElements, ModelKeepsItsActivationsNarrowFromConvolutionToPool) {
+  const std::vector<std::string> stem = {"conv2d(8, 3, pad=1, bias=false)", "batchnorm2d", "relu",
+                                         "conv2d(8, 3, pad=1, bias=false)", "batchnorm2d", "relu"},
+                                 tail = {"resblock(8)", "resblock(8)", "globalavgpool", "flatten",
+                                         "linear(3)"};
+  std::vector<std::string> specs = stem;
+  specs.insert(specs.end(), tail.begin(), tail.end());
+  const Shape sample = {3, 8, 8};
+  const ModelResults exact = run_model(Precision::fp32, false, specs, sample),
+                     bf16 = run_model(Precision::bf16, false, specs, sample),
+                     bf16_narrow = run_model(Precision::bf16, true, specs, sample),
+                     fp16_narrow = run_model(Precision::fp16, true, specs, sample);
+  const bool pool_reads_narrow = bf16_narrow.layouts[7] == Layout::nhwc;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(std::to_string(i) + " " + specs[i]);
+    const bool narrow = i < 7 || (i == 7 && pool_reads_narrow);
+    EXPECT_EQ(bf16_narrow.types[i], narrow ? Precision::bf16 : Precision::fp32);
+    EXPECT_EQ(fp16_narrow.types[i], narrow ? Precision::fp16 : Precision::fp32);
+    EXPECT_EQ(bf16.types[i], Precision::fp32);
+  }
+  EXPECT_LT(bf16_narrow.activation_floats, bf16.activation_floats);
+  EXPECT_GT(2 * bf16_narrow.activation_floats, bf16.activation_floats);
+  const double by_operands_y = norm_relative_error(bf16.y, exact.y),
+               by_operands_g = norm_relative_error(bf16.grads, exact.grads);
+  const double bf16_y = norm_relative_error(bf16_narrow.y, exact.y),
+               bf16_g = norm_relative_error(bf16_narrow.grads, exact.grads),
+               fp16_y = norm_relative_error(fp16_narrow.y, exact.y),
+               fp16_g = norm_relative_error(fp16_narrow.grads, exact.grads);
+  std::printf(
+      "model from fp32: bf16 operands y %.1e grads %.1e; bf16 narrow %.1e %.1e; fp16 narrow %.1e %.1e\n",
+      by_operands_y, by_operands_g, bf16_y, bf16_g, fp16_y, fp16_g);
+  EXPECT_LT(bf16_y, 2 * by_operands_y);
+  EXPECT_LT(bf16_g, 2 * by_operands_g);
+  EXPECT_LT(fp16_y, by_operands_y);
+  EXPECT_LT(fp16_g, by_operands_g);
+  EXPECT_GT(norm_relative_error(bf16_narrow.grads, bf16.grads), 0.0) << "nothing was narrowed";
+
+  std::vector<std::string> pooled = {stem[0], stem[1], stem[2], "maxpool(3, stride=2, pad=1)"};
+  pooled.insert(pooled.end(), tail.begin(), tail.end());
+  const ModelResults with_pool = run_model(Precision::bf16, true, pooled, sample);
+  const bool pool_keeps = with_pool.layouts[2] == Layout::nhwc;
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(with_pool.types[i], pool_keeps ? Precision::bf16 : Precision::fp32) << i << " " << pooled[i];
+  EXPECT_EQ(with_pool.types[4], Precision::bf16) << "the blocks hand on narrow";
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 # PMIx's. There the system's mpiexec and the build's own ddp_train must fail (what
 # is hidden is hidden), and from the bundle, in a checkout that is not the source
 # tree: mpiexec trains the tiny classification on 2 ranks to its validation
-# accuracy, and ctest runs an MPI test through the bundle's CTest files.
+# accuracy, and ctest runs an MPI test through the bundle's CTest files; with a
+# library taken out of the bundle, env.sh names the program that needs it.
 # usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree, after the
 # e2e_data fixture; needs root for the mount namespace)
 set -euo pipefail
@@ -57,6 +58,12 @@ grep -E 'val.*acc' train.log | tail -n 1
 grep -qE 'val.*acc' train.log || { echo "FAILED: no validation accuracy from the bundle's ddp_train" >&2; exit 1; }
 ctest --test-dir ddp_bundle/build -R '^test_backend_np2\$' --output-on-failure 2>&1 | tee ctest.log
 grep -q '100% tests passed, 0 tests failed out of 1' ctest.log || { echo "FAILED: test_backend_np2 from the bundle" >&2; exit 1; }
+# A library missing from both: env.sh names the program and the library.
+rm ddp_bundle/lib/libmpi.so.40
+missing=\$(source ddp_bundle/env.sh 2>&1)
+echo "\$missing"
+grep -q '^ddp_bundle: build/ddp_train cannot start on this node: .*libmpi.so.40' <<<"\$missing" ||
+  { echo "FAILED: env.sh does not name ddp_train's missing libmpi.so.40" >&2; exit 1; }
 EOF
 unshare --mount --propagation private bash "$tmp/inside.sh"
 echo "bundle_gpu_test: passed"

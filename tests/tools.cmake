@@ -3,6 +3,7 @@
 # files, one-line errors) and tools/make_synthetic_images (format, determinism,
 # balance, labels learnable by a nearest-class-mean classifier).
 # They need a python3 with numpy, h5py and PIL (python3-pil); without one they are left out.
+
 # tools/bundle_gpu: the CPU build bundled, run in a mount namespace that hides the
 # system's MPI and HDF5 (root; label tools). Not in the GPU build, whose programs
 # need a device to run.

@@ -10,7 +10,7 @@
 // NCHW; every max-pool also channels-last (nhwc), and the 2x2 one also the
 // convolutions' blocked layouts (nChw8c, nChw16c), where the model sets them.
 // A max-pool on an nhwc x of the narrow type (model/elements.hpp, where the model
-// keeps the activations so: Model::plan_layouts) writes y and dx in that type and
+// keeps the activations so: Model::plan_types) writes y and dx in that type and
 // reads dy in it; globalavgpool reads an nhwc x of that type and writes dx in it.
 
 #include "model/layer.hpp"

@@ -295,6 +295,15 @@ if(DDP_ENABLE_CUDA)
     set_tests_properties(e2e_error_gpu_cuda_graph_${what} PROPERTIES FIXTURES_REQUIRED e2e_data
                          LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77)
   endforeach()
+  # DDP_ELEMENT_WARPS (warps a block of the element loops) out of 1..16: one line at
+  # start-up on 2 ranks; skipped (77) without a device.
+  add_test(NAME e2e_error_gpu_element_warps
+           COMMAND ${DDP_WITH_GPU}
+                   ${E2E}/expect_error.sh "DDP_ELEMENT_WARPS='64': the warps a block of the GPU's element loops holds, a whole number from 1 to 16" --
+                   ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY})
+  set_tests_properties(e2e_error_gpu_element_warps PROPERTIES FIXTURES_REQUIRED e2e_data
+                       LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
+                       ENVIRONMENT DDP_ELEMENT_WARPS=64)
 endif()
 
 # tools/plot_metrics on two real 3-epoch runs: a PNG that is a plot, two runs overlaid,

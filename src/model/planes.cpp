@@ -1,8 +1,31 @@
 #include "model/planes.hpp"
 
+#include <cstdlib>
+#include <string>
+
+#include "comm/check.hpp"
 #include "model/elements.hpp"
 
 namespace ddp {
+
+int element_team_size() {
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+    return 1;  // the host's teams are one thread (Kokkos::Serial takes no more)
+  } else {
+    static const int warps = [] {
+      const char* v = std::getenv("DDP_ELEMENT_WARPS");
+      if (!v || !*v) return 8;
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (*end != '\0' || n < 1 || n > 16)
+        throw InputError(
+            std::string("DDP_ELEMENT_WARPS='") + v +
+            "': the warps a block of the GPU's element loops holds, a whole number from 1 to 16");
+      return int(n);
+    }();
+    return warps;
+  }
+}
 
 namespace {
 template <bool Narrow>

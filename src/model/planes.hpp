@@ -9,21 +9,32 @@
 
 namespace ddp {
 
+// Threads of a team in the element loops and NCHW plane sums: on a GPU each is a warp
+// of vector lanes, and a block of one warp caps an H100 SM at 32 resident blocks,
+// half the threads it can hold; so a block there holds element_team_size() warps
+// (8, or DDP_ELEMENT_WARPS=n), each taking its own pixels or planes. On the host a
+// team is one thread. Results do not depend on it: every element is its own.
+int element_team_size();
+
 // fn(b, c, i, e) for every element e of a (B, C, H, W) tensor of BS-channel blocks
 // (BS = 1: NCHW), hw = H * W: batch b, channel c (padding channels c >= C included),
-// pixel i of the plane. NCHW: a team per (b, c) plane, its vector lanes over the
-// plane; blocked: a thread per (b, block) walking its pixels, the block's BS channels
-// innermost (contiguous).
+// pixel i of the plane. NCHW: a team per element_team_size() (b, c) planes, a plane
+// to each of its threads, whose vector lanes go over the plane; blocked: a thread per
+// (b, block) walking its pixels, the block's BS channels innermost (contiguous).
 template <int BS, class Fn>
 void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
   if constexpr (BS == 1) {
     using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
     const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
+    const std::int64_t planes = B * C, T = element_team_size();
     Kokkos::parallel_for(
-        label, Team(B * C, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-          const std::int64_t p = team.league_rank(), b = p / C, c = p - b * C;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hw),
-                               [&](std::int64_t i) { fn(b, c, i, p * hw + i); });
+        label, Team((planes + T - 1) / T, T, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
+          const std::int64_t p0 = team.league_rank() * T, p1 = p0 + T < planes ? p0 + T : planes;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, p0, p1), [&](std::int64_t p) {
+            const std::int64_t b = p / C, c = p - b * C;
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hw),
+                                 [&](std::int64_t i) { fn(b, c, i, p * hw + i); });
+          });
         });
   } else {
     const std::int64_t CB = (C + BS - 1) / BS;
@@ -42,22 +53,23 @@ constexpr std::int64_t kNhwcRun = 32;
 constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
 
 // fn(b, c, i, e) for every element e of a (B, H, W, C) tensor: a team per run of
-// kNhwcRun pixels of one image, its vector lanes over the channels (contiguous, so a
-// GPU warp reads them in one transaction).
+// kNhwcRun pixels of one image, its threads taking the run's pixels in turn, each
+// thread's vector lanes over the channels (contiguous, so a GPU warp reads them in one
+// transaction).
 template <class Fn>
 void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
   using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
   const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
   const std::int64_t runs = nhwc_runs(hw);
   Kokkos::parallel_for(
-      label, Team(B * runs, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
+      label, Team(B * runs, element_team_size(), lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
         const std::int64_t t = team.league_rank(), b = t / runs, i0 = (t - b * runs) * kNhwcRun,
                            i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
-        for (std::int64_t i = i0; i < i1; ++i) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, i0, i1), [&](std::int64_t i) {
           const std::int64_t base = (b * hw + i) * C;
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C),
                                [&](std::int64_t c) { fn(b, c, i, base + c); });
-        }
+        });
       });
 }
 
@@ -88,19 +100,23 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
   if constexpr (BS == 1) {
     using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
     const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
+    const std::int64_t planes = B * C, T = element_team_size();
     Kokkos::parallel_for(
-        label, Team(B * C, 1, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-          const std::int64_t p = team.league_rank(), c = p % C, base = p * hw;
-          double sf = 0.0, sg = 0.0;
-          Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += f(c, base + i); },
-              sf);
-          Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += g(c, base + i); },
-              sg);
-          Kokkos::single(Kokkos::PerTeam(team), [&] {
-            partial(p) = sf;
-            partial(B * Cp + p) = sg;
+        label, Team((planes + T - 1) / T, T, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
+          const std::int64_t p0 = team.league_rank() * T, p1 = p0 + T < planes ? p0 + T : planes;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, p0, p1), [&](std::int64_t p) {
+            const std::int64_t c = p % C, base = p * hw;
+            double sf = 0.0, sg = 0.0;
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += f(c, base + i); },
+                sf);
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += g(c, base + i); },
+                sg);
+            Kokkos::single(Kokkos::PerThread(team), [&] {
+              partial(p) = sf;
+              partial(B * Cp + p) = sg;
+            });
           });
         });
   } else {

@@ -197,6 +197,9 @@ const Item kEnvironment[] = {
      "bf16/fp16 convolutions on cuDNN's tensor-core kernels with the activations kept channels-last (NHWC), "
      "not on rounded operands in fp32 (GPU build)"},
     {"DDP_CUDNN_LOG=1", "one line per convolution shape with the cuDNN algorithms chosen (GPU build)"},
+    {"DDP_ELEMENT_WARPS=n",
+     "warps (of 32 threads) a block of the element-wise kernels (batch norm, relu, pooling, the residual "
+     "add) holds, 1 to 16; 8 unless set (GPU build)"},
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
      "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},

@@ -16,6 +16,7 @@
 #include "io/metrics.hpp"
 #include "io/sampler.hpp"
 #include "model/backend.hpp"
+#include "model/planes.hpp"
 #include "train/augment.hpp"
 #include "train/checkpointing.hpp"
 #include "train/optimizer.hpp"
@@ -119,6 +120,10 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     setup.model->set_precision(precision);  // before the summary: it plans layouts
     log::info("compute: " + compute_backend().name());
     log::info("precision: " + compute_backend().precision_text(precision));
+#if defined(KOKKOS_ENABLE_CUDA)
+    // Read here (DDP_ELEMENT_WARPS), so that a bad value ends the start-up.
+    log::info("element loops: " + std::to_string(element_team_size()) + " warps a block");
+#endif
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)
       throw InputError("data.val_files: /y holds " + std::string(labels ? "targets" : "class labels") +

@@ -274,11 +274,12 @@ std::string quote(const std::string& s) {
   return out + "'";
 }
 
+std::string trim(const std::string& text) {
+  const auto b = text.find_first_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : text.substr(b, text.find_last_not_of(" \t\r\n") - b + 1);
+}
+
 std::vector<std::string> split_list(const std::string& text) {
-  auto trim = [](const std::string& s) {
-    const auto b = s.find_first_not_of(" \t\r\n");
-    return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-  };
   if (trim(text).empty()) return {};
   std::vector<std::string> pieces;
   std::string cur;

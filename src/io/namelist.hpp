@@ -55,6 +55,9 @@ std::optional<std::string> unquote(const std::string& text);
 // The namelist literal for a string: it's -> 'it''s'.
 std::string quote(const std::string& s);
 
+// `text` without the blanks, tabs and line ends at its two ends.
+std::string trim(const std::string& text);
+
 // Split at commas outside quotes and parentheses, trimming blanks:
 // "conv(8,3), relu" -> {"conv(8,3)", "relu"}. Empty text gives no pieces.
 std::vector<std::string> split_list(const std::string& text);

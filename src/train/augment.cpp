@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "comm/check.hpp"
+#include "io/namelist.hpp"
 #include "io/shard_check.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/rng.hpp"
@@ -23,11 +24,6 @@ struct ChannelNorm {
 };
 
 namespace {
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
 
 double number(const std::string& item, const std::string& text) {
   std::size_t used = 0;
@@ -49,11 +45,11 @@ std::vector<std::pair<std::string, std::vector<std::string>>> arguments(const st
   std::size_t at = 0;
   while (at <= text.size()) {
     const std::size_t comma = std::min(text.find(',', at), text.size());
-    std::string piece = trim(text.substr(at, comma - at));
+    std::string piece = nml::trim(text.substr(at, comma - at));
     const auto eq = piece.find('=');
     if (eq != std::string::npos) {
-      args.push_back({trim(piece.substr(0, eq)), {}});
-      piece = trim(piece.substr(eq + 1));
+      args.push_back({nml::trim(piece.substr(0, eq)), {}});
+      piece = nml::trim(piece.substr(eq + 1));
     } else if (args.empty()) {
       args.push_back({"", {}});
     }
@@ -103,13 +99,13 @@ AugmentSpec parse_augment(const std::vector<std::string>& items) {
       "; expected 'flip', 'crop(pad=N)' or 'random_resized_crop(scale=lo,hi[, ratio=lo,hi])'";
   std::vector<std::string> seen;
   for (const std::string& raw : items) {
-    const std::string item = trim(raw);
+    const std::string item = nml::trim(raw);
     const auto open = item.find('(');
-    const std::string name = trim(item.substr(0, open));
+    const std::string name = nml::trim(item.substr(0, open));
     std::string inside;
     if (open != std::string::npos) {
       if (item.back() != ')') throw InputError("'" + item + "': no closing ')'" + expected);
-      inside = trim(item.substr(open + 1, item.size() - open - 2));
+      inside = nml::trim(item.substr(open + 1, item.size() - open - 2));
     }
     for (const std::string& s : seen)
       if (s == name) throw InputError("'" + item + "': " + name + " is given twice");

@@ -416,11 +416,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  return b == std::string::npos ? std::string() : s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
-
 // Namelist text of a field's current value; "" for an empty list.
 struct FieldText {
   std::string operator()(const int* x) const { return std::to_string(*x); }
@@ -527,8 +522,8 @@ Config parse_config(const std::string& text, const std::string& path,
     const auto dot = o.find('.');
     if (eq == std::string::npos || dot == std::string::npos || dot > eq)
       throw InputError(where + ": " + o + ": expected group.key=value");
-    const std::string group = lower(trim(o.substr(0, dot)));
-    const std::string key = lower(trim(o.substr(dot + 1, eq - dot - 1)));
+    const std::string group = lower(nml::trim(o.substr(0, dot)));
+    const std::string key = lower(nml::trim(o.substr(dot + 1, eq - dot - 1)));
     if (std::find(kGroups.begin(), kGroups.end(), group) == kGroups.end())
       throw InputError(where + ": " + o + ": unknown group '" + group + "'" + suggestion(group, kGroups));
     const int k = find_key(group, key);
@@ -536,7 +531,7 @@ Config parse_config(const std::string& text, const std::string& path,
       throw InputError(where + ": " + o + ": unknown key '" + key + "' in &" + group +
                        suggestion(key, key_names(group)));
     const Site site{where, group + "." + key, o, true};
-    const std::vector<Value> vs = override_values(trim(o.substr(eq + 1)), ks[k].field(cfg));
+    const std::vector<Value> vs = override_values(nml::trim(o.substr(eq + 1)), ks[k].field(cfg));
     if (ks[k].required && vs.empty()) site.value_error("must not be empty");
     assign(k, vs, site);
   }

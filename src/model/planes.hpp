@@ -16,25 +16,37 @@ namespace ddp {
 // team is one thread. Results do not depend on it: every element is its own.
 int element_team_size();
 
+// The element loops' teams: element_team_size() threads, each with up to 32 vector
+// lanes (a warp on a GPU).
+using ElementTeam = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
+
+// body(team, p) for every p in [0, n), a team thread each, whose vector lanes the body
+// uses (Kokkos::ThreadVectorRange); element_team_size() of them in a team.
+template <class Body>
+void for_each_team_thread(const char* label, std::int64_t n, Body body) {
+  const int lanes = ElementTeam::vector_length_max() < 32 ? ElementTeam::vector_length_max() : 32;
+  const std::int64_t T = element_team_size();
+  Kokkos::parallel_for(
+      label, ElementTeam((n + T - 1) / T, int(T), lanes),
+      KOKKOS_LAMBDA(const ElementTeam::member_type& team) {
+        const std::int64_t p0 = team.league_rank() * T, p1 = p0 + T < n ? p0 + T : n;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, p0, p1), [&](std::int64_t p) { body(team, p); });
+      });
+}
+
 // fn(b, c, i, e) for every element e of a (B, C, H, W) tensor of BS-channel blocks
 // (BS = 1: NCHW), hw = H * W: batch b, channel c (padding channels c >= C included),
-// pixel i of the plane. NCHW: a team per element_team_size() (b, c) planes, a plane
-// to each of its threads, whose vector lanes go over the plane; blocked: a thread per
-// (b, block) walking its pixels, the block's BS channels innermost (contiguous).
+// pixel i of the plane. NCHW: a team thread per (b, c) plane, its vector lanes over
+// the plane; blocked: a thread per (b, block) walking its pixels, the block's BS
+// channels innermost (contiguous).
 template <int BS, class Fn>
 void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
   if constexpr (BS == 1) {
-    using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
-    const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
-    const std::int64_t planes = B * C, T = element_team_size();
-    Kokkos::parallel_for(
-        label, Team((planes + T - 1) / T, T, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-          const std::int64_t p0 = team.league_rank() * T, p1 = p0 + T < planes ? p0 + T : planes;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, p0, p1), [&](std::int64_t p) {
-            const std::int64_t b = p / C, c = p - b * C;
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hw),
-                                 [&](std::int64_t i) { fn(b, c, i, p * hw + i); });
-          });
+    for_each_team_thread(
+        label, B * C, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t p) {
+          const std::int64_t b = p / C, c = p - b * C;
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, hw),
+                               [&](std::int64_t i) { fn(b, c, i, p * hw + i); });
         });
   } else {
     const std::int64_t CB = (C + BS - 1) / BS;
@@ -47,29 +59,16 @@ void for_each_element(const char* label, std::int64_t B, std::int64_t C, std::in
   }
 }
 
-// Pixels per team of the NHWC loops: a run of one image's plane.
-constexpr std::int64_t kNhwcRun = 32;
-// Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
-constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
-
-// fn(b, c, i, e) for every element e of a (B, H, W, C) tensor: a team per run of
-// kNhwcRun pixels of one image, its threads taking the run's pixels in turn, each
-// thread's vector lanes over the channels (contiguous, so a GPU warp reads them in one
-// transaction).
+// fn(b, c, i, e) for every element e of a (B, H, W, C) tensor: a team thread per
+// pixel (b, i), its vector lanes over the channels (contiguous, so a GPU warp reads
+// them in one transaction).
 template <class Fn>
 void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw, Fn fn) {
-  using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
-  const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
-  const std::int64_t runs = nhwc_runs(hw);
-  Kokkos::parallel_for(
-      label, Team(B * runs, element_team_size(), lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-        const std::int64_t t = team.league_rank(), b = t / runs, i0 = (t - b * runs) * kNhwcRun,
-                           i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, i0, i1), [&](std::int64_t i) {
-          const std::int64_t base = (b * hw + i) * C;
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C),
-                               [&](std::int64_t c) { fn(b, c, i, base + c); });
-        });
+  for_each_team_thread(
+      label, B * hw, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t q) {
+        const std::int64_t b = q / hw, i = q - b * hw, base = q * C;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C),
+                             [&](std::int64_t c) { fn(b, c, i, base + c); });
       });
 }
 
@@ -98,25 +97,19 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
                 Kokkos::View<double*> partial, F f, G g) {
   const std::int64_t CB = (C + BS - 1) / BS, Cp = CB * BS;
   if constexpr (BS == 1) {
-    using Team = Kokkos::TeamPolicy<ExecSpace, LaunchHint>;
-    const int lanes = Team::vector_length_max() < 32 ? Team::vector_length_max() : 32;
-    const std::int64_t planes = B * C, T = element_team_size();
-    Kokkos::parallel_for(
-        label, Team((planes + T - 1) / T, T, lanes), KOKKOS_LAMBDA(const Team::member_type& team) {
-          const std::int64_t p0 = team.league_rank() * T, p1 = p0 + T < planes ? p0 + T : planes;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, p0, p1), [&](std::int64_t p) {
-            const std::int64_t c = p % C, base = p * hw;
-            double sf = 0.0, sg = 0.0;
-            Kokkos::parallel_reduce(
-                Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += f(c, base + i); },
-                sf);
-            Kokkos::parallel_reduce(
-                Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += g(c, base + i); },
-                sg);
-            Kokkos::single(Kokkos::PerThread(team), [&] {
-              partial(p) = sf;
-              partial(B * Cp + p) = sg;
-            });
+    for_each_team_thread(
+        label, B * C, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t p) {
+          const std::int64_t c = p % C, base = p * hw;
+          double sf = 0.0, sg = 0.0;
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += f(c, base + i); },
+              sf);
+          Kokkos::parallel_reduce(
+              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += g(c, base + i); },
+              sg);
+          Kokkos::single(Kokkos::PerThread(team), [&] {
+            partial(p) = sf;
+            partial(B * Cp + p) = sg;
           });
         });
   } else {
@@ -137,6 +130,11 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
         });
   }
 }
+
+// Pixels per row of the NHWC channel sums' partial sums: a run of one image's plane.
+constexpr std::int64_t kNhwcRun = 32;
+// Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
+constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
 
 // The NHWC plane_sums: a row of partial sums per run of kNhwcRun pixels of one image
 // (row b * runs + run), a thread per (row, channel) walking its pixels: adjacent

@@ -108,6 +108,21 @@ def test_fashion(tmp):
         write_idx(os.path.join(bad, f"{s}-labels-idx1-ubyte.gz"), 2049, labels[s])
     r = run("prepare_fashion_mnist", os.path.join(tmp, "fm_bad"), "--source", bad, expect_rc=1)
     check("magic" in r.stderr, f"fashion: bad magic message {r.stderr!r}")
+    # Without the IDX files (a GPU node given the shards): complete shards of
+    # Fashion-MNIST's sizes are left alone, others are an error naming the file.
+    nowhere = os.path.join(tmp, "no_idx")
+    r = run("prepare_fashion_mnist", out, "--source", nowhere, "--shards", "3", expect_rc=1)
+    check("train-labels-idx1-ubyte.gz" in r.stderr, f"fashion: no source, 50 images: {r.stderr!r}")
+    full = os.path.join(tmp, "fm_full")
+    os.makedirs(full)
+    for name, n in [("train_000.h5", 30000), ("train_001.h5", 30000), ("test_000.h5", 10000)]:
+        with h5py.File(os.path.join(full, name), "w") as f:
+            f.create_dataset("x", data=np.zeros((n, 1, 28, 28), np.uint8))
+            f.create_dataset("y", data=np.zeros(n, np.int64))
+            f.attrs["format"] = "ddp_train.shard"
+            f.attrs["version"] = np.int64(1)
+    r = run("prepare_fashion_mnist", full, "--source", nowhere, "--shards", "2")
+    check("already complete" in r.stdout, f"fashion: no source, complete shards: {r.stdout!r}")
 
 
 with tempfile.TemporaryDirectory() as tmp:

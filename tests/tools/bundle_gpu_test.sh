@@ -5,8 +5,9 @@
 # PMIx's. There the system's mpiexec and the build's own ddp_train must fail (what
 # is hidden is hidden), and from the bundle, in a checkout that is not the source
 # tree: mpiexec trains the tiny classification on 2 ranks to its validation
-# accuracy, and ctest runs an MPI test through the bundle's CTest files; with a
-# library taken out of the bundle, env.sh names the program that needs it.
+# accuracy, and ctest runs an MPI test and a python fixture (with the python3 first
+# on PATH, as on a node) through the bundle's CTest files; with a library taken out
+# of the bundle, env.sh names the program that needs it.
 # usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree, after the
 # e2e_data fixture; needs root for the mount namespace)
 set -euo pipefail
@@ -20,15 +21,21 @@ trap 'rm -rf "$tmp"' EXIT
 DATA=e2e_data/tiny BUILD_DIR=$build "$source_dir/tools/bundle_gpu" "$tmp/bundle.tar" ddp_train test_backend
 
 checkout=$tmp/checkout
+python=$(sed -n 's/^DDP_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")  # one with numpy and h5py
 mkdir -p "$checkout"
 for d in inputs tests tools; do ln -s "$source_dir/$d" "$checkout/$d"; done
 tar -C "$checkout" -xf "$tmp/bundle.tar"
 
 # What to hide: each packed library's system copy, but the libraries of the tools
 # used below; Open MPI's and PMIx's folders and launchers.
-keep=$(for t in bash ctest mount grep sed cat mkdir ln dirname find sort python3 readlink; do
-  ldd "$(command -v $t)" 2>/dev/null
-done | sed -n 's/^\s*\([^ ]*\) => .*/\1/p' | sort -u)
+keep=$({
+  for t in bash ctest mount grep sed cat mkdir ln dirname find sort python3 readlink; do
+    ldd "$(command -v $t)" 2>/dev/null
+  done
+  # and those of the python fixture's numpy and h5py (libsz, libaec, libhdf5_serial)
+  find $("$python" -c 'import os, h5py, numpy; print(*(os.path.dirname(m.__file__) for m in (h5py, numpy)))') \
+       -name '*.so*' -exec ldd {} + 2>/dev/null
+} | sed -n 's/^\s*\([^ ]*\) => .*/\1/p' | sort -u)
 hidden_libs=()
 while IFS=$'\t' read -r packed origin; do
   grep -qxF "$(basename "$packed")" <<<"$keep" || hidden_libs+=("$(readlink -f "$origin")")
@@ -51,6 +58,11 @@ cd "$checkout"
 if mpiexec --version >/dev/null 2>&1; then echo "FAILED: the system's mpiexec still runs" >&2; exit 1; fi
 if "$build/ddp_train" --version >/dev/null 2>&1; then echo "FAILED: the build's own ddp_train still starts" >&2; exit 1; fi
 echo "hidden: ${#hidden_libs[@]} libraries, ${#hidden_dirs[@]} folders, ${#hidden_programs[@]} programs; the system's mpiexec and the build's ddp_train fail"
+# The node's python3 (here one that notes its use) runs the tests' python fixtures.
+mkdir -p pybin
+printf '#!/bin/sh\necho "\$*" >> "%s/pybin/used"\nexec %s "\$@"\n' "$checkout" "$python" > pybin/python3
+chmod +x pybin/python3
+PATH=$checkout/pybin:\$PATH
 source ddp_bundle/env.sh
 [[ \$(command -v mpiexec) == "$checkout/ddp_bundle/bin/mpiexec" ]] || { echo "FAILED: mpiexec is \$(command -v mpiexec)" >&2; exit 1; }
 mpiexec -np 2 --oversubscribe ddp_bundle/build/ddp_train tests/e2e/tiny.nml io.run_dir=runs/tiny 2>&1 | tee train.log
@@ -58,6 +70,9 @@ grep -E 'val.*acc' train.log | tail -n 1
 grep -qE 'val.*acc' train.log || { echo "FAILED: no validation accuracy from the bundle's ddp_train" >&2; exit 1; }
 ctest --test-dir ddp_bundle/build -R '^test_backend_np2\$' --output-on-failure 2>&1 | tee ctest.log
 grep -q '100% tests passed, 0 tests failed out of 1' ctest.log || { echo "FAILED: test_backend_np2 from the bundle" >&2; exit 1; }
+ctest --test-dir ddp_bundle/build -R '^e2e_make_test_data\$' --output-on-failure 2>&1 | tee ctest_python.log
+grep -q '100% tests passed, 0 tests failed out of 1' ctest_python.log && grep -q make_test_data.py pybin/used ||
+  { echo "FAILED: e2e_make_test_data from the bundle with the node's python3" >&2; exit 1; }
 # A library missing from both: env.sh names the program and the library.
 rm ddp_bundle/lib/libmpi.so.40
 missing=\$(source ddp_bundle/env.sh 2>&1)

@@ -19,7 +19,9 @@
 // longest first, and the rest of the step: what runs outside them (the host, copies,
 // collectives; on the CPU also the oneDNN calls, the floor's part of it).
 // Kokkos fences around every kernel while it counts: take the times from a run
-// without it.
+// without it, or from the same run with DDP_LAUNCH_COUNT=after, which counts (as 1
+// does) in one more epoch after the timed ones, untimed: the times are then the
+// uncounted run's (tools/bench_gpu takes both from one run so).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -132,13 +134,15 @@ std::pair<std::int64_t, std::int64_t> host_memory() {
   return {kb.first < 0 ? -1 : kb.first * 1024, kb.second < 0 ? -1 : kb.second * 1024};
 }
 
-// DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their times.
-enum class Count { off, totals, names, times };
+// DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their
+// times; after counts as 1 does, in an extra epoch after the timed ones.
+enum class Count { off, totals, names, times, after };
 
 Count count_mode(const char* env) {
   if (!env || !*env || std::strcmp(env, "0") == 0) return Count::off;
   if (std::strcmp(env, "names") == 0) return Count::names;
   if (std::strcmp(env, "times") == 0) return Count::times;
+  if (std::strcmp(env, "after") == 0) return Count::after;
   return Count::totals;
 }
 
@@ -171,9 +175,10 @@ void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, 
   }
 }
 
-// The DDP_LAUNCH_COUNT line: what the epoch dispatched, per step (per = 1 / steps),
-// and with names, the Kokkos kernels by label.
-void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool names) {
+// The DDP_LAUNCH_COUNT line: what the counted epoch(s) dispatched, per step (per = 1 /
+// steps), and with names, the Kokkos kernels by label; after: counted in an epoch of
+// its own.
+void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool names, bool after) {
   char line[400], own[96] = "";
 #if defined(KOKKOS_ENABLE_CUDA)
   std::snprintf(own, sizeof own, " + %.1f own CUDA kernels + %.1f CUDA graph launches",
@@ -182,9 +187,11 @@ void print_launches(const kernel_trace::Dispatches& dispatched, double per, bool
   std::snprintf(
       line, sizeof line,
       "  launches    %.1f per step (rank 0): %.1f Kokkos kernels + %.1f deep copies + %.1f GEMM/conv "
-      "calls%s (DDP_LAUNCH_COUNT: fenced, the times above are not the uncounted run's)",
+      "calls%s (DDP_LAUNCH_COUNT: %s)",
       double(dispatched.total()) * per, double(dispatched.kokkos) * per, double(dispatched.copies) * per,
-      double(dispatched.library) * per, own);
+      double(dispatched.library) * per, own,
+      after ? "counted in an extra epoch after the timed ones"
+            : "fenced, the times above are not the uncounted run's");
   log::info(line);
   if (!names) return;
   for (const auto& [label, n] : dispatched.kernels) {
@@ -222,7 +229,7 @@ int main(int argc, char** argv) {
   const bool count = mode != Count::off;
   const int warmup = cfg.train.epochs > 1 ? 1 : 0;
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
-    if (count && epoch == warmup) kernel_trace::start_counting(mode == Count::times);
+    if (count && mode != Count::after && epoch == warmup) kernel_trace::start_counting(mode == Count::times);
     const std::int64_t before = trainer.step();
     e = trainer.train_epoch(epoch);
     if (epoch < warmup) continue;
@@ -231,6 +238,13 @@ int main(int argc, char** argv) {
     samples += e.samples_per_s * e.train_seconds;
     wait += e.data_wait_seconds, fwd += e.forward_seconds, bwd += e.backward_seconds;
     com += e.comm_seconds, opt += e.optimizer_seconds;
+  }
+  std::int64_t counted_steps = steps;
+  if (mode == Count::after) {  // one more epoch, counted and not timed
+    kernel_trace::start_counting(false);
+    const std::int64_t before = trainer.step();
+    trainer.train_epoch(cfg.train.epochs);
+    counted_steps = trainer.step() - before;
   }
   const kernel_trace::Dispatches dispatched =
       count ? kernel_trace::stop_counting() : kernel_trace::Dispatches{};
@@ -268,8 +282,8 @@ int main(int argc, char** argv) {
       flops * cfg.train.accumulation_steps * 1e-9, compute_backend().name().c_str(),
       cfg.train.precision.c_str());
   log::info(text);
-  const double per = 1.0 / double(steps);
-  if (count) print_launches(dispatched, per, mode == Count::names);
+  const double per = 1.0 / double(counted_steps);
+  if (count) print_launches(dispatched, per, mode == Count::names, mode == Count::after);
   if (mode == Count::times) print_kernel_times(dispatched, per, step);
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.

@@ -35,6 +35,17 @@ def run(cmd, extra_env=None):
     return p.stdout
 
 
+def ddp_bench(overrides, launch_count):
+    """ddp_bench on 2 ranks on the CNN and one shard with DDP_LAUNCH_COUNT: its output and JSON record."""
+    out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
+               os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools", *overrides],
+              {"DDP_LAUNCH_COUNT": launch_count})
+    line = [l for l in out.splitlines() if l.startswith("json: ")]
+    if len(line) != 1:
+        fail(f"ddp_bench (DDP_LAUNCH_COUNT={launch_count}) printed no json line")
+    return out, json.loads(line[0][6:])
+
+
 def positive(pattern, text, what):
     m = re.search(pattern, text)
     if not m:
@@ -55,13 +66,7 @@ positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out,
 # With the launch count on and its kernels timed (fenced kernels: the floor stays below
 # the step all the more), two epochs: the first warms up, and only the second is timed
 # and counted.
-out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
-           os.path.join(source, "inputs", "fashion_cnn.nml"), shard, "io.run_dir=runs/bench_tools",
-           "train.epochs=2"], {"DDP_LAUNCH_COUNT": "times"})
-line = [l for l in out.splitlines() if l.startswith("json: ")]
-if len(line) != 1:
-    fail("ddp_bench printed no json line")
-r = json.loads(line[0][6:])
+out, r = ddp_bench(["train.epochs=2"], "times")
 if r["world_size"] != 2 or r["steps"] != 79 or r["warmup_epochs"] != 1:  # 10000 samples, 5000 a rank, batch 64
     fail(f"ddp_bench ran {r['world_size']} ranks, {r['steps']} steps after {r['warmup_epochs']} warm-up epoch(s); "
          "expected 2, 79 and 1")
@@ -95,6 +100,17 @@ if len(labels) < 3 or abs(sum(float(ms) for ms, _, _ in labels) - inside - calls
     fail(f"kernel times by label {labels} do not add up to {inside} + {calls} ms")
 print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}, "
       f"{r['launches_per_step']:.1f} launches per step")
+
+# DDP_LAUNCH_COUNT=after (tools/bench_gpu's runs): one epoch timed uncounted, then
+# one more counted: the same dispatches per step as the counted epoch above.
+out, a = ddp_bench(["train.epochs=1"], "after")
+if a["steps"] != 79 or a["warmup_epochs"] != 0 or not a["samples_per_s"] > 0:
+    fail(f"ddp_bench (DDP_LAUNCH_COUNT=after) timed {a['steps']} steps after {a['warmup_epochs']} warm-up epochs")
+for key in ("launches_per_step", "kokkos_kernels_per_step", "library_calls_per_step"):
+    if a[key] != r[key]:
+        fail(f"DDP_LAUNCH_COUNT=after counted {key} {a[key]}, the counted epoch above {r[key]}")
+if a["kokkos_kernel_ms_per_step"] != -1 or "counted in an extra epoch after the timed ones" not in out:
+    fail("DDP_LAUNCH_COUNT=after: kernel times, or no line saying where it counted")
 
 if torch_python:
     out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",

@@ -136,10 +136,15 @@ constexpr std::int64_t kNhwcRun = 32;
 // Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
 constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
 
+// Pixels whose values a thread of the NHWC channel sums reads before it adds them:
+// loads in flight at once (on a GPU one load a thread at a time, waited for before
+// the next, leaves the memory idle), added in the same order as one at a time.
+constexpr int kNhwcLoads = 8;
+
 // The NHWC plane_sums: a row of partial sums per run of kNhwcRun pixels of one image
-// (row b * runs + run), a thread per (row, channel) walking its pixels: adjacent
-// threads read adjacent channels, and a batch of few large images still makes
-// enough threads. partial holds at least 2 rows C.
+// (row b * runs + run), a thread per (row, channel) walking its pixels, kNhwcLoads at
+// a time: adjacent threads read adjacent channels, and a batch of few large images
+// still makes enough threads. partial holds at least 2 rows C.
 template <class F, class G>
 void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
                      Kokkos::View<double*> partial, F f, G g) {
@@ -149,7 +154,20 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
         const std::int64_t r = p / C, c = p - r * C, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
                            i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
         double sf = 0.0, sg = 0.0;
-        for (std::int64_t i = i0; i < i1; ++i) {
+        std::int64_t i = i0;
+        for (; i + kNhwcLoads <= i1; i += kNhwcLoads) {
+          double vf[kNhwcLoads], vg[kNhwcLoads];
+          for (int u = 0; u < kNhwcLoads; ++u) {
+            const std::int64_t e = (b * hw + i + u) * C + c;
+            vf[u] = f(c, e);
+            vg[u] = g(c, e);
+          }
+          for (int u = 0; u < kNhwcLoads; ++u) {
+            sf += vf[u];
+            sg += vg[u];
+          }
+        }
+        for (; i < i1; ++i) {
           const std::int64_t e = (b * hw + i) * C + c;
           sf += f(c, e);
           sg += g(c, e);

@@ -87,15 +87,17 @@ void check_layer(
 
 // Batch norm's per-channel sums, NCHW and NHWC, with few rows of partial sums per
 // channel (added directly) and many (added in stretches first: NHWC's row per run
-// of pixels of a batch of large images): the sums of x and x^2 against the host's,
-// `then` given the same, and a second run equal bit for bit.
+// of pixels of a batch of large images; a plane whose last run is not whole loads
+// of pixels): the sums of x and x^2 against the host's, `then` given the same, and a
+// second run equal bit for bit.
 TEST(Planes, ChannelSumsDirectAndInStretches) {
   struct Case {
     Layout layout;
     std::int64_t B, C, hw;
   };
-  for (const Case k : {Case{Layout::nhwc, 2, 3, 64}, Case{Layout::nhwc, 4, 5, 1600},
-                       Case{Layout::nchw, 8, 3, 49}, Case{Layout::nchw, 100, 3, 7}}) {
+  for (const Case k :
+       {Case{Layout::nhwc, 2, 3, 64}, Case{Layout::nhwc, 4, 5, 1600}, Case{Layout::nhwc, 3, 4, 45},
+        Case{Layout::nchw, 8, 3, 49}, Case{Layout::nchw, 100, 3, 7}}) {
     const std::int64_t rows = partial_rows(k.layout, k.B, k.hw);
     SCOPED_TRACE(std::string(k.layout == Layout::nhwc ? "nhwc" : "nchw") + ", " + std::to_string(rows) +
                  " rows a channel, " + std::to_string(stretches(rows)) + " stretches");

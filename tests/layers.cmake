@@ -23,4 +23,11 @@ endif()
 
 ddp_add_mpi_test(layers_sync_batchnorm_test SOURCES layers/sync_batchnorm_test.cpp NP 1 2 3 4 LABELS layers)
 ddp_add_test(layers_precision_test SOURCES layers/precision_test.cpp LABELS layers CAPPED_ISA_TOO)
+if(DDP_ENABLE_CUDA)
+  # The GPU's bf16/fp16 convolutions on rounded operands in cuDNN's fp32 kernels
+  # (DDP_CUDNN_NARROW=0), beside its default of cuDNN's bf16/fp16 kernels.
+  add_test(NAME layers_precision_test_rounded COMMAND layers_precision_test)
+  set_tests_properties(layers_precision_test_rounded PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT}
+                       LABELS "unit;gpu;layers" SKIP_RETURN_CODE 77 ENVIRONMENT DDP_CUDNN_NARROW=0)
+endif()
 ddp_add_test(layers_narrow_test SOURCES layers/narrow_test.cpp LABELS layers)

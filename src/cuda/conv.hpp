@@ -26,8 +26,8 @@ struct ConvShape {
   }
 };
 
-// Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_NARROW,
-// DDP_CUDNN_BENCHMARK) is on: set, not empty and not "0".
+// Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_BENCHMARK) is on:
+// set, not empty and not "0".
 bool env_flag(const char* name);
 
 class CudnnConv {

@@ -83,10 +83,14 @@ const float* rounded(const float* from, std::size_t n, DType t, Scratch& scratch
   return to;
 }
 
-// DDP_CUDNN_NARROW=1: bf16/fp16 convolutions on cuDNN's own bf16/fp16 tensor-core
-// kernels, channels-last, rather than on rounded operands in fp32 (see CudnnConvKernels).
+// bf16/fp16 convolutions on cuDNN's own bf16/fp16 tensor-core kernels, channels-last
+// (see CudnnConvKernels), unless DDP_CUDNN_NARROW=0: then on operands rounded to the
+// precision in cuDNN's fp32 kernels, the host's arithmetic.
 bool narrow_convolutions() {
-  static const bool on = env_flag("DDP_CUDNN_NARROW");
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_CUDNN_NARROW");
+    return !(v && std::string(v) == "0");
+  }();
   return on;
 }
 
@@ -102,20 +106,21 @@ CudnnConv::Search convolution_search() {
 
 class CudaBackend;
 
-// bf16/fp16 convolutions round their operands (x, w, dy) to the narrow type's values
-// and run cuDNN's fp32 kernels: bf16 operands, fp32 products and sums, fp32 results,
-// as the host's oneDNN path, NCHW. The GEMMs (cuBLAS) use the tensor cores either
-// way: bf16/fp16 operands, fp32 C.
-//
-// DDP_CUDNN_NARROW=1 runs cuDNN's bf16/fp16 kernels instead, as PyTorch's AMP with
+// bf16/fp16 convolutions run cuDNN's bf16/fp16 kernels, as PyTorch's AMP with
 // channels_last does: the model keeps the activations around convolutions NHWC
 // (native_*_layout), each convolution reads bf16/fp16 copies of x, w (KRSC) and dy
 // and writes y, dx and dw in that type (fp32 accumulation inside), widened into the
-// fp32 tensors after, with the bias and relu on the way. cuDNN's bf16 kernels in NCHW
-// were measured on an H100 at 7 to 15 times the fp32 forward time; its tensor-core
-// kernels want NHWC. Rounded outputs move relu and max-pool decisions, so this path
-// differs from the host's by more than the default one (6 to 19% of a one-step
-// gradient measured in NCHW).
+// fp32 tensors after, with the bias and relu on the way, where the model keeps them
+// fp32. cuDNN's bf16 kernels in NCHW were measured on an H100 at 7 to 15 times the
+// fp32 forward time; its tensor-core kernels want NHWC. Rounded outputs move relu
+// and max-pool decisions, so this path differs from the host's by more than the
+// rounded one (6 to 19% of a one-step gradient measured in NCHW).
+//
+// DDP_CUDNN_NARROW=0 rounds the operands (x, w, dy) to the narrow type's values and
+// runs cuDNN's fp32 kernels instead: bf16 operands, fp32 products and sums, fp32
+// results, as the host's oneDNN path, NCHW (no tensor cores: ResNet-50 in bf16 then
+// runs at its fp32 speed). The GEMMs (cuBLAS) use the tensor cores either way:
+// bf16/fp16 operands, fp32 C.
 class CudnnConvKernels final : public ConvKernels {
  public:
   CudnnConvKernels(CudaBackend& backend, const ConvGeometry& g);
@@ -155,7 +160,7 @@ class CudnnConvKernels final : public ConvKernels {
   CudaBackend& backend_;
   ConvGeometry g_;
   DType dtype_ = DType::F32;  // the operands' precision
-  DType io_ = DType::F32;     // what cuDNN reads and writes: dtype_ with DDP_CUDNN_NARROW, else fp32
+  DType io_ = DType::F32;     // what cuDNN reads and writes: dtype_, or fp32 under DDP_CUDNN_NARROW=0
   bool nhwc_ = false;         // cuDNN's tensors NHWC, filters KRSC (its narrow kernels)
   Layout in_ = Layout::nchw, out_ = Layout::nchw;  // the layer's x and dx, y and dy
   DType in_type_ = DType::F32, out_type_ = DType::F32;

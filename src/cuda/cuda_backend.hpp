@@ -6,9 +6,9 @@
 // fp32 stays fp32 (no TF32: CUBLAS_COMPUTE_32F, CUDNN_FMA_MATH), so a step agrees
 // with the host's to fp32 rounding. bf16 and fp16 GEMMs run the tensor cores:
 // operands cast on the device into scratch, fp32 accumulation and C. bf16 and fp16
-// convolutions round their operands and run cuDNN's fp32 kernels, which is what the
-// host does; DDP_CUDNN_NARROW=1 runs cuDNN's bf16/fp16 tensor-core kernels on
-// channels-last activations instead (cuda_backend.cpp, CudnnConvKernels). Algorithms are chosen once
+// convolutions run cuDNN's bf16/fp16 tensor-core kernels on channels-last
+// activations; DDP_CUDNN_NARROW=0 rounds their operands and runs cuDNN's fp32 kernels
+// instead, which is what the host does (cuda_backend.cpp, CudnnConvKernels). Algorithms are chosen once
 // per shape from cuDNN's heuristics, deterministic ones first, so a run is
 // repeatable bit for bit (stop-and-resume equals a straight run).
 

@@ -193,9 +193,10 @@ const Item kEnvironment[] = {
      "the GPU of each rank (GPU build): the one device visible, else the node-local rank modulo the devices"},
     {"DDP_MPI_CUDA_AWARE=0|1",
      "whether MPI takes device buffers (GPU build, comm.backend = 'mpi'); unset: MPI is asked"},
-    {"DDP_CUDNN_NARROW=1",
-     "bf16/fp16 convolutions on cuDNN's tensor-core kernels with the activations kept channels-last (NHWC), "
-     "not on rounded operands in fp32 (GPU build)"},
+    {"DDP_CUDNN_NARROW=0",
+     "bf16/fp16 convolutions on rounded operands in cuDNN's fp32 kernels, activations fp32 (the CPU build's "
+     "arithmetic), not on cuDNN's bf16/fp16 tensor-core kernels with the activations channels-last (GPU "
+     "build)"},
     {"DDP_CUDNN_LOG=1", "one line per convolution shape with the cuDNN algorithms chosen (GPU build)"},
     {"DDP_ELEMENT_WARPS=n",
      "warps (of 32 threads) a block of the element-wise kernels (batch norm, relu, pooling, the residual "

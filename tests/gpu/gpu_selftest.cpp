@@ -12,7 +12,7 @@
 //   GEMM bf16 operands            1e-4  against the loop on the same bf16-rounded operands,
 //                                 2e-2  against the loop on the unrounded fp32 operands
 //   convolution fp32 (fwd, bwd-data, bwd-filter)  1e-5 against a double-precision loop
-//   convolution bf16 channels-last (DDP_CUDNN_NARROW's path)  1e-2 against the loop on
+//   convolution bf16 channels-last (the GPU's bf16 path)  1e-2 against the loop on
 //                                 the same bf16-rounded operands (results stored in bf16:
 //                                 2^-8 relative each)
 //   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
@@ -306,7 +306,7 @@ static void local_rank(MPI_Comm world, int* rank, int* size) {
   MPI_Comm_free(&node);
 }
 
-// cuDNN's bf16 tensor-core convolution channels-last (the DDP_CUDNN_NARROW path): the
+// cuDNN's bf16 tensor-core convolution channels-last (the GPU build's bf16 path): the
 // operands moved NCHW -> NHWC (the filter KCRS -> KRSC) and cast to bf16 on the device
 // by transpose_image, the results moved back and widened by it, against the double
 // loop on the same bf16-rounded operands.
@@ -386,7 +386,7 @@ void test_transpose_image(cudaStream_t stream) {
 // backward-data, captured once after a warm-up call (as a step's first sight runs
 // uncaptured) and replayed on new contents of the same buffers: bitwise what the
 // same calls give uncaptured. bf16 adds the operand casts (and, under
-// DDP_CUDNN_NARROW=1, the NHWC moves).
+// by default, the NHWC moves).
 void test_graph_capture(cudaStream_t stream, ddp::Precision precision) {
   using ddp::Layout;
   auto backend = ddp::cuda::make_cuda_backend(stream);

@@ -25,7 +25,7 @@
 // operands to bf16 and sum in fp32, but an activation that differs in its last fp32
 // bits can round to the neighbouring bf16 value (2^-8 apart) and move a relu or a
 // max-pool's choice (measured: 2.8e-3 at worst). With cuDNN's own bf16 kernels
-// (DDP_CUDNN_NARROW=1), which store bf16 outputs (0.19 in one tensor, measured in NCHW
+// (unless DDP_CUDNN_NARROW=0), which store bf16 outputs (0.19 in one tensor, measured in NCHW
 // on an H100), a model with convolutions is held to twice PyTorch's own bf16-against-
 // fp32 gap on it (Case::amp_forward, amp_step; tests/gpu/torch_amp_gap.py).
 #include <hdf5.h>
@@ -277,7 +277,7 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
     for (Precision p : kPrecisions) {
       const Check how = check_of(c, p);
       if (how == Check::skip) continue;
-      // bf16 on cuDNN's own bf16 convolutions (DDP_CUDNN_NARROW=1 in the GPU build): they
+      // bf16 on cuDNN's own bf16 convolutions (the GPU build, unless DDP_CUDNN_NARROW=0): they
       // store their outputs in bf16, as PyTorch's autocast does, so the step is held to
       // twice how far PyTorch's own bf16 step lies from its fp32 one, the forward tensor
       // by tensor and the rest on the whole step.

@@ -4,11 +4,17 @@
 // tensors holding the same values. A narrow result must be the fp32 one rounded,
 // bit for bit, where the arithmetic is the same; the block, whose convolutions write
 // fp32 on the host, within the rounding of its stored activations.
+// In the GPU build this test runs its convolutions as the host does, on rounded
+// operands in cuDNN's fp32 kernels (DDP_CUDNN_NARROW=0, set before any layer is
+// made): the model's own plan of narrow activations is what it checks, against the
+// same model kept fp32, which cuDNN's bf16 kernels would narrow too. Those kernels
+// are checked by gpu_selftest, layers_precision_test and gpu_step_compare.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -24,6 +30,9 @@
 
 namespace ddp {
 namespace {
+
+// Before main, so before the GPU backend reads it (once, at its first convolution).
+[[maybe_unused]] const bool kRoundedConvolutions = setenv("DDP_CUDNN_NARROW", "0", 1) == 0;
 
 using test::BoundLayer;
 using test::from_host;
@@ -166,8 +175,8 @@ TEST(NarrowElements, BatchNormWritesItsFp32ResultsRounded) {
 // A convolution at precision p reading and writing narrow tensors against the same
 // convolution on fp32 tensors of the same values. Its operands are p's values either
 // way, so the weight gradient is the same and y, dx are the fp32 ones rounded: on the
-// host (and the GPU's default) the layer widens and narrows around the fp32 kernels;
-// under DDP_CUDNN_NARROW=1 cuDNN reads and writes the narrow tensors itself.
+// host (and on the GPU here, DDP_CUDNN_NARROW=0) the layer widens and narrows around
+// the fp32 kernels.
 void check_conv(Precision p) {
   const std::string spec = "conv2d(12, 3, stride=2, pad=1, bias=false)";
   const Shape sample = {6, 9, 8};

@@ -182,7 +182,7 @@ void check_layer(const std::string& spec, const Shape& in, std::int64_t B, Preci
   const std::int64_t ny = shape_numel(y_shape), nx = shape_numel(x_shape);
   // The results are fp32 (oneDNN's fp32 destinations, or rounded operands in fp32 on
   // either backend), but for cuDNN's own bf16/fp16 convolutions (GPU build with
-  // DDP_CUDNN_NARROW=1), which store y, dx and dw in the narrow type: those are its
+  // unless DDP_CUDNN_NARROW=0), which store y, dx and dw in the narrow type: those are its
   // rounding (2^-8 for bf16, 2^-11 for fp16) off the fp32 result.
   const bool narrow_results = spec.rfind("conv2d", 0) == 0 && compute_backend().narrow_convolution_results(p);
   const double tol = narrow_results ? (p == Precision::bf16 ? 8e-3 : 1e-3) : 2e-6;

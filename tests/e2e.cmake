@@ -391,3 +391,20 @@ set_tests_properties(e2e_make_synthetic64 PROPERTIES FIXTURES_SETUP synthetic64 
 ddp_add_train_test(resnet50_tiny_learns_np2 NP 2 RUN_DIR runs/resnet50_tiny FIXTURE synthetic64 TIMEOUT 900
                    CHECK "--epochs 3 --loss-falls --min-val-acc 0.5"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.log_every=10)
+# Preloaded batches of 1 MiB or more (here 128 images of 64x64x3) are gathered ahead
+# on the prefetch thread, and the run equals the streamed one.
+set(_gather_args ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.batch_size=128 train.epochs=2
+    "model.layers=conv2d(8, 3, stride=2, pad=1, bias=false), batchnorm2d, relu, globalavgpool, flatten, linear(10)"
+    "data.augment=flip")
+ddp_add_train_test(synthetic_preload_ahead_np2 NP 2 RUN_DIR runs/synthetic_preload FIXTURE synthetic64
+                   CHECK "--epochs 2" ARGS ${_gather_args} data.mode=preload
+                   ENV "DDP_EXPECT_LOG=preloaded on every rank .*, batches gathered 4 ahead on a thread")
+ddp_add_train_test(synthetic_stream_np2 NP 2 RUN_DIR runs/synthetic_stream FIXTURE synthetic64
+                   CHECK "--epochs 2" ARGS ${_gather_args} data.mode=stream)
+set_tests_properties(e2e_synthetic_preload_ahead_np2 e2e_synthetic_stream_np2 PROPERTIES
+                     FIXTURES_SETUP synthetic_preload_vs_stream)
+add_test(NAME e2e_synthetic_stream_equals_preload
+         COMMAND ${DDP_PYTHON} ${E2E}/compare_metrics.py runs/synthetic_stream runs/synthetic_preload
+                 train_loss val_loss val_acc val_correct step)
+set_tests_properties(e2e_synthetic_stream_equals_preload PROPERTIES FIXTURES_REQUIRED synthetic_preload_vs_stream
+                     LABELS e2e)

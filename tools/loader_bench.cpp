@@ -4,11 +4,13 @@
 // model, no collectives but the timing barriers.
 //
 //   mpirun -np 2 build/loader_bench 'DIR/train_*.h5' [--batch 256] [--prefetch 4]
-//          [--epochs 1] [--shuffle 1] [--image-size 224] [--repeats 10]
+//          [--epochs 1] [--shuffle 1] [--preload 0] [--image-size 224] [--repeats 10]
 //
 // Loader: every rank reads its DistributedSampler share of one epoch (shuffled by
-// default, as training reads it), uint8 as stored; images/s and MB/s are summed over
-// the ranks, from the slowest rank's time. Transform: one batch, already in memory,
+// default, as training reads it), uint8 as stored, streamed from the shards or, with
+// --preload 1, from the set held in memory (data.mode = 'preload', the time to load
+// it not counted); images/s and MB/s are summed over the ranks, from the slowest
+// rank's time. Transform: one batch, already in memory,
 // converted `repeats` times per setting (fenced), per rank while the others do the same.
 
 #include <mpi.h>
@@ -48,7 +50,7 @@ int main(int argc, char** argv) {
   std::string pattern;
   std::int64_t batch = 256, image_size = 0, repeats = 10;
   int prefetch = 4, epochs = 1;
-  bool shuffle = true;
+  bool shuffle = true, preload = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&] { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -60,6 +62,8 @@ int main(int argc, char** argv) {
       epochs = int(value());
     else if (a == "--shuffle")
       shuffle = value() != 0;
+    else if (a == "--preload")
+      preload = value() != 0;
     else if (a == "--image-size")
       image_size = value();
     else if (a == "--repeats")
@@ -80,15 +84,16 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   {
     ddp::ShardDataset ds(MPI_COMM_WORLD, {pattern}, "shards");
+    if (preload) ds.preload();
     const ddp::ImageShape in = ddp::image_shape(ds);
     const double mb = double(ds.sample_numel()) / 1e6;  // per image, stored
     if (rank == 0)
       std::printf(
           "loader_bench: %d rank(s), %lld images (%lld x %lld x %lld uint8 %s, %.3f MB each) in %zu "
-          "shard(s), batch %lld, prefetch %d, %s\n",
+          "shard(s), batch %lld, prefetch %d, %s, %s\n",
           world, (long long)ds.size(), (long long)in.h, (long long)in.w, (long long)in.c,
           in.nhwc ? "NHWC" : "NCHW", mb, ds.files().size(), (long long)batch, prefetch,
-          shuffle ? "shuffled" : "in file order");
+          shuffle ? "shuffled" : "in file order", preload ? "preloaded" : "streamed");
 
     // 1. The loader alone: next() as fast as it hands batches out.
     ddp::Batch b;

@@ -103,7 +103,7 @@ const std::vector<Key>& keys() {
       {"data", "preload_budget_mb", field<&C::data, &D::preload_budget_mb>, at_least(0), false,
        "auto: preload when the rank's share fits in this many MB"},
       {"data", "prefetch_batches", field<&C::data, &D::prefetch_batches>, at_least(0), false,
-       "stream: batches read ahead by the prefetch thread"},
+       "batches read ahead by the prefetch thread: streamed, or preloaded batches of 1 MiB or more"},
       {"data", "shuffle", field<&C::data, &D::shuffle>, any(), false,
        "reshuffle every epoch (seeded by seed + epoch)"},
       {"data", "drop_last", field<&C::data, &D::drop_last>, any(), false,

@@ -17,7 +17,7 @@ struct DataConfig {
   std::vector<std::string> val_files;    // glob patterns; empty: no validation
   std::string mode = "auto";             // 'auto' | 'preload' | 'stream'
   double preload_budget_mb = 2048.0;     // 'auto' preloads a dataset up to this size per rank
-  int prefetch_batches = 4;              // streaming: batches read ahead by the prefetch thread
+  int prefetch_batches = 4;              // batches read ahead by a thread (see Data::prefetch_batches)
   bool shuffle = true;                   // DistributedSampler(shuffle=...)
   bool drop_last = false;                // DistributedSampler(drop_last=...)
   // uint8 images (train/augment.hpp): the side the model sees, 0: as stored; the

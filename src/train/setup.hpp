@@ -22,11 +22,15 @@ namespace ddp {
 // Rank 0 reads the file; all ranks parse the same text, so all hold the same Config.
 Config load_config(const Context& ctx, const CommandLine& cli);
 
+// Preloaded batches of at least this many bytes are gathered ahead on the prefetch
+// thread (data.prefetch_batches of them); smaller ones on the main thread.
+constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
+
 struct Data {
   std::unique_ptr<ShardDataset> train;
   std::unique_ptr<ShardDataset> val;  // null when data.val_files is empty
-  int prefetch_batches = 0;           // 0 when preloaded or when MPI gives no thread support
-  Shape input_shape;                  // one sample as the model sees it (after data.image_size's crop)
+  int prefetch_batches = 0;  // 0 when preloaded (batches under 1 MiB) or when MPI gives no thread support
+  Shape input_shape;         // one sample as the model sees it (after data.image_size's crop)
 };
 
 // Opens the shard sets, preloads or streams them (data.mode) and checks the

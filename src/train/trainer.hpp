@@ -74,7 +74,7 @@ struct MemoryPlan {
 
 class Trainer {
  public:
-  // `prefetch_batches` > 0 reads ahead on a thread (streaming data).
+  // `prefetch_batches` > 0 reads ahead on a thread (streamed data, large preloaded batches).
   Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
           ShardDataset* val, int prefetch_batches);
   Trainer(const Trainer&) = delete;

@@ -53,9 +53,9 @@ bool log_choices() {
 constexpr int kMaxAlgos = 16;
 }  // namespace
 
-bool env_flag(const char* name) {
+bool env_flag(const char* name, bool unset) {
   const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0";
+  return v && *v ? std::string(v) != "0" : unset;
 }
 
 CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc)

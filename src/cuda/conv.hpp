@@ -26,9 +26,10 @@ struct ConvShape {
   }
 };
 
-// Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_BENCHMARK) is on:
-// set, not empty and not "0".
-bool env_flag(const char* name);
+// Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_BENCHMARK,
+// DDP_CUDNN_NARROW) is on: "0" off, any other value on, `unset` where it is unset or
+// empty.
+bool env_flag(const char* name, bool unset = false);
 
 class CudnnConv {
  public:

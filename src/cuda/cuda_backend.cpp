@@ -87,10 +87,7 @@ const float* rounded(const float* from, std::size_t n, DType t, Scratch& scratch
 // (see CudnnConvKernels), unless DDP_CUDNN_NARROW=0: then on operands rounded to the
 // precision in cuDNN's fp32 kernels, the host's arithmetic.
 bool narrow_convolutions() {
-  static const bool on = [] {
-    const char* v = std::getenv("DDP_CUDNN_NARROW");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = env_flag("DDP_CUDNN_NARROW", /*unset=*/true);
   return on;
 }
 

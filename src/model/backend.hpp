@@ -117,8 +117,8 @@ class ComputeBackend {
   // "bf16 (oneDNN brg:avx512_core_bf16)", "bf16 (emulated: ...)", "bf16 (cuBLAS/cuDNN ...)".
   virtual std::string precision_text(Precision p) const = 0;
   // Whether convolutions at precision `p` store their results (y, dx, dw) rounded to
-  // it, as PyTorch's autocast does (the GPU build's cuDNN bf16/fp16 kernels under
-  // unless DDP_CUDNN_NARROW=0), rather than in fp32: tests widen their tolerances by it.
+  // it, as PyTorch's autocast does (the GPU build's cuDNN bf16/fp16 kernels, unless
+  // DDP_CUDNN_NARROW=0), rather than in fp32: tests widen their tolerances by it.
   virtual bool narrow_convolution_results(Precision /*p*/) const { return false; }
   // Why train.precision `p` cannot run here (a GPU without tensor cores for it), or
   // empty: checked at start-up, before any step.

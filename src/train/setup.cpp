@@ -24,6 +24,10 @@
 
 namespace ddp {
 
+// Preloaded batches of at least this many bytes are gathered ahead on the prefetch
+// thread (data.prefetch_batches of them); smaller ones on the main thread.
+constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
+
 Config load_config(const Context& ctx, const CommandLine& cli) {
   // Rank 0 reads the file once; a shared file system is not asked N times.
   std::string text, problem;
@@ -76,18 +80,17 @@ Data open_data(const Context& ctx, const Config& cfg) {
   const double budget = cfg.data.preload_budget_mb * 1024.0 * 1024.0;
   const double bytes = double(data.train->bytes()) + (data.val ? double(data.val->bytes()) : 0.0);
   const bool preload = cfg.data.mode == "preload" || (cfg.data.mode == "auto" && bytes <= budget);
-  // A preloaded batch is copied out of memory: on the main thread where that is
-  // quicker than handing it over from another, on the prefetch thread where a batch
-  // is large (ImageNet's 38.5 MB at batch 256: 8 to 13 ms a step on the main thread),
-  // which touches no MPI or HDF5 then.
-  const double batch_bytes = double(data.train->bytes()) /
-                             double(std::max<std::int64_t>(data.train->size(), 1)) *
-                             double(cfg.train.batch_size);
-  const bool gather_ahead = preload && batch_bytes >= kPrefetchPreloadedBytes;
   if (preload) {
     data.train->preload();
     if (data.val) data.val->preload();
-    if (gather_ahead) data.prefetch_batches = cfg.data.prefetch_batches;
+    // A preloaded batch is copied out of memory: on the main thread where that is
+    // quicker than handing it over from another, on the prefetch thread (which then
+    // touches no MPI or HDF5) where a batch is large: ImageNet's 38.5 MB at batch
+    // 256 took 8 to 13 ms a step on the main thread.
+    const double batch_bytes = double(data.train->bytes()) /
+                               double(std::max<std::int64_t>(data.train->size(), 1)) *
+                               double(cfg.train.batch_size);
+    if (batch_bytes >= kPrefetchPreloadedBytes) data.prefetch_batches = cfg.data.prefetch_batches;
   } else if (ctx.thread_multiple()) {
     data.prefetch_batches = cfg.data.prefetch_batches;
   } else {
@@ -112,7 +115,7 @@ Data open_data(const Context& ctx, const Config& cfg) {
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
   os << "; " << (preload ? "preloaded on every rank" : "streamed") << size;
-  if (gather_ahead && data.prefetch_batches > 0)
+  if (preload && data.prefetch_batches > 0)
     os << ", batches gathered " << data.prefetch_batches << " ahead on a thread";
   log::info(os.str());
   return data;

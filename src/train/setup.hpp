@@ -22,10 +22,6 @@ namespace ddp {
 // Rank 0 reads the file; all ranks parse the same text, so all hold the same Config.
 Config load_config(const Context& ctx, const CommandLine& cli);
 
-// Preloaded batches of at least this many bytes are gathered ahead on the prefetch
-// thread (data.prefetch_batches of them); smaller ones on the main thread.
-constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
-
 struct Data {
   std::unique_ptr<ShardDataset> train;
   std::unique_ptr<ShardDataset> val;  // null when data.val_files is empty

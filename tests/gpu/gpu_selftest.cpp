@@ -385,8 +385,8 @@ void test_transpose_image(cudaStream_t stream) {
 // a convolution's forward (its bias and relu epilogue), backward-filter and
 // backward-data, captured once after a warm-up call (as a step's first sight runs
 // uncaptured) and replayed on new contents of the same buffers: bitwise what the
-// same calls give uncaptured. bf16 adds the operand casts (and, under
-// by default, the NHWC moves).
+// same calls give uncaptured. bf16 adds the operand casts (and, by default, the NHWC
+// moves).
 void test_graph_capture(cudaStream_t stream, ddp::Precision precision) {
   using ddp::Layout;
   auto backend = ddp::cuda::make_cuda_backend(stream);

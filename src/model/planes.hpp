@@ -5,6 +5,8 @@
 // per element costs more than the arithmetic around it: batch norm's passes with
 // `(e / hw) % C` took 38% of the small ResNet's run on the host (perf, one rank).
 
+#include <string>
+
 #include "model/tensor.hpp"
 
 namespace ddp {
@@ -136,13 +138,14 @@ constexpr std::int64_t kNhwcRun = 32;
 // Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
 constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
 
-// Pixels whose values a thread of the NHWC channel sums reads before it adds them:
-// loads in flight at once (on a GPU one load a thread at a time, waited for before
-// the next, leaves the memory idle), added in the same order as one at a time.
-constexpr int kNhwcLoads = 8;
+// Values a thread of the channel sums reads before it adds them (the NHWC pixels of
+// a run, a column's rows): loads in flight at once (on a GPU one load a thread at a
+// time, waited for before the next, leaves the memory idle), added in the same
+// order as one at a time.
+constexpr int kLoadsAhead = 8;
 
 // The NHWC plane_sums: a row of partial sums per run of kNhwcRun pixels of one image
-// (row b * runs + run), a thread per (row, channel) walking its pixels, kNhwcLoads at
+// (row b * runs + run), a thread per (row, channel) walking its pixels, kLoadsAhead at
 // a time: adjacent threads read adjacent channels, and a batch of few large images
 // still makes enough threads. partial holds at least 2 rows C.
 template <class F, class G>
@@ -155,14 +158,14 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
                            i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
         double sf = 0.0, sg = 0.0;
         std::int64_t i = i0;
-        for (; i + kNhwcLoads <= i1; i += kNhwcLoads) {
-          double vf[kNhwcLoads], vg[kNhwcLoads];
-          for (int u = 0; u < kNhwcLoads; ++u) {
+        for (; i + kLoadsAhead <= i1; i += kLoadsAhead) {
+          double vf[kLoadsAhead], vg[kLoadsAhead];
+          for (int u = 0; u < kLoadsAhead; ++u) {
             const std::int64_t e = (b * hw + i + u) * C + c;
             vf[u] = f(c, e);
             vg[u] = g(c, e);
           }
-          for (int u = 0; u < kNhwcLoads; ++u) {
+          for (int u = 0; u < kLoadsAhead; ++u) {
             sf += vf[u];
             sg += vg[u];
           }
@@ -184,27 +187,43 @@ constexpr std::int64_t partial_rows(Layout layout, std::int64_t B, std::int64_t 
 }
 
 // channel_sums adds each channel's column of rows in one thread where it has at most
-// kDirectRows rows. A longer column (NHWC's row per run of pixels makes tens of
-// thousands for a batch of large images: that one thread per channel was most of a
-// ResNet-50 step's batch-norm time on an H100) is first added in stretches of about
-// its square root, a thread per (stretch, channel), into rows after the first ones.
+// kDirectRows rows. A longer column (NHWC's row per run of pixels makes up to a
+// hundred thousand for a batch of large images) is first added in stretches of
+// kStretchRows rows, a thread per (stretch, channel), into rows after the first
+// ones, and those rows again while they are more: a tree whose every thread adds at
+// most kDirectRows rows in order. (A thread per channel adding a column, and then
+// stretches of its square root, were chains of hundreds of reads on an H100.)
 constexpr std::int64_t kDirectRows = 64;
-constexpr std::int64_t stretch_rows(std::int64_t rows) {
-  std::int64_t s = 1;
-  while (s * s < rows) ++s;
-  return s;
-}
-// The rows of stretch sums for a column of `rows` (0: added directly).
+constexpr std::int64_t kStretchRows = 32;
+// The rows of the next level of stretch sums for a column of `rows` (0: added directly).
 constexpr std::int64_t stretches(std::int64_t rows) {
-  return rows <= kDirectRows ? 0 : (rows + stretch_rows(rows) - 1) / stretch_rows(rows);
+  return rows <= kDirectRows ? 0 : (rows + kStretchRows - 1) / kStretchRows;
+}
+// The rows of every level of stretch sums for a column of `rows`.
+constexpr std::int64_t stretch_levels_rows(std::int64_t rows) {
+  std::int64_t n = 0;
+  for (std::int64_t k = stretches(rows); k > 0; k = stretches(k)) n += k;
+  return n;
 }
 
 // Rows [r0, r1) of channel c's column of partial sums (f's rows from row f0, g's
-// from g0; rows of Cp) added in order to sf and sg.
+// from g0; rows of Cp) added in order to sf and sg, kLoadsAhead rows read at a time.
 KOKKOS_INLINE_FUNCTION void add_rows(const Kokkos::View<double*>& partial, std::int64_t Cp, std::int64_t c,
                                      std::int64_t f0, std::int64_t g0, std::int64_t r0, std::int64_t r1,
                                      double& sf, double& sg) {
-  for (std::int64_t r = r0; r < r1; ++r) {
+  std::int64_t r = r0;
+  for (; r + kLoadsAhead <= r1; r += kLoadsAhead) {
+    double vf[kLoadsAhead], vg[kLoadsAhead];
+    for (int u = 0; u < kLoadsAhead; ++u) {
+      vf[u] = partial((f0 + r + u) * Cp + c);
+      vg[u] = partial((g0 + r + u) * Cp + c);
+    }
+    for (int u = 0; u < kLoadsAhead; ++u) {
+      sf += vf[u];
+      sg += vg[u];
+    }
+  }
+  for (; r < r1; ++r) {
     sf += partial((f0 + r) * Cp + c);
     sg += partial((g0 + r) * Cp + c);
   }
@@ -240,22 +259,25 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
       plane_sums<1>(label, B, C, hw, partial, f, g);
       break;
   }
-  std::int64_t first = 0, n = rows;  // the last pass's rows: f's from row `first`, g's after them
-  if (const std::int64_t K = stretches(rows); K > 0) {
-    const std::int64_t len = stretch_rows(rows);
-    first = 2 * rows;
-    n = K;
+  // The passes after the first, which add the rows, are named apart in a launch count.
+  const std::string rows_label = std::string(label) + " (rows)";
+  std::int64_t first = 0, n = rows;  // this level's rows: f's from row `first`, g's after them
+  for (std::int64_t K = stretches(n); K > 0; K = stretches(n)) {
+    const std::int64_t from = first, count = n, next = first + 2 * n;
     Kokkos::parallel_for(
-        label, Range(0, K * C), KOKKOS_LAMBDA(std::int64_t p) {
-          const std::int64_t k = p / C, c = p - k * C, r0 = k * len, r1 = r0 + len < rows ? r0 + len : rows;
+        rows_label, Range(0, K * C), KOKKOS_LAMBDA(std::int64_t p) {
+          const std::int64_t k = p / C, c = p - k * C, r0 = k * kStretchRows,
+                             r1 = r0 + kStretchRows < count ? r0 + kStretchRows : count;
           double sf = 0.0, sg = 0.0;
-          add_rows(partial, Cp, c, 0, rows, r0, r1, sf, sg);
-          partial((first + k) * Cp + c) = sf;
-          partial((first + K + k) * Cp + c) = sg;
+          add_rows(partial, Cp, c, from, from + count, r0, r1, sf, sg);
+          partial((next + k) * Cp + c) = sf;
+          partial((next + K + k) * Cp + c) = sg;
         });
+    first = next;
+    n = K;
   }
   Kokkos::parallel_for(
-      label, Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+      rows_label, Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
         double sf = 0.0, sg = 0.0;
         add_rows(partial, Cp, c, first, first + n, 0, n, sf, sg);
         sums(c) = sf;
@@ -271,7 +293,7 @@ constexpr std::int64_t padded_channels(std::int64_t C) { return (C + 15) / 16 * 
 // The doubles channel_sums needs in `partial` for a (B, C, H, W) tensor in `layout`.
 constexpr std::int64_t partial_doubles(Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw) {
   const std::int64_t rows = partial_rows(layout, B, hw);
-  return 2 * (rows + stretches(rows)) * padded_channels(C);
+  return 2 * (rows + stretch_levels_rows(rows)) * padded_channels(C);
 }
 
 // dst = src, an image tensor (B, C, H, W), in layout `to` and src's type (a Kokkos

@@ -88,8 +88,8 @@ void check_layer(
 // Batch norm's per-channel sums, NCHW and NHWC, with few rows of partial sums per
 // channel (added directly) and many (added in stretches first: NHWC's row per run
 // of pixels of a batch of large images; a plane whose last run is not whole loads
-// of pixels): the sums of x and x^2 against the host's, `then` given the same, and a
-// second run equal bit for bit.
+// of pixels; columns long enough for two levels of stretches): the sums of x and x^2 against the host's,
+// `then` given the same, and a second run equal bit for bit.
 TEST(Planes, ChannelSumsDirectAndInStretches) {
   struct Case {
     Layout layout;
@@ -97,10 +97,11 @@ TEST(Planes, ChannelSumsDirectAndInStretches) {
   };
   for (const Case k :
        {Case{Layout::nhwc, 2, 3, 64}, Case{Layout::nhwc, 4, 5, 1600}, Case{Layout::nhwc, 3, 4, 45},
-        Case{Layout::nchw, 8, 3, 49}, Case{Layout::nchw, 100, 3, 7}}) {
+        Case{Layout::nhwc, 70, 3, 1000}, Case{Layout::nchw, 8, 3, 49}, Case{Layout::nchw, 100, 3, 7},
+        Case{Layout::nchw, 2100, 2, 3}}) {
     const std::int64_t rows = partial_rows(k.layout, k.B, k.hw);
     SCOPED_TRACE(std::string(k.layout == Layout::nhwc ? "nhwc" : "nchw") + ", " + std::to_string(rows) +
-                 " rows a channel, " + std::to_string(stretches(rows)) + " stretches");
+                 " rows a channel, " + std::to_string(stretch_levels_rows(rows)) + " in stretches");
     const std::vector<float> v = random_values(k.B * k.C * k.hw, 7);
     Tensor x = make_tensor({k.B, k.C, k.hw}, v);
     std::vector<double> want(2 * k.C, 0.0);
@@ -119,9 +120,14 @@ TEST(Planes, ChannelSumsDirectAndInStretches) {
     EXPECT_EQ(planes_check::sums_and_seen(x.data, k.layout, k.B, k.C, k.hw), got);
   }
   EXPECT_EQ(stretches(64), 0);  // added directly
-  // ResNet-50's first batch norms in NHWC at batch 256: 158 stretches of 159 rows
-  EXPECT_EQ(stretch_rows(25088), 159);
-  EXPECT_EQ(stretches(25088), 158);
+  // ResNet-50's batch norms after its first convolution, in NHWC at batch 256: 100,352
+  // rows, then 3,136, 98 and 4 (added directly); after the next ones 25,088, 784, 25
+  EXPECT_EQ(stretches(100352), 3136);
+  EXPECT_EQ(stretches(3136), 98);
+  EXPECT_EQ(stretches(98), 4);
+  EXPECT_EQ(stretches(4), 0);
+  EXPECT_EQ(stretch_levels_rows(100352), 3136 + 98 + 4);
+  EXPECT_EQ(stretch_levels_rows(25088), 784 + 25);
 }
 
 TEST(Linear, ForwardIsXWtPlusB) {

@@ -11,9 +11,11 @@ usage: trace.py MPIEXEC DDP_TRAIN MERGE_TRACES TINY.nml CNN.nml RUN_PREFIX [--gp
      covers exactly steps 3-6 ("step N" spans);
    - on every row the spans nest: each one lies inside the one that is open when it
      starts, or starts after it ends;
-   - every step holds data wait, forward (one span per layer, in order), loss,
-     backward (layers in reverse order), the all-reduce wait, step checks,
-     optimizer, and nothing else (zero_grad writes nothing: no span);
+   - every step holds forward (one span per layer, in order), loss, backward
+     (layers in reverse order), data wait (the next batch's, once the step is
+     queued), the all-reduce wait, step checks, optimizer, and nothing else
+     (zero_grad writes nothing: no span); an epoch's first step also its first
+     batch's data wait, before forward;
    - every bucket has its own row and one all-reduce span per step; in every step
      the first bucket's all-reduce starts inside backward and a later layer's
      backward starts while it is in flight (the overlap), while the last bucket,
@@ -174,10 +176,12 @@ def check_cnn(args, layers):
         for n, step in sorted(steps.items()):
             inner = children(doc, step)
             top = [e["name"] for e in inner if not e["name"].startswith("layers.")]
-            reduce = "all-reduce" if bucketless else "all-reduce wait"
-            want = ["data wait", "forward", "loss", "backward", reduce, "step checks", "optimizer"]
-            if top != want:
-                fail(f"{path}: step {n} holds {top}, expected {want}")
+            # The next batch is read once the step is queued: after the all-reduce that
+            # runs in the step (no buckets), before the wait for the buckets' one.
+            after = ["all-reduce", "data wait"] if bucketless else ["data wait", "all-reduce wait"]
+            want = ["forward", "loss", "backward"] + after + ["step checks", "optimizer"]
+            if top != want and top != ["data wait"] + want:  # an epoch's first step waits for its first batch
+                fail(f"{path}: step {n} holds {top}, expected {want} (after a data wait in an epoch's first step)")
             fwd = next(e for e in inner if e["name"] == "forward")
             bwd = next(e for e in inner if e["name"] == "backward")
             f_layers = [e["name"] for e in children(doc, fwd)]

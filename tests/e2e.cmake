@@ -174,11 +174,12 @@ ddp_add_fault_test(loader_exception NP 2 FAULT loader_exception@rank1:step2
                    ARGS ${TINY} io.run_dir=runs/fault_loader data.mode=stream data.prefetch_batches=2)
 
 # Successful runs, checked through their metrics.jsonl.
-# ENV: extra VAR=value settings for the run.
+# ENV: extra VAR=value settings for the run (set by env(1), not cmake: a GPU node that
+# runs the tests from tools/bundle_gpu has no cmake).
 function(ddp_add_train_test name)
   cmake_parse_arguments(T "" "NP;RUN_DIR;CHECK;FIXTURE;TIMEOUT" "ARGS;ENV" ${ARGN})
   add_test(NAME e2e_${name}
-           COMMAND ${CMAKE_COMMAND} -E env DDP_PYTHON=${DDP_PYTHON} ${T_ENV} ${E2E}/train_and_check.sh ${T_RUN_DIR} "${T_CHECK} --world-size ${T_NP}" --
+           COMMAND env DDP_PYTHON=${DDP_PYTHON} ${T_ENV} ${E2E}/train_and_check.sh ${T_RUN_DIR} "${T_CHECK} --world-size ${T_NP}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS} io.run_dir=${T_RUN_DIR})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)

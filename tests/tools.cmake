@@ -11,7 +11,7 @@ if(NOT DDP_ENABLE_CUDA)
   add_test(NAME tools_bundle_gpu
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/bundle_gpu_test.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
   set_tests_properties(tools_bundle_gpu PROPERTIES LABELS "tools;mpi" TIMEOUT 300 PROCESSORS 1
-                       FIXTURES_REQUIRED e2e_data SKIP_RETURN_CODE 77)
+                       FIXTURES_REQUIRED "e2e_data;fashion" SKIP_RETURN_CODE 77)
 endif()
 
 ddp_find_python(DDP_TOOLS_PYTHON "import h5py, numpy, PIL.Image" "python3 with numpy, h5py and PIL, for the tool tests"

@@ -5,11 +5,13 @@
 # PMIx's. There the system's mpiexec and the build's own ddp_train must fail (what
 # is hidden is hidden), and from the bundle, in a checkout that is not the source
 # tree: mpiexec trains the tiny classification on 2 ranks to its validation
-# accuracy, and ctest runs an MPI test and a python fixture (with the python3 first
-# on PATH, as on a node) through the bundle's CTest files; with a library taken out
-# of the bundle, env.sh names the program that needs it.
-# usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree, after the
-# e2e_data fixture; needs root for the mount namespace)
+# accuracy, and ctest runs an MPI test, two python fixtures (with the python3 first
+# on PATH, as on a node), one of them Fashion-MNIST's from the packed shards, its IDX
+# files hidden, and a training test, cmake hidden (a node need not have it), through
+# the bundle's CTest files; with a library taken out of the bundle, env.sh names the
+# program that needs it.
+# usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree's tests
+# folder, after the e2e_data and fashion fixtures; needs root for the mount namespace)
 set -euo pipefail
 source_dir=$1 build=$2
 if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null || ! command -v patchelf >/dev/null; then
@@ -18,7 +20,7 @@ if [[ $(id -u) != 0 ]] || ! command -v unshare >/dev/null || ! command -v patche
 fi
 tmp=$(mktemp -d "$build/bundle_gpu_test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-DATA=e2e_data/tiny BUILD_DIR=$build "$source_dir/tools/bundle_gpu" "$tmp/bundle.tar" ddp_train test_backend
+DATA="e2e_data/tiny data/fashion-mnist" BUILD_DIR=$build "$source_dir/tools/bundle_gpu" "$tmp/bundle.tar" ddp_train test_backend
 
 checkout=$tmp/checkout
 python=$(sed -n 's/^DDP_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")  # one with numpy and h5py
@@ -29,7 +31,7 @@ tar -C "$checkout" -xf "$tmp/bundle.tar"
 # What to hide: each packed library's system copy, but the libraries of the tools
 # used below; Open MPI's and PMIx's folders and launchers.
 keep=$({
-  for t in bash ctest mount grep sed cat mkdir ln dirname find sort python3 readlink; do
+  for t in bash ctest mount grep sed cat mkdir ln dirname find sort python3 readlink env; do
     ldd "$(command -v $t)" 2>/dev/null
   done
   # and those of the python fixture's numpy and h5py (libsz, libaec, libhdf5_serial)
@@ -48,11 +50,14 @@ hidden_dirs=("$(ompi pkglibdir)" "$(ompi pkgdatadir)" "$(ompi sysconfdir)"
              "$(dirname "$(readlink -f "$(ldd "$(readlink -f "$(command -v orterun)")" |
                                             sed -n 's/.*libpmix[^ ]* => \([^ ]*\).*/\1/p')")")")
 hidden_programs=("$(readlink -f "$(command -v orterun)")" "$(readlink -f "$(command -v orted)")")
+# and cmake, which a GPU node need not have (ctest is its own program)
+cmake=$(sed -n 's/^CMAKE_COMMAND:[A-Z]*=//p' "$build/CMakeCache.txt")
+[[ -x $cmake ]] && hidden_programs+=("$(readlink -f "$cmake")")
 
 cat >"$tmp/inside.sh" <<EOF
 set -euo pipefail
 for f in ${hidden_libs[*]} ${hidden_programs[*]}; do mount --bind /dev/null "\$f"; done
-for d in ${hidden_dirs[*]}; do [[ -d \$d ]] && mount -t tmpfs none "\$d"; done
+for d in ${hidden_dirs[*]} /usr/share/datasets/fashion-mnist; do [[ -d \$d ]] && mount -t tmpfs none "\$d"; done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "$checkout"
 if mpiexec --version >/dev/null 2>&1; then echo "FAILED: the system's mpiexec still runs" >&2; exit 1; fi
@@ -73,6 +78,16 @@ grep -q '100% tests passed, 0 tests failed out of 1' ctest.log || { echo "FAILED
 ctest --test-dir ddp_bundle/build -R '^e2e_make_test_data\$' --output-on-failure 2>&1 | tee ctest_python.log
 grep -q '100% tests passed, 0 tests failed out of 1' ctest_python.log && grep -q make_test_data.py pybin/used ||
   { echo "FAILED: e2e_make_test_data from the bundle with the node's python3" >&2; exit 1; }
+# Fashion-MNIST's fixture where its IDX files are not: the packed shards, linked
+# where the test runs, are complete.
+ctest --test-dir ddp_bundle/build -R '^e2e_prepare_fashion_mnist\$' --output-on-failure 2>&1 | tee ctest_fashion.log
+grep -q '100% tests passed, 0 tests failed out of 1' ctest_fashion.log && grep -q prepare_fashion_mnist pybin/used ||
+  { echo "FAILED: e2e_prepare_fashion_mnist from the bundle's shards" >&2; exit 1; }
+# A training test (2 ranks of ddp_train through the bundle's mpiexec, checked by
+# its python), where cmake is not.
+ctest --test-dir ddp_bundle/build -R '^e2e_tiny_np3\$' --output-on-failure 2>&1 | tee ctest_train.log
+grep -q '100% tests passed, 0 tests failed out of' ctest_train.log ||
+  { echo "FAILED: e2e_tiny_np3 from the bundle where cmake is not" >&2; exit 1; }
 # A library missing from both: env.sh names the program and the library.
 rm ddp_bundle/lib/libmpi.so.40
 missing=\$(source ddp_bundle/env.sh 2>&1)

@@ -172,7 +172,10 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
   auto sums = sums_;
   reserve_partial(x.layout, B);
   auto x1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
-  auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
+  auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) {
+    const double v = xv(e);
+    return v * v;
+  };
   auto stats = [&] {
     if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
     BatchNormStats st;

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -106,6 +107,56 @@ TEST(NarrowElements, CastsRoundAsThePrecisionDoes) {
   EXPECT_EQ(to_fp16(-0.0f), 0x8000);
   EXPECT_TRUE(std::isnan(from_bf16(to_bf16(std::nanf("")))));
   EXPECT_TRUE(std::isnan(from_fp16(to_fp16(std::nanf("")))));
+}
+
+// Every 16-bit pattern h through from_fp16 and from_bf16 in a kernel (on the device
+// in the GPU build), as float bits, and narrowed back with to_fp16 and to_bf16:
+// {fp16 widened, bf16 widened, fp16 back, bf16 back}, indexed by h. A function of its
+// own: CUDA's extended lambdas cannot be in a test's body.
+std::array<std::vector<std::uint32_t>, 4> every_pattern_in_a_kernel() {
+  constexpr std::int64_t n = 65536;
+  Kokkos::View<std::uint32_t* [4]> out("test::patterns", n);
+  Kokkos::parallel_for(
+      "test::widen", Range(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        const auto h = static_cast<std::uint16_t>(i);
+        out(i, 0) = float_bits(from_fp16(h));
+        out(i, 1) = float_bits(from_bf16(h));
+        out(i, 2) = to_fp16(from_fp16(h));
+        out(i, 3) = to_bf16(from_bf16(h));
+      });
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::array<std::vector<std::uint32_t>, 4> r;
+  for (int k = 0; k < 4; ++k)
+    for (std::int64_t i = 0; i < n; ++i) r[std::size_t(k)].push_back(host(i, k));
+  return r;
+}
+
+// Every 16-bit pattern widened in a kernel, bit for bit: fp16 as its value (zero and
+// subnormals m 2^-24, normals (1024 + m) 2^(e-25), inf, NaN with its sign and
+// payload), bf16 as the float's upper half; and narrowed back to itself (a NaN to a
+// quiet NaN of its sign).
+TEST(NarrowElements, EveryPatternWidensExactlyAndBack) {
+  const auto [hf, bf, hf2, bf2] = every_pattern_in_a_kernel();
+  std::size_t off_hf = 0, off_bf = 0, off_back_hf = 0, off_back_bf = 0;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    std::uint32_t want;
+    if (e == 31) {
+      want = sign | 0x7f800000u | (m << 13);
+    } else {
+      const float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(1024 + m), int(e) - 25);
+      want = sign | float_bits(v);
+    }
+    off_hf += hf[h] != want;
+    off_bf += bf[h] != h << 16;
+    const bool nan_hf = e == 31 && m != 0, nan_bf = (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0;
+    off_back_hf += hf2[h] != (nan_hf ? ((h & 0x8000u) | 0x7e00u) : h);
+    off_back_bf += bf2[h] != (nan_bf ? (h | 0x40u) : h);
+  }
+  EXPECT_EQ(off_hf, 0u) << "fp16 patterns widened wrong";
+  EXPECT_EQ(off_bf, 0u) << "bf16 patterns widened wrong";
+  EXPECT_EQ(off_back_hf, 0u) << "fp16 patterns not back to themselves";
+  EXPECT_EQ(off_back_bf, 0u) << "bf16 patterns not back to themselves";
 }
 
 // A (B, sample) tensor of `type` in `layout` holding `values` rounded to it, and its

@@ -31,3 +31,10 @@ if(DDP_ENABLE_CUDA)
                        LABELS "unit;gpu;layers" SKIP_RETURN_CODE 77 ENVIRONMENT DDP_CUDNN_NARROW=0)
 endif()
 ddp_add_test(layers_narrow_test SOURCES layers/narrow_test.cpp LABELS layers)
+if(NOT DDP_ENABLE_CUDA)
+  # The residual blocks on channels-last (the GPU's narrow layout) on the host:
+  # their passes in the element maps' runs, as on the GPU.
+  add_test(NAME layers_narrow_test_nhwc COMMAND layers_narrow_test)
+  set_tests_properties(layers_narrow_test_nhwc PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers"
+                       ENVIRONMENT DDP_CONV_LAYOUT=nhwc)
+endif()

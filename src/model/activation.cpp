@@ -2,6 +2,7 @@
 
 #include "comm/check.hpp"
 #include "model/elements.hpp"
+#include "model/planes.hpp"
 #include "model/select.hpp"
 
 namespace ddp {
@@ -24,11 +25,10 @@ void relu_forward(ConstView1 x, View1 y, std::int64_t n) {
 namespace {
 template <bool Narrow>
 void relu_backward_of(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  const auto yv = elements<Narrow>(y), dyv = elements<Narrow>(dy);
-  const auto dxv = elements<Narrow>(dx);
-  Kokkos::parallel_for(
-      "ReLU::backward", Range(0, y.storage_numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv.set(i, select_or_zero(relu_passes(yv(i)), dyv(i))); });
+  map_flat(
+      "ReLU::backward", y.storage_numel(),
+      KOKKOS_LAMBDA(std::int64_t, float ye, float dye) { return select_or_zero(relu_passes(ye), dye); },
+      elements<Narrow>(dx), elements<Narrow>(y), elements<Narrow>(dy));
 }
 }  // namespace
 

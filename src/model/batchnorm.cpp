@@ -130,13 +130,48 @@ struct BatchNormBackwardThen {
 
 // The gradient reaching the batch norm's output: dy, through the mask y > 0 where
 // a relu is fused.
+template <bool Relu>
+KOKKOS_INLINE_FUNCTION float output_grad(float dy, float y) {
+  if constexpr (Relu)
+    return select_or_zero(relu_passes(y), dy);
+  else
+    return dy;
+}
+// y's elements where a relu is fused (the mask of its gradient), else none; the
+// element maps' operations then take y last, or not at all.
+template <bool Relu, class Y>
+auto relu_mask(Y y) {
+  if constexpr (Relu)
+    return y;
+  else
+    return NoInput{};
+}
+// dx from x and dy (and y, with a fused relu) in batch norm's backward pass, in
+// training: gamma invstd (dy - mean(dy) - xhat mean(dy xhat)) (the means over all
+// the channel's values); in eval: gamma invstd dy. (Functors, not lambdas: nvcc's
+// device lambdas drop default arguments.)
+template <bool Relu>
+struct BatchNormInputGrad {
+  Kokkos::View<float*> mean, invstd, gamma, mean_dy, mean_dy_xhat;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x, float dy, float y = 0.0f) const {
+    const float xhat = (x - mean(c)) * invstd(c);
+    return gamma(c) * invstd(c) * (output_grad<Relu>(dy, y) - mean_dy(c) - xhat * mean_dy_xhat(c));
+  }
+};
+template <bool Relu>
+struct BatchNormEvalGrad {
+  Kokkos::View<float*> gamma, invstd;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float dy, float y = 0.0f) const {
+    return output_grad<Relu>(dy, y) * gamma(c) * invstd(c);
+  }
+};
 template <bool Relu, class D, class Y>
 struct BatchNormOutputGrad {
   D dy;
   Y y;
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const {
     if constexpr (Relu)
-      return select_or_zero(relu_passes(y(e)), dy(e));
+      return output_grad<Relu>(dy(e), y(e));
     else
       return dy(e);
   }
@@ -233,18 +268,17 @@ void BatchNorm2d::normalise(const Tensor& x, Tensor& y) {
   const BatchNormAffine bn = affine();
   // Padding channels: mean, invstd, gamma and beta are 0 there, so y is too.
   if (fused_relu_) {
-    for_each_element(
+    map_elements(
         "BatchNorm2d::forward_relu", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          const float v = bn(c, xv(e));
-          yv.set(e, select_or_zero(relu_passes(v), v));
-        });
+        KOKKOS_LAMBDA(std::int64_t c, float xe) {
+          const float v = bn(c, xe);
+          return select_or_zero(relu_passes(v), v);
+        },
+        yv, xv);
   } else {
-    for_each_element(
+    map_elements(
         "BatchNorm2d::forward", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          yv.set(e, bn(c, xv(e)));
-        });
+        KOKKOS_LAMBDA(std::int64_t c, float xe) { return bn(c, xe); }, yv, xv);
   }
 }
 
@@ -301,12 +335,13 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);
   const auto dxv = elements<Narrow>(dx);
+  // dy's and (with a fused relu) y's elements, and the gradient reaching the batch
+  // norm's output from them
+  const auto dyv = elements<NarrowDy>(dy);
+  const auto mask = relu_mask<Relu>(elements<Narrow>(y));
   if (!normalised_by_batch_) {
-    for_each_element(
-        "BatchNorm2d::backward_eval", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          dxv.set(e, g(e) * gamma(c) * invstd(c));
-        });
+    map_elements("BatchNorm2d::backward_eval", x.layout, B, C, hw, BatchNormEvalGrad<Relu>{gamma, invstd},
+                 dxv, dyv, mask);
     return;
   }
   auto mdy = mean_dy_, mdyx = mean_dy_xhat_;
@@ -319,12 +354,8 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
           mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
         });
   }
-  for_each_element(
-      "BatchNorm2d::backward", x.layout, B, C, hw,
-      KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-        const float xhat = (xv(e) - mean(c)) * invstd(c);
-        dxv.set(e, gamma(c) * invstd(c) * (g(e) - mdy(c) - xhat * mdyx(c)));
-      });
+  map_elements("BatchNorm2d::backward", x.layout, B, C, hw,
+               BatchNormInputGrad<Relu>{mean, invstd, gamma, mdy, mdyx}, dxv, xv, dyv, mask);
 }
 
 }  // namespace ddp

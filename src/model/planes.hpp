@@ -5,8 +5,11 @@
 // per element costs more than the arithmetic around it: batch norm's passes with
 // `(e / hw) % C` took 38% of the small ResNet's run on the host (perf, one rank).
 
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "model/elements.hpp"
 #include "model/tensor.hpp"
 
 namespace ddp {
@@ -90,6 +93,110 @@ void for_each_element(const char* label, Layout layout, std::int64_t B, std::int
   }
 }
 
+// Values a thread of the channel sums reads before it adds them (the NHWC pixels of
+// a run, a column's rows), and a thread of the element maps before it computes:
+// loads in flight at once (on a GPU one load a thread at a time, waited for before
+// the next, leaves the memory idle), added or computed in the same order as one at a
+// time.
+constexpr int kLoadsAhead = 8;
+
+// An input that an element map's operation does not take (reads as 0, unused).
+struct NoInput {
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t) const { return 0.0f; }
+};
+
+template <class E>
+constexpr bool is_narrow_elements = false;
+template <class T>
+constexpr bool is_narrow_elements<NarrowElements<T>> = true;
+
+// op(c, a[, b[, d]]): the inputs that are there.
+template <class Bi, class Di, class Op>
+KOKKOS_INLINE_FUNCTION float apply_map(const Op& op, std::int64_t c, float a, float b, float d) {
+  if constexpr (!std::is_same_v<Di, NoInput>)
+    return op(c, a, b, d);
+  else if constexpr (!std::is_same_v<Bi, NoInput>)
+    return op(c, a, b);
+  else
+    return op(c, a);
+}
+
+// out(e) = op(c, a(e)[, b(e)[, d(e)]]) for every e in [0, n), in runs: a thread
+// reads kLoadsAhead elements of each input, all before it computes the first
+// result, then stores its results. C > 0: the elements of a channels-last (B, H, W,
+// C) tensor, a thread per run of kLoadsAhead pixels of one channel c (adjacent
+// threads read adjacent channels, the channel's own values loaded once); C = 0: any
+// n elements taken flat, c = 0, a thread's elements as far apart as there are
+// threads. Each element is computed as one at a time would be: the same floats.
+// Why: ResNet-50's bf16 residual-block passes (bn_add_relu, add_shortcut_grad, the
+// relu's backward) moved 0.8 to 1.2 TB/s on an H100, a third of its memory's speed
+// (bytes from the layer shapes over their times in a counted step), each thread
+// waiting on one 2-byte load of each input before its next element.
+template <class Op, class Out, class A, class Bi, class Di>
+void map_runs(const char* label, std::int64_t n, std::int64_t C, Op op, Out out, A a, Bi b, Di d) {
+  constexpr int L = kLoadsAhead;
+  const std::int64_t threads = C == 0 ? (n + L - 1) / L : (n / C + L - 1) / L * C;
+  const bool index32 = threads <= std::int64_t(UINT32_MAX);  // a 32-bit division per thread
+  Kokkos::parallel_for(
+      label, Range(0, threads), KOKKOS_LAMBDA(std::int64_t p) {
+        std::int64_t base = p, stride = threads, c = 0;
+        if (C > 0) {
+          const std::int64_t r = index32 ? std::int64_t(std::uint32_t(p) / std::uint32_t(C)) : p / C;
+          c = p - r * C;
+          base = r * L * C + c;
+          stride = C;
+        }
+        if (base + (L - 1) * stride < n) {
+          float va[L], vb[L], vd[L], res[L];
+          for (int u = 0; u < L; ++u) {
+            const std::int64_t e = base + u * stride;
+            va[u] = a(e);
+            vb[u] = b(e);
+            vd[u] = d(e);
+          }
+          for (int u = 0; u < L; ++u) res[u] = apply_map<Bi, Di>(op, c, va[u], vb[u], vd[u]);
+          for (int u = 0; u < L; ++u) out.set(base + u * stride, res[u]);
+        } else {
+          for (std::int64_t e = base; e < n; e += stride)
+            out.set(e, apply_map<Bi, Di>(op, c, a(e), b(e), d(e)));
+        }
+      });
+}
+
+// Whether the element maps go in runs: always on a GPU; on the host for narrow
+// elements only (the host's fp32 passes keep their loops, made for its caches; it
+// keeps narrow tensors in the tests alone, which thus run the runs).
+template <class... E>
+constexpr bool maps_in_runs() {
+  return !Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible ||
+         (is_narrow_elements<E> || ...);
+}
+
+// out(e) = op(c, a(e)[, b(e)[, d(e)]]) for every element e of a (B, C, H, W) tensor
+// in `layout` (c its channel; padding channels of a blocked layout included): the
+// inputs and out accessors of model/elements.hpp, of tensors in that layout. In
+// runs for channels-last (map_runs), else for_each_element.
+template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
+void map_elements(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw, Op op,
+                  Out out, A a, Bi b = {}, Di d = {}) {
+  if (layout == Layout::nhwc && maps_in_runs<Out, A, Bi, Di>())
+    return map_runs(label, B * hw * C, C, op, out, a, b, d);
+  for_each_element(
+      label, layout, B, C, hw, KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
+        out.set(e, apply_map<Bi, Di>(op, c, a(e), b(e), d(e)));
+      });
+}
+
+// out(e) = op(0, a(e)[, b(e)[, d(e)]]) for the n elements of tensors of one shape and
+// layout, taken flat (an operation of the element alone).
+template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
+void map_flat(const char* label, std::int64_t n, Op op, Out out, A a, Bi b = {}, Di d = {}) {
+  if (maps_in_runs<Out, A, Bi, Di>()) return map_runs(label, n, 0, op, out, a, b, d);
+  Kokkos::parallel_for(
+      label, Range(0, n),
+      KOKKOS_LAMBDA(std::int64_t e) { out.set(e, apply_map<Bi, Di>(op, 0, a(e), b(e), d(e))); });
+}
+
 // Per-plane sums of two functions of the elements, in double: partial(b * Cp + c) =
 // sum over plane (b, c) of f(c, e), partial((B + b) * Cp + c) that of g, for every
 // channel c < Cp (C rounded up to a block; padding channels included). The order of
@@ -137,12 +244,6 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
 constexpr std::int64_t kNhwcRun = 32;
 // Runs of kNhwcRun pixels in a plane of hw pixels (the last one may be shorter).
 constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) / kNhwcRun; }
-
-// Values a thread of the channel sums reads before it adds them (the NHWC pixels of
-// a run, a column's rows): loads in flight at once (on a GPU one load a thread at a
-// time, waited for before the next, leaves the memory idle), added in the same
-// order as one at a time.
-constexpr int kLoadsAhead = 8;
 
 // The NHWC plane_sums: a row of partial sums per run of kNhwcRun pixels of one image
 // (row b * runs + run), a thread per (row, channel) walking its pixels, kLoadsAhead at

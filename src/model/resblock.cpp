@@ -173,21 +173,21 @@ void ResBlock::fused_output(const Tensor& x, Tensor& y) {
   const auto yv = elements<NarrowY>(y);
   if (projection_) {
     const BatchNormAffine down = down_bn_->affine();
-    const auto sv = elements<Narrow>(s1_);
-    for_each_element(
+    map_elements(
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          const float v = bn(c, av(e)) + down(c, sv(e));
-          yv.set(e, select_or_zero(relu_passes(v), v));
-        });
+        KOKKOS_LAMBDA(std::int64_t c, float ae, float se) {
+          const float v = bn(c, ae) + down(c, se);
+          return select_or_zero(relu_passes(v), v);
+        },
+        yv, av, elements<Narrow>(s1_));
   } else {
-    const auto xv = elements<NarrowX>(x);
-    for_each_element(
+    map_elements(
         "ResBlock::bn_add_relu", a.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
-          const float v = bn(c, av(e)) + xv(e);
-          yv.set(e, select_or_zero(relu_passes(v), v));
-        });
+        KOKKOS_LAMBDA(std::int64_t c, float ae, float xe) {
+          const float v = bn(c, ae) + xe;
+          return select_or_zero(relu_passes(v), v);
+        },
+        yv, av, elements<NarrowX>(x));
   }
 }
 
@@ -214,11 +214,11 @@ void ResBlock::add_shortcut(const Tensor& short_grad, Tensor& dx) {
 // dx += the shortcut's gradient: dx narrow (NarrowDx) or not, the gradient so (NarrowShort) or not.
 template <bool NarrowDx, bool NarrowShort>
 void ResBlock::add_shortcut_grad(const Tensor& short_grad, Tensor& dx) {
-  const auto sv = elements<NarrowShort>(short_grad);
   const auto dxv = elements<NarrowDx>(dx);
-  Kokkos::parallel_for(
-      "ResBlock::add_shortcut_grad", Range(0, dx.storage_numel()),
-      KOKKOS_LAMBDA(std::int64_t i) { dxv.set(i, dxv(i) + sv(i)); });
+  map_flat(
+      "ResBlock::add_shortcut_grad", dx.storage_numel(),
+      KOKKOS_LAMBDA(std::int64_t, float dxe, float se) { return dxe + se; }, dxv, dxv,
+      elements<NarrowShort>(short_grad));
 }
 
 // x: (B, C_in, H, W) -> y: (B, C_out, Ho, Wo)

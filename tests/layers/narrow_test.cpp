@@ -26,6 +26,7 @@
 #include "model/conv2d.hpp"
 #include "model/elements.hpp"
 #include "model/model.hpp"
+#include "model/planes.hpp"
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
 
@@ -178,6 +179,72 @@ std::vector<float> values(const Tensor& t) {
   return to_host(wide.data, t.storage_numel());
 }
 
+// A tensor of n elements of `type` holding small integers (exact in every type), and
+// its values.
+std::pair<Tensor, std::vector<float>> small_integers(std::int64_t n, Precision type, int mul, int mod) {
+  std::vector<float> v(n);
+  for (std::int64_t e = 0; e < n; ++e) v[e] = float(e * mul % mod - mod / 2);
+  Tensor given, t;
+  resize(given, n, {}, "test::given");
+  from_host(given.data, v);
+  convert_type(given, t, type, "test::small_integers");
+  return {t, v};
+}
+
+// map_runs on n elements of channel count C (0: flat) against the element at a time
+// (a function of its own: CUDA's extended lambdas may not live in a test's body).
+void check_runs(std::int64_t C, std::int64_t n) {
+  constexpr float kUntouched = -12345.0f;
+  auto [a, va] = small_integers(n, Precision::bf16, 7, 101);
+  auto [b, vb] = small_integers(n, Precision::fp16, 13, 61);
+  auto [d, vd] = small_integers(n, Precision::fp32, 1, 17);
+  const std::int64_t extra = 20;
+  Tensor out;
+  resize(out, n + extra, {}, "test::out");
+  from_host(out.data, std::vector<float>(n + extra, kUntouched));
+  map_runs(
+      "test::map_runs", n, C,
+      KOKKOS_LAMBDA(std::int64_t c, float x, float y, float z) { return x + 2.0f * y - z + 1000.0f * c; },
+      elements<false>(out), elements<true>(a), elements<true>(b), elements<false>(d));
+  const std::vector<float> got = to_host(out.data, n + extra);
+  std::int64_t wrong = 0;
+  for (std::int64_t e = 0; e < n; ++e)
+    wrong += got[e] != va[e] + 2.0f * vb[e] - vd[e] + 1000.0f * float(C ? e % C : 0);
+  EXPECT_EQ(wrong, 0);
+  for (std::int64_t e = n; e < n + extra; ++e)
+    EXPECT_EQ(got[e], kUntouched) << "written past the end at " << e;
+
+  // In place, narrow: a += b (what add_shortcut_grad does); and one input alone.
+  map_runs(
+      "test::map_runs_in_place", n, C, KOKKOS_LAMBDA(std::int64_t, float x, float y) { return x + y; },
+      elements<true>(a), elements<true>(a), elements<true>(b), NoInput{});
+  map_runs(
+      "test::map_runs_one", n, C, KOKKOS_LAMBDA(std::int64_t, float x) { return -x; }, elements<true>(b),
+      elements<true>(b), NoInput{}, NoInput{});
+  const std::vector<float> summed = values(a), negated = values(b);
+  std::int64_t wrong_sum = 0, wrong_neg = 0;
+  for (std::int64_t e = 0; e < n; ++e) {
+    wrong_sum += summed[e] != va[e] + vb[e];
+    wrong_neg += negated[e] != -vb[e];
+  }
+  EXPECT_EQ(wrong_sum, 0);
+  EXPECT_EQ(wrong_neg, 0);
+}
+
+// map_runs (model/planes.hpp), which the element passes over narrow or channels-last
+// tensors take, against the element-at-a-time loop it replaces: every element of
+// [0, n) written once and nothing after it, with its own channel (e % C, or 0 taken
+// flat) and inputs, full runs and a last one cut short, in place too. The values
+// are small integers, so every result is exact in each type.
+TEST(ElementMaps, RunsWriteEveryElementOnceFromItsChannelAndInputs) {
+  for (std::int64_t C : {0, 1, 5, 64})
+    for (std::int64_t rows : {1, 7, 8, 9, 126, 1000}) {
+      const std::int64_t n = C ? rows * C : rows * 3 + 1;
+      SCOPED_TRACE("C " + std::to_string(C) + " n " + std::to_string(n));
+      check_runs(C, n);
+    }
+}
+
 // How many of narrow's elements are not wide's rounded to narrow's type, bit for bit.
 std::size_t not_rounded(const Tensor& narrow, const Tensor& wide) {
   EXPECT_NE(narrow.type, Precision::fp32);
@@ -212,6 +279,13 @@ void check_batchnorm(Precision type, Layout layout, bool relu) {
   EXPECT_EQ(not_rounded(dxn, dxw), 0u);
   EXPECT_EQ(to_host(narrow.grads, narrow.n), to_host(wide.grads, wide.n));
   EXPECT_EQ(to_host(narrow.buffers, narrow.nbuf), to_host(wide.buffers, wide.nbuf));
+  // In eval, on the running statistics: backward's dx then has a pass of its own.
+  narrow.layer->forward(xn, yn, false);
+  wide.layer->forward(xw, yw, false);
+  EXPECT_EQ(not_rounded(yn, yw), 0u);
+  narrow.layer->backward(xn, yn, dyn, dxn);
+  wide.layer->backward(xw, yw, dyw, dxw);
+  EXPECT_EQ(not_rounded(dxn, dxw), 0u);
 }
 
 TEST(NarrowElements, BatchNormWritesItsFp32ResultsRounded) {

@@ -36,6 +36,14 @@ KOKKOS_INLINE_FUNCTION Window window(std::int64_t i, std::int64_t s, std::int64_
   return {b < 0 ? 0 : b, e > n ? n : e};
 }
 
+// The NHWC max-pool's threads load every value they compare or add before the first
+// comparison (on a GPU, one load at a time, each waited for, left the memory idle)
+// where the window is at most kSmallWindow wide (ResNet's 3x3), and in backward
+// where at most kSmallWindowsOver windows overlap in each direction (3x3 at stride 2:
+// 2); other windows take the loop.
+constexpr int kSmallWindow = 3;
+constexpr int kSmallWindowsOver = 2;
+
 // (plane, row, column) iterations without integer division per element.
 using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint>;
 using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, LaunchHint>;
@@ -330,7 +338,7 @@ void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
   const auto xv = elements<Narrow>(x);
   const auto yv = elements<Narrow>(y);
   auto am = argmax_;
-  const bool nhwc_out = out_layout_ == Layout::nhwc, mask = relu_mask_;
+  const bool nhwc_out = out_layout_ == Layout::nhwc, mask = relu_mask_, small = k <= kSmallWindow;
   for_each_element_nhwc(
       "MaxPool::forward_nhwc", B, C, Ho * Wo,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t o, std::int64_t e) {
@@ -339,9 +347,24 @@ void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
         const std::int64_t x0 = b * H * W * C + c;    // channel c of image b: pixel p at x0 + p * C
         std::int64_t best = wr.begin * W + wc.begin;  // padding never wins: start inside
         float m = xv(x0 + best * C);
-        for (std::int64_t r = wr.begin; r < wr.end; ++r)
-          for (std::int64_t q = wc.begin; q < wc.end; ++q)
-            take_max(xv(x0 + (r * W + q) * C), r * W + q, m, best);
+        if (small) {  // the window's values all loaded first (no branch), then taken in the same order
+          float v[kSmallWindow][kSmallWindow];
+          for (int dr = 0; dr < kSmallWindow; ++dr)
+            for (int dq = 0; dq < kSmallWindow; ++dq) {  // past the window: its last row or column again
+              const std::int64_t r = wr.begin + dr < wr.end ? wr.begin + dr : wr.end - 1,
+                                 q = wc.begin + dq < wc.end ? wc.begin + dq : wc.end - 1;
+              v[dr][dq] = xv(x0 + (r * W + q) * C);
+            }
+          for (int dr = 0; dr < kSmallWindow; ++dr)
+            for (int dq = 0; dq < kSmallWindow; ++dq) {
+              const std::int64_t r = wr.begin + dr, q = wc.begin + dq;
+              if (r < wr.end && q < wc.end) take_max(v[dr][dq], r * W + q, m, best);
+            }
+        } else {
+          for (std::int64_t r = wr.begin; r < wr.end; ++r)
+            for (std::int64_t q = wc.begin; q < wc.end; ++q)
+              take_max(xv(x0 + (r * W + q) * C), r * W + q, m, best);
+        }
         yv.set(nhwc_out ? e : (b * C + c) * Ho * Wo + o, m);
         am(e) = !mask | relu_passes(m) ? static_cast<std::int32_t>(best) : -1;
       });
@@ -360,19 +383,38 @@ void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx, Precision type) {
   const auto dyv = elements<Narrow>(dy);
   const auto dxv = elements<Narrow>(dx);
   auto am = argmax_;
-  const bool nhwc_out = out_layout_ == Layout::nhwc;
+  const bool nhwc_out = out_layout_ == Layout::nhwc, small = (k + s - 1) / s <= kSmallWindowsOver;
   for_each_element_nhwc(
       "MaxPool::backward_nhwc", B, C, H * W,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t at, std::int64_t e) {
         const std::int64_t r = at / W, rp = r + pad, cp = at - r * W + pad;  // rp, cp: in the padded input
         const std::int64_t i0 = rp >= k ? (rp - k) / s + 1 : 0, i1 = rp / s < Ho - 1 ? rp / s : Ho - 1;
         const std::int64_t j0 = cp >= k ? (cp - k) / s + 1 : 0, j1 = cp / s < Wo - 1 ? cp / s : Wo - 1;
+        auto dy_at = [&](std::int64_t o, std::int64_t oe) {
+          return dyv(nhwc_out ? oe : (b * C + c) * Ho * Wo + o);
+        };
         float g = 0.0f;
-        for (std::int64_t i = i0; i <= i1; ++i)
-          for (std::int64_t j = j0; j <= j1; ++j) {
-            const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
-            g += am(oe) == at ? dyv(nhwc_out ? oe : (b * C + c) * Ho * Wo + o) : 0.0f;
-          }
+        if (small) {  // the windows' argmax and dy all loaded first (no branch), then added in order
+          constexpr int N = kSmallWindowsOver;
+          std::int32_t a[N][N];
+          float d[N][N];
+          for (int di = 0; di < N; ++di)
+            for (int dj = 0; dj < N; ++dj) {  // past the last window: the last one again
+              const std::int64_t i = i0 + di < i1 ? i0 + di : i1, j = j0 + dj < j1 ? j0 + dj : j1;
+              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
+              a[di][dj] = am(oe);
+              d[di][dj] = dy_at(o, oe);
+            }
+          for (int di = 0; di < N; ++di)
+            for (int dj = 0; dj < N; ++dj)
+              if (i0 + di <= i1 && j0 + dj <= j1) g += a[di][dj] == at ? d[di][dj] : 0.0f;
+        } else {
+          for (std::int64_t i = i0; i <= i1; ++i)
+            for (std::int64_t j = j0; j <= j1; ++j) {
+              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
+              g += am(oe) == at ? dy_at(o, oe) : 0.0f;
+            }
+        }
         dxv.set(e, g);
       });
 }

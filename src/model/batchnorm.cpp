@@ -335,8 +335,7 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);
   const auto dxv = elements<Narrow>(dx);
-  // dy's and (with a fused relu) y's elements, and the gradient reaching the batch
-  // norm's output from them
+  // dy's elements, and y's where a relu is fused (the mask of dy)
   const auto dyv = elements<NarrowDy>(dy);
   const auto mask = relu_mask<Relu>(elements<Narrow>(y));
   if (!normalised_by_batch_) {

@@ -231,10 +231,12 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
   };
   if (!comm_) {  // the statistics in the sums' own kernel
     count_ = B * hw;
-    channel_sums("BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums, x1, x2, stats());
+    channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw,
+                 partial_, sums, x1, x2, stats());
     return;
   }
-  channel_sums("BatchNorm2d::forward_sums", x.layout, B, C, hw, partial_, sums, x1, x2);
+  channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw, partial_,
+               sums, x1, x2);
   Kokkos::parallel_for(
       "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(B * hw); });
   allreduce(sums_, 2 * C + 1);
@@ -323,14 +325,16 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
     return double(g(e)) * ((xv(e) - mean(c)) * invstd(c));
   };
   if (comm_) {  // the parameter gradients from this rank's sums, before they are all-reduced
-    channel_sums("BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums, dy1, dy_xhat);
+    channel_sums("BatchNorm2d::backward_sums", "BatchNorm2d::backward_sums (rows)", x.layout, B, C, hw,
+                 partial_, sums, dy1, dy_xhat);
     BatchNormBackwardThen grads = then;
     grads.mean_dy = grads.mean_dy_xhat = Kokkos::View<float*>();
     Kokkos::parallel_for(
         "BatchNorm2d::backward_param_grads", Range(0, C),
         KOKKOS_LAMBDA(std::int64_t c) { grads(c, sums(c), sums(C + c)); });
   } else {
-    channel_sums("BatchNorm2d::backward_sums", x.layout, B, C, hw, partial_, sums, dy1, dy_xhat, then);
+    channel_sums("BatchNorm2d::backward_sums", "BatchNorm2d::backward_sums (rows)", x.layout, B, C, hw,
+                 partial_, sums, dy1, dy_xhat, then);
   }
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);

@@ -130,8 +130,9 @@ KOKKOS_INLINE_FUNCTION float apply_map(const Op& op, std::int64_t c, float a, fl
 // threads. Each element is computed as one at a time would be: the same floats.
 // Why: ResNet-50's bf16 residual-block passes (bn_add_relu, add_shortcut_grad, the
 // relu's backward) moved 0.8 to 1.2 TB/s on an H100, a third of its memory's speed
-// (bytes from the layer shapes over their times in a counted step), each thread
-// waiting on one 2-byte load of each input before its next element.
+// (bytes from the layer shapes over their times in a counted step); their threads
+// took one element at a time, a 2-byte load of each input, which by the code's shape
+// left few bytes in flight (the likely reason, not measured apart).
 template <class Op, class Out, class A, class Bi, class Di>
 void map_runs(const char* label, std::int64_t n, std::int64_t C, Op op, Out out, A a, Bi b, Di d) {
   constexpr int L = kLoadsAhead;
@@ -340,10 +341,12 @@ struct NoThen {
 // rows added in order (in stretches first where they are many), and then(c, sum f,
 // sum g) in the last kernel (the per-channel work that needs no other rank's sums:
 // one launch fewer). The order is fixed: runs repeat bit for bit. partial holds at
-// least partial_doubles(layout, B, C, hw).
+// least partial_doubles(layout, B, C, hw). The kernels that add the rows are
+// labelled rows_label, so that a launch count names them apart.
 template <class F, class G, class Then = NoThen>
-void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,
-                  Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g, Then then = {}) {
+void channel_sums(const char* label, const char* rows_label, Layout layout, std::int64_t B, std::int64_t C,
+                  std::int64_t hw, Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g,
+                  Then then = {}) {
   const int BS = channel_block(layout);
   const std::int64_t Cp = (C + BS - 1) / BS * BS, rows = partial_rows(layout, B, hw);
   switch (layout) {
@@ -360,8 +363,6 @@ void channel_sums(const char* label, Layout layout, std::int64_t B, std::int64_t
       plane_sums<1>(label, B, C, hw, partial, f, g);
       break;
   }
-  // The passes after the first, which add the rows, are named apart in a launch count.
-  const std::string rows_label = std::string(label) + " (rows)";
   std::int64_t first = 0, n = rows;  // this level's rows: f's from row `first`, g's after them
   for (std::int64_t K = stretches(n); K > 0; K = stretches(n)) {
     const std::int64_t from = first, count = n, next = first + 2 * n;

@@ -125,9 +125,10 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   Batch batch, next;
   EpochStats stats;
   // One batch ahead: batch b+1 is put once step b's kernels are queued, so on a GPU
-  // the host copies it into pinned memory (38.5 MB for ResNet-50's batch of 256: 5 ms
-  // a step the GPU idled while it was put first) and its transfer runs while the GPU
-  // computes step b; slot b is released once all of step b is queued.
+  // the host copies it into pinned memory (38.5 MB for ResNet-50's batch of 256,
+  // about 5 ms of data wait a step when it was put before the step's kernels) and
+  // its transfer runs while the GPU computes step b; slot b is released once all of
+  // step b is queued.
   watchdog::set_phase(Phase::data);
   trace_step_start();
   int slot = -1, next_slot = -1;

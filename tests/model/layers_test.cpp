@@ -38,7 +38,8 @@ std::vector<double> sums_and_seen(const View1& x, Layout layout, std::int64_t B,
   ConstView1 xv = x;
   auto f = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
   auto g = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
-  channel_sums("test::channel_sums", layout, B, C, hw, partial, sums, f, g, Keep{seen, C});
+  channel_sums("test::channel_sums", "test::channel_sums (rows)", layout, B, C, hw, partial, sums, f, g,
+               Keep{seen, C});
   auto s = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
   auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), seen);
   std::vector<double> out(s.data(), s.data() + 2 * C);

@@ -18,10 +18,19 @@
 // and cuDNN call and each of the build's own CUDA kernels; prints them by label, the
 // longest first, and the rest of the step: what runs outside them (the host, copies,
 // collectives; on the CPU also the oneDNN calls, the floor's part of it).
+// Then the same by kind of work (convolution forward, batch norm, element-wise, ...),
+// the kinds `tools/torch_bench.py --profile` sorts PyTorch's kernels into.
 // Kokkos fences around every kernel while it counts: take the times from a run
 // without it, or from the same run with DDP_LAUNCH_COUNT=after, which counts (as 1
 // does) in one more epoch after the timed ones, untimed: the times are then the
 // uncounted run's (tools/bench_gpu takes both from one run so).
+// DDP_LAUNCH_COUNT=device, in the GPU build: times as `times` does, but on the
+// device, by CUDA events around each kernel and call, with Kokkos's fences off, so
+// the counted step runs as an uncounted one does without graphs and what is outside
+// the kernels is the device idle (or copying, or in NCCL on a stream of its own). Run
+// it with train.cuda_graph = off: nothing is captured while a count runs, but a graph
+// captured in the warm-up epoch replays as one launch. In the CPU build it times as
+// `times` does.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -135,19 +144,43 @@ std::pair<std::int64_t, std::int64_t> host_memory() {
 }
 
 // DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their
-// times; after counts as 1 does, in an extra epoch after the timed ones.
-enum class Count { off, totals, names, times, after };
+// times (fenced), device their device times (the GPU build: CUDA events, unfenced);
+// after counts as 1 does, in an extra epoch after the timed ones.
+enum class Count { off, totals, names, times, device, after };
 
 Count count_mode(const char* env) {
   if (!env || !*env || std::strcmp(env, "0") == 0) return Count::off;
   if (std::strcmp(env, "names") == 0) return Count::names;
   if (std::strcmp(env, "times") == 0) return Count::times;
+  if (std::strcmp(env, "device") == 0) return Count::device;
   if (std::strcmp(env, "after") == 0) return Count::after;
   return Count::totals;
 }
 
+// The kind of work a kernel or call is, by its label: the kinds tools/torch_bench.py
+// --profile sorts PyTorch's kernels into, so that the two steps' times sit side by side.
+const char* kind_of(const std::string& label) {
+  const auto has = [&label](const char* s) { return label.find(s) != std::string::npos; };
+  if (has("conv forward")) return "convolution forward";
+  if (has("conv backward data")) return "convolution backward data";
+  if (has("conv backward filter")) return "convolution backward filter";
+  if (has("gemm")) return "GEMM";
+  if (has("BatchNorm2d::")) return "batch norm";
+  if (has("Pool::")) return "pooling";
+  if (has("CrossEntropy::") || has("MSE::") || has("Loss::") || has("_loss")) return "loss";
+  if (has("SGD::") || has("AdamW::") || has("Optimizer::") || has("nonfinite") || has("LossScaler::"))
+    return "optimizer";
+  if (has("convert") || has("round_to") || has("transpose")) return "conversions and layout";
+  if (has("Augment::") || has("InputStage::")) return "input";
+  if (has("ReLU::") || has("Tanh::") || has("Dropout::") || has("ResBlock::add") || has("ResBlock::bn_add") ||
+      has("Linear::forward_bias") || has("Linear::relu") || has("bias") || has("accumulate from") ||
+      has("Rng::"))
+    return "element-wise";
+  return "other";
+}
+
 // A timed count's kernels and calls by label, the longest first, per step (per = 1 /
-// steps), and what of the counted (fenced) step `step_s` was outside them.
+// steps), then by kind, and what of the counted step `step_s` was outside them.
 void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, double step_s) {
   std::vector<std::pair<double, std::string>> by_time;
   for (const auto& [label, seconds] : dispatched.kernel_seconds) by_time.emplace_back(seconds, label);
@@ -155,14 +188,19 @@ void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, 
   std::sort(by_time.rbegin(), by_time.rend());
   const double kokkos = dispatched.kernel_seconds_total() * per,
                calls = dispatched.call_seconds_total() * per;
-  char line[400];
+  char line[480];
   std::snprintf(
       line, sizeof line,
       "  kernels     %.3f ms per step in Kokkos kernels, %.3f ms in cuBLAS/cuDNN calls and own CUDA "
-      "kernels, %.3f ms outside them (the host, copies, collectives; on a CPU the oneDNN calls) of "
-      "the counted step's %.3f ms; by label, longest first:",
-      kokkos * 1e3, calls * 1e3, (step_s - kokkos - calls) * 1e3, step_s * 1e3);
+      "kernels, %.3f ms outside them (%s) of the counted step's %.3f ms (%s); by label, longest first:",
+      kokkos * 1e3, calls * 1e3, (step_s - kokkos - calls) * 1e3,
+      dispatched.device_times ? "the device idle, or copying and in NCCL on streams of their own"
+                              : "the host, copies, collectives; on a CPU the oneDNN calls",
+      step_s * 1e3,
+      dispatched.device_times ? "device times: CUDA events around each, nothing fenced"
+                              : "fenced: each from the fence before it to the fence after");
   log::info(line);
+  std::map<std::string, std::pair<double, double>> kinds;  // seconds and launches per kind
   for (const auto& [seconds, label] : by_time) {
     std::int64_t n = 0;  // how many: a Kokkos kernel's label, or a call's
     if (const auto k = dispatched.kernels.find(label); k != dispatched.kernels.end())
@@ -171,6 +209,19 @@ void print_kernel_times(const kernel_trace::Dispatches& dispatched, double per, 
       n = c->second;
     std::snprintf(line, sizeof line, "              %9.3f ms %7.2f x  %s", seconds * per * 1e3,
                   double(n) * per, label.c_str());
+    log::info(line);
+    auto& kind = kinds[kind_of(label)];
+    kind.first += seconds * per;
+    kind.second += double(n) * per;
+  }
+  std::vector<std::pair<double, std::string>> by_kind;
+  for (const auto& [kind, t] : kinds) by_kind.emplace_back(t.first, kind);
+  std::sort(by_kind.rbegin(), by_kind.rend());
+  log::info(
+      "  kinds       the same per step by kind (as tools/torch_bench.py --profile sorts PyTorch's kernels):");
+  for (const auto& [seconds, kind] : by_kind) {
+    std::snprintf(line, sizeof line, "              %9.3f ms %7.2f x  %s", seconds * 1e3, kinds[kind].second,
+                  kind.c_str());
     log::info(line);
   }
 }
@@ -207,6 +258,9 @@ int main(int argc, char** argv) {
   // Here, not at file scope: nvcc's generated code after this file calls ::log,
   // which a file-scope directive would make ambiguous with ddp::log.
   using namespace ddp;
+  const Count mode = count_mode(std::getenv("DDP_LAUNCH_COUNT"));
+  // Told before Kokkos starts: a device-timed count runs with Kokkos's tool fences off.
+  const bool device_times = mode == Count::device && kernel_trace::unfence_kokkos_tools();
   Context ctx(argc, argv);
   CommandLine cli = parse_command_line(ctx, argc, argv);
   if (cli.exit_now) return cli.exit_code;
@@ -225,11 +279,14 @@ int main(int argc, char** argv) {
   EpochStats e;
   double seconds = 0.0, wait = 0.0, fwd = 0.0, bwd = 0.0, com = 0.0, opt = 0.0, samples = 0.0;
   std::int64_t steps = 0;
-  const Count mode = count_mode(std::getenv("DDP_LAUNCH_COUNT"));
   const bool count = mode != Count::off;
+  const kernel_trace::Timing timing = device_times ? kernel_trace::Timing::device
+                                      : mode == Count::times || mode == Count::device
+                                          ? kernel_trace::Timing::fenced
+                                          : kernel_trace::Timing::none;
   const int warmup = cfg.train.epochs > 1 ? 1 : 0;
   for (int epoch = 0; epoch < cfg.train.epochs; ++epoch) {
-    if (count && mode != Count::after && epoch == warmup) kernel_trace::start_counting(mode == Count::times);
+    if (count && mode != Count::after && epoch == warmup) kernel_trace::start_counting(timing);
     const std::int64_t before = trainer.step();
     e = trainer.train_epoch(epoch);
     if (epoch < warmup) continue;
@@ -241,7 +298,7 @@ int main(int argc, char** argv) {
   }
   std::int64_t counted_steps = steps;
   if (mode == Count::after) {  // one more epoch, counted and not timed
-    kernel_trace::start_counting(false);
+    kernel_trace::start_counting();
     const std::int64_t before = trainer.step();
     trainer.train_epoch(cfg.train.epochs);
     counted_steps = trainer.step() - before;
@@ -284,7 +341,7 @@ int main(int argc, char** argv) {
   log::info(text);
   const double per = 1.0 / double(counted_steps);
   if (count) print_launches(dispatched, per, mode == Count::names, mode == Count::after);
-  if (mode == Count::times) print_kernel_times(dispatched, per, step);
+  if (timing != kernel_trace::Timing::none) print_kernel_times(dispatched, per, step);
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.
   const MemoryPlan plan = trainer.memory_plan();
@@ -351,8 +408,10 @@ int main(int argc, char** argv) {
       {"kokkos_kernels_per_step", count ? double(dispatched.kokkos) * per : -1.0},
       {"library_calls_per_step", count ? double(dispatched.library) * per : -1.0},
       {"kokkos_kernel_ms_per_step",
-       mode == Count::times ? dispatched.kernel_seconds_total() * per * 1e3 : -1.0},
-      {"call_ms_per_step", mode == Count::times ? dispatched.call_seconds_total() * per * 1e3 : -1.0}};
+       timing != kernel_trace::Timing::none ? dispatched.kernel_seconds_total() * per * 1e3 : -1.0},
+      {"call_ms_per_step",
+       timing != kernel_trace::Timing::none ? dispatched.call_seconds_total() * per * 1e3 : -1.0},
+      {"device_times", (long long)dispatched.device_times}};
   log::info("json: " + to_json_line(json));
   return 0;
 }

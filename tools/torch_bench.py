@@ -4,7 +4,7 @@ file for one epoch under torch.distributed (gloo, DistributedDataParallel), one
 thread per rank, and prints the samples/s as ddp_bench does.
 
 usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W]
-                            [-n N] INPUT.nml [group.key=value ...]
+                            [--profile P] [-n N] INPUT.nml [group.key=value ...]
        (or torchrun --nproc_per_node N tools/torch_bench.py INPUT.nml ...)
 
 With -n it starts its N ranks itself (RANK, WORLD_SIZE, MASTER_ADDR/PORT on
@@ -30,6 +30,13 @@ timed epoch, and the clock waits for the GPU. --mode:
   eager    float32 (TF32 off, as ddp_train's fp32)
   amp      torch.autocast bf16, model and batches channels_last (PyTorch's AMP recipe)
   compile  torch.compile of the amp model (its compilation in the warm-up steps)
+
+--profile P: after the timed epoch, P more steps under torch.profiler; rank 0 prints
+their time per step by kind of work (convolution forward, backward data, backward
+filter, GEMM, batch norm, element-wise, ...: the kinds ddp_bench's
+DDP_LAUNCH_COUNT=times and =device print ddp_train's step in), then the longest
+kernels by name. On a GPU the times are the kernels' own on the device; on the CPU
+the operators' self times.
 """
 import glob
 import os
@@ -197,9 +204,9 @@ def launch(n, args):
 
 def options(argv):
     """--device, --mode, --warmup and -n before INPUT; the rest is INPUT and overrides."""
-    opts = {"device": "cpu", "mode": "eager", "warmup": None, "n": None}
+    opts = {"device": "cpu", "mode": "eager", "warmup": None, "profile": None, "n": None}
     i = 0
-    while i < len(argv) and argv[i] in ("--device", "--mode", "--warmup", "-n"):
+    while i < len(argv) and argv[i] in ("--device", "--mode", "--warmup", "--profile", "-n"):
         if i + 1 >= len(argv):
             sys.exit(f"torch_bench: {argv[i]} needs a value")
         opts[argv[i].lstrip("-")] = argv[i + 1]
@@ -210,8 +217,65 @@ def options(argv):
         sys.exit(f"torch_bench: --mode {opts['mode']}: eager, amp or compile")
     if i >= len(argv):
         sys.exit("usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W] "
-                 "[-n N] INPUT.nml [group.key=value ...]")
+                 "[--profile P] [-n N] INPUT.nml [group.key=value ...]")
     return opts, argv[:i], argv[i:]
+
+
+# The kinds of work a step's kernels (on a GPU) or operators (on the CPU) are sorted
+# into, by name: the first pattern that matches. ddp_bench sorts ddp_train's kernels
+# and calls into the same kinds by their labels (tools/ddp_bench.cpp, kind_of).
+KINDS = [
+    ("copies", r"^Memcpy|^Memset"),
+    ("loss", r"softmax|nll_loss|cross_entropy"),
+    ("convolution forward", r"fprop|conv\w*fwd|fwd\w*conv|implicit_convolve|convolution$|conv2d$"),
+    ("convolution backward data", r"dgrad|bwd_data|backward_data"),
+    ("convolution backward filter", r"wgrad|bwd_filter|backward_filter|bwd_weight|splitKreduce"),
+    ("convolution backward (data and filter)", r"convolution_backward"),
+    ("conversions and layout", r"nchwToNhwc|nhwcToNchw|direct_copy|copy_kernel|transpose|convert|aten::copy_|_to_copy"),
+    ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw"),
+    ("pooling", r"pool"),
+    ("optimizer", r"multi_tensor_apply|sgd|_foreach|Optimizer|non_finite"),
+    ("GEMM", r"gemm|gemv|cublas|cutlass|addmm|aten::mm$|matmul"),
+    ("element-wise", r"elementwise|threshold|relu|clamp|add|mul|div|fill|where"),
+]
+
+
+def kind_of(name):
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.I):
+            return kind
+    return "other"
+
+
+def print_profile(prof, steps, seconds, cuda):
+    """Rank 0's profile of `steps` steps (`seconds` of wall time): time per step by kind,
+    then the longest kernels (operators on the CPU) by name."""
+    by_name = {}  # name -> [microseconds, count]
+    if cuda:  # the kernels (and copies) on the device, each its own time
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                t = by_name.setdefault(e.name, [0.0, 0])
+                t[0] += e.time_range.elapsed_us()
+                t[1] += 1
+    else:  # the operators' self times on the host
+        for a in prof.key_averages():
+            if a.self_cpu_time_total > 0:
+                by_name[a.key] = [a.self_cpu_time_total, a.count]
+    kinds = {}
+    for name, (us, n) in by_name.items():
+        k = kinds.setdefault(kind_of(name), [0.0, 0])
+        k[0] += us
+        k[1] += n
+    total = sum(us for us, _ in kinds.values())
+    what = "kernels' own times on the device" if cuda else "operators' self times on the host"
+    print(f"torch_bench profile: {steps} steps of {seconds / steps * 1e3:.3f} ms under the profiler; the {what} "
+          f"per step, {total / steps / 1e3:.3f} ms in all, by kind, longest first:")
+    for kind, (us, n) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {us / steps / 1e3:10.3f} ms {n / steps:8.2f} x  {kind}")
+    print(f"torch_bench profile: the longest {'kernels' if cuda else 'operators'} by name, per step:")
+    for name, (us, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]:
+        print(f"  {us / steps / 1e3:10.3f} ms {n / steps:8.2f} x  {kind_of(name)}: {name[:160]}")
+    sys.stdout.flush()
 
 
 MODE_NAMES = {"eager": "eager fp32", "amp": "AMP bf16 channels_last", "compile": "torch.compile AMP bf16 channels_last"}
@@ -333,6 +397,19 @@ def main():
               f"batch {batch} per rank, {steps} steps, "
               f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
               f"parameters {sum(p.numel() for p in model.parameters())}, final loss {loss.item():.4f}", flush=True)
+    if opts["profile"] is not None:  # the same steps again, under the profiler
+        from torch.profiler import ProfilerActivity, profile
+        count = int(opts["profile"])
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        wait()
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for s in range(count):
+                step(indices[(s % steps) * batch:(s % steps + 1) * batch])
+            wait()
+            seconds = time.perf_counter() - start
+        if rank == 0:
+            print_profile(prof, count, seconds, cuda)
     if distributed:
         dist.destroy_process_group()
 

@@ -45,7 +45,28 @@ const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
   DDP_FATAL("cuDNN offers no " << what << " algorithm for this shape");
 }
 
-// DDP_CUDNN_LOG=1: one line per shape with the algorithms chosen.
+// A timed search's (Find's) word on a choice: its time, and the fastest that ran
+// whatever its kind (nondeterministic, or a transform left out in bf16/fp16), so the
+// log shows what the rules above cost.
+template <class Perf>
+std::string search_times(const Perf* perf, int count, const Perf& chosen) {
+  const Perf* fastest = nullptr;
+  for (int i = 0; i < count; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].time >= 0 &&
+        (!fastest || perf[i].time < fastest->time))
+      fastest = &perf[i];
+  char text[160];
+  if (!fastest || fastest->algo == chosen.algo)
+    std::snprintf(text, sizeof text, ", %.3f ms, the fastest", double(chosen.time));
+  else
+    std::snprintf(text, sizeof text, ", %.3f ms; fastest algo %d %.3f ms%s", double(chosen.time),
+                  int(fastest->algo), double(fastest->time),
+                  fastest->determinism != CUDNN_DETERMINISTIC ? " (nondeterministic)" : "");
+  return text;
+}
+
+// DDP_CUDNN_LOG=1: one line per shape with the algorithms chosen (and, in a timed
+// search, their times).
 bool log_choices() {
   static const bool on = env_flag("DDP_CUDNN_LOG");
   return on;
@@ -114,6 +135,7 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 
   Plan pl;
   int count = 0;
+  std::string fwd_times, bwd_data_times, bwd_filter_times;  // a timed search's, for the log
   const bool narrow = dtype_ != DType::F32;
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data[kMaxAlgos];
@@ -121,13 +143,19 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   if (search_ == Search::Benchmark) {
     CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                      kMaxAlgos, &count, fwd));
-    pl.fwd = best(fwd, count, "forward", narrow).algo;
+    const auto& f = best(fwd, count, "forward", narrow);
+    pl.fwd = f.algo;
+    fwd_times = search_times(fwd, count, f);
     CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
                                                           kMaxAlgos, &count, bwd_data));
-    pl.bwd_data = best(bwd_data, count, "backward-data", narrow).algo;
+    const auto& d = best(bwd_data, count, "backward-data", narrow);
+    pl.bwd_data = d.algo;
+    bwd_data_times = search_times(bwd_data, count, d);
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                             kMaxAlgos, &count, bwd_filter));
-    pl.bwd_filter = best(bwd_filter, count, "backward-filter", narrow).algo;
+    const auto& w = best(bwd_filter, count, "backward-filter", narrow);
+    pl.bwd_filter = w.algo;
+    bwd_filter_times = search_times(bwd_filter, count, w);
   } else {
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));
@@ -148,11 +176,11 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   if (log_choices())
     std::fprintf(
         stderr,
-        "cuDNN %s %s conv N%d C%d H%d W%d K%d R%d S%d pad %d stride %d: fwd algo %d (%zu B), bwd-data algo "
-        "%d (%zu B), bwd-filter algo %d (%zu B)\n",
+        "cuDNN %s %s conv N%d C%d H%d W%d K%d R%d S%d pad %d stride %d: fwd algo %d (%zu B%s), bwd-data algo "
+        "%d (%zu B%s), bwd-filter algo %d (%zu B%s)\n",
         dtype_name(dtype_), nhwc_ ? "nhwc" : "nchw", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h,
-        int(pl.fwd), pl.fwd_bytes, int(pl.bwd_data), pl.bwd_data_bytes, int(pl.bwd_filter),
-        pl.bwd_filter_bytes);
+        int(pl.fwd), pl.fwd_bytes, fwd_times.c_str(), int(pl.bwd_data), pl.bwd_data_bytes,
+        bwd_data_times.c_str(), int(pl.bwd_filter), pl.bwd_filter_bytes, bwd_filter_times.c_str());
   return plans_.emplace(s.key(), pl).first->second;
 }
 

@@ -12,7 +12,10 @@
 // a count runs (its tool interface asks that of a tool by default), so a counted
 // run's times are not the uncounted run's. A timed count also takes each Kokkos
 // kernel's time between those fences: the kernel alone, the work queued before it
-// (GEMM and convolution calls, the GPU build's own kernels) already done.
+// (GEMM and convolution calls, the GPU build's own kernels) already done, plus
+// the launch and the fence's return. The GPU build can instead time on the device
+// with Kokkos's fences off (Timing::device): CUDA events around each kernel and
+// call, the step otherwise run as uncounted.
 
 #include <chrono>
 #include <cstdint>
@@ -45,15 +48,30 @@ struct Dispatches {
   // a timed count on a GPU: library calls and own CUDA kernels (Timed) by label
   std::map<std::string, std::int64_t> calls;
   std::map<std::string, double> call_seconds;
+  bool device_times = false;  // the times are the device's (Timing::device in the GPU build)
   std::int64_t total() const { return kokkos + copies + library + cuda + graphs; }
   double kernel_seconds_total() const;
   double call_seconds_total() const;
 };
-// timed: also time every Kokkos kernel (Dispatches::kernel_seconds).
-void start_counting(bool timed = false);
+// How a count times what it counts.
+enum class Timing {
+  none,    // counts only
+  fenced,  // each Kokkos kernel between the fences Kokkos puts around it for a tool,
+           // each library call and own CUDA kernel between fences of its own (host clock)
+  device,  // the GPU build: each between two CUDA events on the compute stream, nothing
+           // fenced, so the step runs as it does uncounted (uncaptured) and the times are
+           // the device's own; needs unfence_kokkos_tools() before Kokkos starts. Kernels
+           // on a host execution space are counted, not timed. The CPU build: as fenced.
+};
+void start_counting(Timing timing = Timing::none);
 Dispatches stop_counting();
-// Whether a count runs: Kokkos then fences at every kernel, which no CUDA graph can
-// capture (train.cuda_graph waits with its captures until the count ends).
+// Before Kokkos::initialize: asks Kokkos not to fence around kernels and copies for
+// this process's tool callbacks, as a device-timed count needs (a fenced one then
+// times nothing right). False where this Kokkos cannot (no CUDA: nothing to unfence).
+bool unfence_kokkos_tools();
+// Whether a count runs: Kokkos then fences at every kernel (or a device-timed count
+// records events around each), which no CUDA graph can capture (train.cuda_graph
+// waits with its captures until the count ends).
 bool counting();
 // The backends call this once per GEMM or convolution call.
 void count_library_call();
@@ -61,9 +79,11 @@ void count_graph_launch();
 
 // In a timed count, the GPU build's library calls (cuBLAS, cuDNN) and its own CUDA
 // kernels are timed too: one of these around each call fences the device before
-// and after it, as Kokkos does around its kernels, and adds the time under
-// "what detail" (Dispatches::call_seconds). Inside another, it times nothing (the
-// outer one holds its time). Outside a timed count it costs a flag's test.
+// and after it, as Kokkos does around its kernels (Timing::fenced), or records an
+// event on the compute stream before and after it (Timing::device), and adds the
+// time under "what detail" (Dispatches::call_seconds). Inside another, it times
+// nothing (the outer one holds its time). Outside a timed count it costs a flag's
+// test.
 class Timed {
  public:
   explicit Timed(const char* what, const char* detail = "");
@@ -74,6 +94,7 @@ class Timed {
  private:
   std::string label_;  // empty: not timed (no timed count, or inside another)
   std::chrono::steady_clock::time_point start_;
+  void* start_event_ = nullptr;  // Timing::device: the cudaEvent_t recorded before the call
 };
 
 // The GPU build's own CUDA kernels: counted (Dispatches::cuda) and, in a timed

@@ -12,8 +12,8 @@
 // that existed when it was captured is freed (take_device_frees(): a workspace that
 // grew). A key runs uncaptured when first seen (kernels plan their algorithms and
 // workspaces then), is captured when seen again and replayed from then on.
-// While a benchmark counts launches (DDP_LAUNCH_COUNT: Kokkos fences at every kernel)
-// nothing is captured.
+// While a benchmark counts launches (DDP_LAUNCH_COUNT: Kokkos fences at every kernel,
+// or events are recorded around each) nothing is captured.
 //
 // What stays outside the graph is host work: the non-finite check and the flags'
 // all-reduce that every rank's decision to step, skip or stop rests on, the optimizer

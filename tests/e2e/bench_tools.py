@@ -63,6 +63,38 @@ if os.path.exists(os.path.join(build, "gemm_bench")):  # oneDNN's: not in the CU
 out = run([os.path.join(build, "conv_bench"), "8", "3"])
 positive(r"conv time per step ([0-9.]+) ms -> at most ([0-9.]+) samples/s", out, "convolution total")
 
+def kernel_times(out, r, device):
+    """The kernel times of a timed count: a part of the counted step; the labels, and
+    the kinds, add up to them. device: whether they are the device's (CUDA events)."""
+    m = re.search(r"kernels +([0-9.]+) ms per step in Kokkos kernels, ([0-9.]+) ms in cuBLAS/cuDNN calls and own "
+                  r"CUDA kernels, (-?[0-9.]+) ms outside them .* counted step's ([0-9.]+) ms \((device times|fenced)",
+                  out)
+    if not m:
+        fail("no kernel times line in the output")
+    (inside, calls, outside, counted) = [float(v) for v in m.groups()[:4]]
+    if (m.group(5) == "device times") != device or r["device_times"] != int(device):
+        fail(f"kernel times are {m.group(5)}, json device_times {r['device_times']}; expected device {device}")
+    # The CPU build times no library call (oneDNN's are outside); the GPU build times them.
+    gpu = not r["compute"].startswith("oneDNN")
+    if not (abs(inside - r["kokkos_kernel_ms_per_step"]) < 1e-3 and abs(calls - r["call_ms_per_step"]) < 1e-3
+            and 0 < inside < counted and (calls > 0) == gpu and abs(inside + calls + outside - counted) < 3e-3):
+        fail(f"kernel times: {inside} + {calls} + {outside} ms of {counted}, json {r['kokkos_kernel_ms_per_step']} "
+             f"and {r['call_ms_per_step']}")
+    by_label, _, by_kind = out[m.end():].partition("  kinds ")
+    for name, lines in (("label", by_label), ("kind", by_kind.partition("  memory")[0])):
+        rows = re.findall(r"^ +([0-9.]+) ms +([0-9.]+) x  (\S.*)$", lines, re.M)
+        if len(rows) < 3 or abs(sum(float(ms) for ms, _, _ in rows) - inside - calls) > 0.01 * (inside + calls) + 2e-3:
+            fail(f"kernel times by {name} {rows} do not add up to {inside} + {calls} ms")
+        if name == "kind":
+            kinds = {kind: float(ms) for ms, _, kind in rows}
+            # the CNN's: its ReLUs and biases, pooling, the loss, SGD
+            for kind in ("element-wise", "pooling", "loss", "optimizer"):
+                if not kinds.get(kind, 0) > 0:
+                    fail(f"no time of kind {kind} in {kinds}")
+            if gpu and not (kinds.get("convolution forward", 0) > 0 and kinds.get("GEMM", 0) > 0):
+                fail(f"the GPU build timed no convolution or GEMM: {kinds}")
+
+
 # With the launch count on and its kernels timed (fenced kernels: the floor stays below
 # the step all the more), two epochs: the first warms up, and only the second is timed
 # and counted.
@@ -83,21 +115,14 @@ if r["library_calls_per_step"] != 13:
 if not r["kokkos_kernels_per_step"] >= 10 or not r["launches_per_step"] >= 13 + r["kokkos_kernels_per_step"]:
     fail(f"ddp_bench counted {r['kokkos_kernels_per_step']} Kokkos kernels, {r['launches_per_step']} launches per step")
 positive(r"launches +([0-9.]+) per step \(rank 0\): ([0-9.]+) Kokkos kernels", out, "the launch count line")
-# The kernels' times: a part of the counted step, and the labels they add up from.
-m = re.search(r"kernels +([0-9.]+) ms per step in Kokkos kernels, ([0-9.]+) ms in cuBLAS/cuDNN calls and own "
-              r"CUDA kernels, (-?[0-9.]+) ms outside them .* counted step's ([0-9.]+) ms", out)
-if not m:
-    fail("no kernel times line in the output")
-(inside, calls, outside, counted) = [float(v) for v in m.groups()]
-# The CPU build times no library call (oneDNN's are outside); the GPU build times them.
+kernel_times(out, r, device=False)
+# DDP_LAUNCH_COUNT=device: the GPU build times on the device, unfenced; the CPU build
+# as times does.
 gpu = not r["compute"].startswith("oneDNN")
-if not (abs(inside - r["kokkos_kernel_ms_per_step"]) < 1e-3 and abs(calls - r["call_ms_per_step"]) < 1e-3
-        and 0 < inside < counted and (calls > 0) == gpu and abs(inside + calls + outside - counted) < 3e-3):
-    fail(f"kernel times: {inside} + {calls} + {outside} ms of {counted}, json {r['kokkos_kernel_ms_per_step']} "
-         f"and {r['call_ms_per_step']}")
-labels = re.findall(r"^ +([0-9.]+) ms +([0-9.]+) x  (\S.*)$", out, re.M)
-if len(labels) < 3 or abs(sum(float(ms) for ms, _, _ in labels) - inside - calls) > 0.01 * (inside + calls) + 2e-3:
-    fail(f"kernel times by label {labels} do not add up to {inside} + {calls} ms")
+out, d = ddp_bench(["train.epochs=2"], "device")
+if d["steps"] != 79 or d["library_calls_per_step"] != 13:
+    fail(f"ddp_bench (DDP_LAUNCH_COUNT=device) ran {d['steps']} steps, {d['library_calls_per_step']} calls a step")
+kernel_times(out, d, device=gpu)
 print(f"ddp_bench: {r['samples_per_s']:.0f} samples/s, floor / actual {r['efficiency']:.2f}, {r['compute']}, "
       f"{r['launches_per_step']:.1f} launches per step")
 
@@ -123,7 +148,8 @@ if torch_python:
     # The ResNet's layers (batchnorm2d, resblock, globalavgpool), small: its
     # parameters as ddp_train counts them (stem conv 72, batch norm 16, resblock 8 -> 8
     # at stride 2: 576 + 16 + 576 + 16 + 64 + 16, linear 90), and it trains.
-    out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",
+    # With --profile: 3 more steps under the profiler, their time by kind.
+    out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "--profile", "3", "-n", "2",
                os.path.join(source, "inputs", "fashion_resnet.nml"), shard,
                "model.layers=conv2d(8, 3, pad=1, bias=false), batchnorm2d, relu, resblock(8, stride=2), "
                "globalavgpool, flatten, linear(10)"])
@@ -133,6 +159,18 @@ if torch_python:
         fail(f"PyTorch's small ResNet has {count:.0f} parameters, ddp_train's 1442")
     if not loss < 1.5:
         fail(f"PyTorch's small ResNet did not train: final loss {loss}")
+    m = re.search(r"torch_bench profile: 3 steps of ([0-9.]+) ms under the profiler; .* per step, ([0-9.]+) ms in "
+                  r"all, by kind, longest first:\n((?: +[0-9.]+ ms +[0-9.]+ x  .*\n)+)torch_bench profile: the longest",
+                  out)
+    if not m or out.count("torch_bench profile: 3 steps") != 1:
+        fail("no profile from rank 0 alone")
+    step_ms, total = float(m.group(1)), float(m.group(2))
+    kinds = {k: float(ms) for ms, _, k in re.findall(r"^ +([0-9.]+) ms +([0-9.]+) x  (.*)$", m.group(3), re.M)}
+    if not (0 < total <= step_ms * 1.05 and abs(sum(kinds.values()) - total) < 0.01 * total + 0.005):
+        fail(f"profile: kinds {kinds} against {total} ms in all, a step of {step_ms} ms")
+    for kind in ("convolution forward", "batch norm", "element-wise", "optimizer", "GEMM"):
+        if not kinds.get(kind, 0) > 0:
+            fail(f"profile: no time of kind {kind} in {kinds}")
     # AMP's mode (autocast bf16, channels_last), as bench_gpu runs it on a GPU, here on the CPU.
     out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "--mode", "amp", "-n", "2",
                os.path.join(source, "inputs", "fashion_resnet.nml"), shard,

@@ -34,6 +34,11 @@ else()
 endif()
 
 if(TARGET ddp_cuda)
+  # How a convolution's algorithm is chosen from cuDNN's ranking (cuda/conv_search.hpp):
+  # host logic over cuDNN's structs (its headers only), so it runs without a GPU.
+  ddp_add_test(test_conv_search SOURCES unit/test_conv_search.cpp)
+  target_include_directories(test_conv_search PRIVATE $<TARGET_PROPERTY:ddp::cudnn,INTERFACE_INCLUDE_DIRECTORIES>
+                                                      ${CUDAToolkit_INCLUDE_DIRS})
   # Exit code of gpu_selftest when no rank has a device (the automake convention).
   set(DDP_GPU_SKIP_CODE 77)
   add_executable(gpu_selftest gpu/gpu_selftest.cpp)

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/conv_search.hpp"
 #include "cuda/cuda_check.hpp"
 #include "model/backend.hpp"
 #include "model/kernel_trace.hpp"
@@ -11,67 +12,12 @@
 namespace ddp::cuda {
 
 namespace {
-// The first result cuDNN ranks best that ran (Find) or is supported (Get), among
-// the deterministic ones where there is one: some algorithms sum with atomics, and
-// a run that cannot be repeated bit for bit cannot show that a resume equals a
-// straight run.
-//
-// In bf16/fp16 the FFT and Winograd algorithms are left out: they transform the
-// operands in the narrow type, and their results stray far beyond its rounding.
-bool transforms(cudnnConvolutionFwdAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
-}
-bool transforms(cudnnConvolutionBwdDataAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
-         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
-}
-bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
-  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
-         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
-}
-
-template <class Perf>
-const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
-  for (int pass = 0; pass < 3; ++pass)
-    for (int i = 0; i < count; ++i) {
-      const Perf& p = perf[i];
-      if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (pass < 2 && narrow && transforms(p.algo)) continue;
-      if (pass < 1 && p.determinism != CUDNN_DETERMINISTIC) continue;
-      return p;
-    }
-  DDP_FATAL("cuDNN offers no " << what << " algorithm for this shape");
-}
-
-// A timed search's (Find's) word on a choice: its time, and the fastest that ran
-// whatever its kind (nondeterministic, or a transform left out in bf16/fp16), so the
-// log shows what the rules above cost.
-template <class Perf>
-std::string search_times(const Perf* perf, int count, const Perf& chosen) {
-  const Perf* fastest = nullptr;
-  for (int i = 0; i < count; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].time >= 0 &&
-        (!fastest || perf[i].time < fastest->time))
-      fastest = &perf[i];
-  char text[160];
-  if (!fastest || fastest->algo == chosen.algo)
-    std::snprintf(text, sizeof text, ", %.3f ms, the fastest", double(chosen.time));
-  else
-    std::snprintf(text, sizeof text, ", %.3f ms; fastest algo %d %.3f ms%s", double(chosen.time),
-                  int(fastest->algo), double(fastest->time),
-                  fastest->determinism != CUDNN_DETERMINISTIC ? " (nondeterministic)" : "");
-  return text;
-}
-
 // DDP_CUDNN_LOG=1: one line per shape with the algorithms chosen (and, in a timed
 // search, their times).
 bool log_choices() {
   static const bool on = env_flag("DDP_CUDNN_LOG");
   return on;
 }
-constexpr int kMaxAlgos = 16;
 }  // namespace
 
 bool env_flag(const char* name, bool unset) {
@@ -141,21 +87,27 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data[kMaxAlgos];
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[kMaxAlgos];
   if (search_ == Search::Benchmark) {
-    CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
-                                                     kMaxAlgos, &count, fwd));
-    const auto& f = best(fwd, count, "forward", narrow);
+    const auto f_ranked = timed_search<cudnnConvolutionFwdAlgoPerf_t>([&](auto* perf, int* n) {
+      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
+                                                       kMaxAlgos, n, perf));
+    });
+    const auto& f = best(f_ranked.data(), int(f_ranked.size()), "forward", narrow);
     pl.fwd = f.algo;
-    fwd_times = search_times(fwd, count, f);
-    CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
-                                                          kMaxAlgos, &count, bwd_data));
-    const auto& d = best(bwd_data, count, "backward-data", narrow);
+    fwd_times = search_times(f_ranked.data(), int(f_ranked.size()), f);
+    const auto d_ranked = timed_search<cudnnConvolutionBwdDataAlgoPerf_t>([&](auto* perf, int* n) {
+      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
+                                                            kMaxAlgos, n, perf));
+    });
+    const auto& d = best(d_ranked.data(), int(d_ranked.size()), "backward-data", narrow);
     pl.bwd_data = d.algo;
-    bwd_data_times = search_times(bwd_data, count, d);
-    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
-                                                            kMaxAlgos, &count, bwd_filter));
-    const auto& w = best(bwd_filter, count, "backward-filter", narrow);
+    bwd_data_times = search_times(d_ranked.data(), int(d_ranked.size()), d);
+    const auto w_ranked = timed_search<cudnnConvolutionBwdFilterAlgoPerf_t>([&](auto* perf, int* n) {
+      CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
+                                                              kMaxAlgos, n, perf));
+    });
+    const auto& w = best(w_ranked.data(), int(w_ranked.size()), "backward-filter", narrow);
     pl.bwd_filter = w.algo;
-    bwd_filter_times = search_times(bwd_filter, count, w);
+    bwd_filter_times = search_times(w_ranked.data(), int(w_ranked.size()), w);
   } else {
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));

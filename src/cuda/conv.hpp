@@ -34,7 +34,8 @@ bool env_flag(const char* name, bool unset = false);
 class CudnnConv {
  public:
   // Heuristic: cudnnGet*_v7 (fast, no trial runs). Benchmark: cudnnFind* (times the
-  // candidates once per shape; worth it for long runs on fixed shapes).
+  // candidates per shape, a warm-up and three rounds, by the median; worth it for
+  // long runs on fixed shapes).
   enum class Search { Heuristic, Benchmark };
 
   // Tensors of type `dtype`, accumulation in fp32; x, y and their gradients NHWC

@@ -1,0 +1,108 @@
+#pragma once
+// How a convolution's algorithms are chosen from cuDNN's ranking (cuda/conv.cpp):
+// host logic over cuDNN's result structs, apart so that a unit test runs it on a
+// machine without a GPU (tests/unit/test_conv_search.cpp).
+
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/check.hpp"
+
+namespace ddp::cuda {
+
+// The first result cuDNN ranks best that ran (Find) or is supported (Get), among
+// the deterministic ones where there is one: some algorithms sum with atomics, and
+// a run that cannot be repeated bit for bit cannot show that a resume equals a
+// straight run.
+//
+// In bf16/fp16 the FFT and Winograd algorithms are left out: they transform the
+// operands in the narrow type, and their results stray far beyond its rounding.
+inline bool transforms(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+inline bool transforms(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+inline bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+template <class Perf>
+const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
+  for (int pass = 0; pass < 3; ++pass)
+    for (int i = 0; i < count; ++i) {
+      const Perf& p = perf[i];
+      if (p.status != CUDNN_STATUS_SUCCESS) continue;
+      if (pass < 2 && narrow && transforms(p.algo)) continue;
+      if (pass < 1 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      return p;
+    }
+  DDP_FATAL("cuDNN offers no " << what << " algorithm for this shape");
+}
+
+// cuDNN's timed search (Find) runs each algorithm once, so one search's ranking is
+// one sample of each, and the first run of a kernel in a process may also load it
+// (CUDA loads modules lazily). The floor of ResNet-50's convolutions (the same calls
+// timed back to back, each run with its own search's choices) came out at 21.7 and
+// 31.6 ms in two runs of one call on one H100. So the search runs once to warm up,
+// then kSearchRounds times, and each algorithm is ranked by its median time, as
+// PyTorch's benchmark mode ranks them (cuDNN's frontend: the median of three).
+// An algorithm that failed in any round counts as failed.
+constexpr int kSearchRounds = 3;
+constexpr int kMaxAlgos = 16;
+
+template <class Perf, class Find>
+std::vector<Perf> timed_search(Find find) {
+  std::map<int, std::vector<Perf>> rounds;    // by algorithm
+  for (int r = 0; r <= kSearchRounds; ++r) {  // round 0 warms up
+    Perf perf[kMaxAlgos];
+    int count = 0;
+    find(perf, &count);
+    for (int i = 0; i < count && r > 0; ++i) rounds[int(perf[i].algo)].push_back(perf[i]);
+  }
+  std::vector<Perf> ranked;
+  for (auto& [algo, runs] : rounds) {
+    std::sort(runs.begin(), runs.end(), [](const Perf& a, const Perf& b) { return a.time < b.time; });
+    Perf median = runs[runs.size() / 2];
+    for (const Perf& run : runs)
+      if (run.status != CUDNN_STATUS_SUCCESS) median.status = run.status;
+    if (runs.size() < std::size_t(kSearchRounds)) median.status = CUDNN_STATUS_NOT_SUPPORTED;
+    ranked.push_back(median);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Perf& a, const Perf& b) {
+    const bool a_ran = a.status == CUDNN_STATUS_SUCCESS, b_ran = b.status == CUDNN_STATUS_SUCCESS;
+    return a_ran != b_ran ? a_ran : a.time < b.time;
+  });
+  return ranked;
+}
+
+// A timed search's (Find's) word on a choice: its time, and the fastest that ran
+// whatever its kind (nondeterministic, or a transform left out in bf16/fp16), so the
+// log shows what the rules above cost.
+template <class Perf>
+std::string search_times(const Perf* perf, int count, const Perf& chosen) {
+  const Perf* fastest = nullptr;
+  for (int i = 0; i < count; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].time >= 0 &&
+        (!fastest || perf[i].time < fastest->time))
+      fastest = &perf[i];
+  char text[160];
+  if (!fastest || fastest->algo == chosen.algo)
+    std::snprintf(text, sizeof text, ", %.3f ms, the fastest", double(chosen.time));
+  else
+    std::snprintf(text, sizeof text, ", %.3f ms; fastest algo %d %.3f ms%s", double(chosen.time),
+                  int(fastest->algo), double(fastest->time),
+                  fastest->determinism != CUDNN_DETERMINISTIC ? " (nondeterministic)" : "");
+  return text;
+}
+
+}  // namespace ddp::cuda

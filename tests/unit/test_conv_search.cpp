@@ -1,0 +1,98 @@
+// How the GPU build chooses a convolution's algorithm from cuDNN's ranking
+// (cuda/conv_search.hpp): the timed search's rounds and median, and the rules on
+// determinism and on transforms in bf16/fp16. Host logic over cuDNN's structs, so
+// it runs here without a GPU; the cuDNN calls themselves are the GPU tests'.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cuda/conv_search.hpp"
+
+namespace {
+
+using Perf = cudnnConvolutionFwdAlgoPerf_t;
+constexpr auto kGemm = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+constexpr auto kPrecomp = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+constexpr auto kDirect = CUDNN_CONVOLUTION_FWD_ALGO_GEMM;
+constexpr auto kWinograd = CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+
+Perf perf(cudnnConvolutionFwdAlgo_t algo, float ms, bool deterministic = true,
+          cudnnStatus_t status = CUDNN_STATUS_SUCCESS) {
+  Perf p{};
+  p.algo = algo;
+  p.status = status;
+  p.time = status == CUDNN_STATUS_SUCCESS ? ms : -1.0f;
+  p.determinism = deterministic ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
+  return p;
+}
+
+// A search that answers round r (0: the warm-up) with rounds[r], as cuDNN's Find
+// would: the algorithms in its order, the count written back.
+std::vector<Perf> search(const std::vector<std::vector<Perf>>& rounds, int* calls) {
+  return ddp::cuda::timed_search<Perf>([&](Perf* out, int* count) {
+    const auto& answer = rounds.at(std::size_t(*calls));
+    ++*calls;
+    *count = int(answer.size());
+    for (std::size_t i = 0; i < answer.size(); ++i) out[i] = answer[i];
+  });
+}
+
+TEST(ConvSearch, RanksByTheMedianOfTheRoundsAfterAWarmUp) {
+  // The warm-up favours kPrecomp (kGemm loading, say); one sample of round 1 would
+  // pick kGemm; means would pick kPrecomp (kGemm 2.37 ms); medians: kGemm 1.1 ms,
+  // kPrecomp 1.2 ms.
+  const std::vector<std::vector<Perf>> rounds = {
+      {perf(kPrecomp, 0.1f), perf(kGemm, 100.0f)},
+      {perf(kGemm, 1.0f), perf(kPrecomp, 1.2f)},
+      {perf(kPrecomp, 1.2f), perf(kGemm, 5.0f)},
+      {perf(kGemm, 1.1f), perf(kPrecomp, 1.3f)},
+  };
+  int calls = 0;
+  const std::vector<Perf> ranked = search(rounds, &calls);
+  EXPECT_EQ(calls, 1 + ddp::cuda::kSearchRounds);
+  ASSERT_EQ(ranked.size(), 2u);
+  EXPECT_EQ(ranked[0].algo, kGemm);
+  EXPECT_FLOAT_EQ(ranked[0].time, 1.1f);
+  EXPECT_EQ(ranked[1].algo, kPrecomp);
+  EXPECT_FLOAT_EQ(ranked[1].time, 1.2f);
+  EXPECT_EQ(&ddp::cuda::best(ranked.data(), int(ranked.size()), "forward", false), &ranked[0]);
+}
+
+TEST(ConvSearch, AnAlgorithmThatFailedOrWasMissingInARoundCountsAsFailed) {
+  // kDirect is the fastest where it runs but fails in round 3; kWinograd is missing
+  // from round 2: both rank after kGemm, which ran every time, and are not chosen.
+  const std::vector<std::vector<Perf>> rounds = {
+      {perf(kDirect, 0.5f), perf(kWinograd, 0.6f), perf(kGemm, 2.0f)},
+      {perf(kDirect, 0.5f), perf(kWinograd, 0.6f), perf(kGemm, 2.0f)},
+      {perf(kDirect, 0.5f), perf(kGemm, 2.0f)},
+      {perf(kWinograd, 0.6f), perf(kGemm, 2.0f), perf(kDirect, 0, true, CUDNN_STATUS_EXECUTION_FAILED)},
+  };
+  int calls = 0;
+  const std::vector<Perf> ranked = search(rounds, &calls);
+  ASSERT_EQ(ranked.size(), 3u);
+  EXPECT_EQ(ranked[0].algo, kGemm);
+  EXPECT_EQ(ranked[0].status, CUDNN_STATUS_SUCCESS);
+  for (std::size_t i = 1; i < ranked.size(); ++i) EXPECT_NE(ranked[i].status, CUDNN_STATUS_SUCCESS) << i;
+  EXPECT_EQ(ddp::cuda::best(ranked.data(), int(ranked.size()), "forward", false).algo, kGemm);
+}
+
+TEST(ConvSearch, DeterministicFirstAndNoTransformsInANarrowType) {
+  const std::vector<Perf> ranked = {perf(kWinograd, 0.5f), perf(kDirect, 0.8f, /*deterministic=*/false),
+                                    perf(kGemm, 1.0f)};
+  const auto& narrow = ddp::cuda::best(ranked.data(), 3, "forward", true);
+  const auto& wide = ddp::cuda::best(ranked.data(), 3, "forward", false);
+  EXPECT_EQ(narrow.algo, kGemm);    // Winograd left out in bf16/fp16, the nondeterministic one after
+  EXPECT_EQ(wide.algo, kWinograd);  // fp32: the fastest deterministic one
+  // Where only a nondeterministic one runs, it is taken.
+  const std::vector<Perf> only = {perf(kDirect, 0.8f, false)};
+  EXPECT_EQ(ddp::cuda::best(only.data(), 1, "forward", true).algo, kDirect);
+  // The log's word on the choice: what it cost against the fastest of any kind.
+  EXPECT_EQ(ddp::cuda::search_times(ranked.data(), 3, narrow),
+            ", 1.000 ms; fastest algo " + std::to_string(int(kWinograd)) + " 0.500 ms");
+  EXPECT_EQ(ddp::cuda::search_times(ranked.data(), 3, wide), ", 0.500 ms, the fastest");
+  const std::vector<Perf> nondet_fastest = {perf(kDirect, 0.8f, false), perf(kGemm, 1.0f)};
+  EXPECT_EQ(ddp::cuda::search_times(nondet_fastest.data(), 2, nondet_fastest[1]),
+            ", 1.000 ms; fastest algo " + std::to_string(int(kDirect)) + " 0.800 ms (nondeterministic)");
+}
+
+}  // namespace

@@ -203,7 +203,7 @@ def launch(n, args):
 
 
 def options(argv):
-    """--device, --mode, --warmup and -n before INPUT; the rest is INPUT and overrides."""
+    """--device, --mode, --warmup, --profile and -n before INPUT; the rest is INPUT and overrides."""
     opts = {"device": "cpu", "mode": "eager", "warmup": None, "profile": None, "n": None}
     i = 0
     while i < len(argv) and argv[i] in ("--device", "--mode", "--warmup", "--profile", "-n"):

@@ -2,8 +2,10 @@
 """The benchmark programs still run and print their numbers (they are not tests of
 speed: nothing here is timed against a limit). gemm_bench and conv_bench on a few
 calls; ddp_bench on 2 ranks on one Fashion-MNIST shard of the CNN (its floor and its
-floor / actual); tools/torch_bench.py, PyTorch's side of `tools/bench_all --torch`,
-on the MLP on 2 ranks when a python with torch is given.
+floor / actual; its kernel times by label and by kind, DDP_LAUNCH_COUNT=times and
+=device); tools/torch_bench.py, PyTorch's side of `tools/bench_all --torch`, on the
+MLP and a small ResNet on 2 ranks (the ResNet's --profile by kind) when a python with
+torch is given.
 
 usage: bench_tools.py BUILD_DIR SOURCE_DIR MPIEXEC [TORCH_PYTHON]
 (run in the test directory, where data/fashion-mnist is)

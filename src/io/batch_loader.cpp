@@ -16,16 +16,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 BatchLoader::BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices, std::int64_t batch_size,
-                         int prefetch_depth, bool keep_uint8)
+                         int prefetch_depth, bool keep_uint8, std::vector<Batch>* reuse)
     : ds_(ds),
       indices_(std::move(indices)),
       batch_size_(batch_size),
       depth_(prefetch_depth),
-      keep_uint8_(keep_uint8 && ds.x_is_uint8()) {
+      keep_uint8_(keep_uint8 && ds.x_is_uint8()),
+      reuse_(reuse) {
   if (batch_size_ < 1) throw std::invalid_argument("BatchLoader: batch_size must be >= 1");
   if (depth_ < 0) throw std::invalid_argument("BatchLoader: prefetch_depth must be >= 0");
   const auto n = static_cast<std::int64_t>(indices_.size());
   num_batches_ = (n + batch_size_ - 1) / batch_size_;
+  if (reuse_) spare_ = std::exchange(*reuse_, {});
   if (depth_ > 0) thread_ = std::thread(&BatchLoader::run, this);
 }
 
@@ -38,6 +40,11 @@ BatchLoader::~BatchLoader() {
     have_room_.notify_all();
     thread_.join();  // the thread finishes at most the one read it is in
   }
+  if (!reuse_) return;
+  // A caller's first, empty batch may be among the spares, never read into.
+  for (Batch& b : spare_)
+    if (b.size > 0) reuse_->push_back(std::move(b));
+  for (Batch& b : ready_) reuse_->push_back(std::move(b));
 }
 
 void BatchLoader::load(std::int64_t b, Batch& out) {

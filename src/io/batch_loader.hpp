@@ -29,8 +29,13 @@ class BatchLoader {
   // smaller). prefetch_depth 0: next() reads; > 0: a thread reads up to that many
   // batches ahead. `ds` must outlive the loader. keep_uint8: uint8 data goes into
   // Batch::x_uint8 as stored (a quarter of the bytes, converted on the rank), not x.
+  // reuse: batches of an earlier loader (a past epoch's), whose buffers the
+  // prefetch thread reads into before it makes new ones (a new buffer is allocated
+  // and touched: at ImageNet size tens of milliseconds before an epoch's first
+  // batch); the loader takes them and gives them back, with every batch it still
+  // holds, when it is destroyed. It must outlive the loader.
   BatchLoader(ShardDataset& ds, std::vector<std::int64_t> indices, std::int64_t batch_size,
-              int prefetch_depth, bool keep_uint8 = false);
+              int prefetch_depth, bool keep_uint8 = false, std::vector<Batch>* reuse = nullptr);
   ~BatchLoader();  // stops the thread, even mid-epoch
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -51,6 +56,7 @@ class BatchLoader {
   std::int64_t num_batches_;
   int depth_;
   bool keep_uint8_;
+  std::vector<Batch>* reuse_;    // where the batches go back at the end; may be null
   std::int64_t next_batch_ = 0;  // next batch next() hands out
   double wait_seconds_ = 0.0;
 

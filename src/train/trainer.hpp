@@ -206,6 +206,9 @@ class Trainer {
   ShardDataset& train_;
   ShardDataset* val_;
   int prefetch_;
+  // The training batches' buffers, kept from one epoch to the next (BatchLoader's
+  // reuse): an epoch's first batches are read into them, not into new ones.
+  std::vector<Batch> batch_buffers_;
   // uint8 data: the images' conversion on the rank (data.augment, data.normalize),
   // before stage_, which sizes its slots from it; null for float32 data.
   std::unique_ptr<ImageTransform> transform_;

@@ -107,13 +107,22 @@ Trainer::EpochRun Trainer::begin_epoch() {
 }
 
 EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
+  // The two batches in hand and the loader's take the last epoch's buffers; all
+  // go back to batch_buffers_ at the epoch's end (the loader's when it is reset).
+  const auto reused = [this] {
+    if (batch_buffers_.empty()) return Batch{};
+    Batch b = std::move(batch_buffers_.back());
+    batch_buffers_.pop_back();
+    return b;
+  };
+  Batch batch = reused(), next = reused();
   // Stopped before a run ends on an error: its prefetch thread must not be in HDF5
   // while the ranks leave through MPI_Finalize.
   auto loader = std::make_unique<BatchLoader>(
       train_,
       epoch_indices(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle, std::uint64_t(pos_.seed),
                     cfg_.data.drop_last, pos_.epoch, pos_.consumed),
-      cfg_.train.batch_size, prefetch_, /*keep_uint8=*/transform_ != nullptr);
+      cfg_.train.batch_size, prefetch_, /*keep_uint8=*/transform_ != nullptr, &batch_buffers_);
   // The epoch and the global indices key each sample's draws: the same augmented
   // sample on any number of ranks and after a resume.
   const BatchTransform augment{transform_.get(), image_shape(train_), pos_.epoch, /*training=*/true};
@@ -122,7 +131,6 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
   const SampleTrace trace = open_sample_trace(cfg_, comm_.rank(), pos_.epoch);
   EpochRun r = begin_epoch();
   r.batches = loader->num_batches();
-  Batch batch, next;
   EpochStats stats;
   // One batch ahead: batch b+1 is put once step b's kernels are queued, so on a GPU
   // the host copies it into pinned memory (38.5 MB for ResNet-50's batch of 256,
@@ -169,6 +177,8 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
     }
     if ((a.preempt || a.time_due || a.step_due) && checkpoint_mid_epoch(r, a)) break;
   }
+  batch_buffers_.push_back(std::move(batch));
+  batch_buffers_.push_back(std::move(next));
   return end_epoch(r, loader, stats);
 }
 

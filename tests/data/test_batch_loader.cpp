@@ -2,6 +2,8 @@
 // stopping mid-epoch does not hang; a read error reaches the caller.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "io/batch_loader.hpp"
 #include "io/sampler.hpp"
 #include "shard_files.hpp"
@@ -77,6 +79,55 @@ TEST_F(BatchLoaderTest, PrefetchMatchesSynchronous) {
     Batch extra;
     EXPECT_FALSE(ahead.next(extra)) << "stays exhausted";
     EXPECT_GE(ahead.wait_seconds(), 0.0);
+  }
+}
+
+// Batches read into a past epoch's buffers (the trainer's reuse across epochs) are
+// the batches a fresh loader reads, also after a short last batch; an epoch's first
+// batch is read into a buffer of the last epoch's, and the buffers do not pile up.
+TEST_F(BatchLoaderTest, ReusedBuffersGiveTheSameBatches) {
+  ShardDataset ds(MPI_COMM_WORLD, {dir_ + "/train_*.h5"}, "data.train_files");
+  DistributedSampler sampler(ds.size(), size_, rank_, true, 5, false);
+  ASSERT_NE(sampler.num_samples() % 8, 0) << "the test wants a short last batch";
+  ASSERT_GE(sampler.num_samples(), 16) << "and two batches at least";
+  for (int depth : {0, 3}) {
+    std::vector<Batch> pool;
+    for (std::int64_t epoch = 0; epoch < 3; ++epoch) {
+      sampler.set_epoch(epoch);
+      const auto idx = sampler.indices();
+      BatchLoader fresh(ds, idx, 8, 0);
+      const auto expected = drain(fresh);
+      std::vector<const void*> buffers;  // the last epoch's x buffers
+      for (const Batch& b : pool) buffers.push_back(b.x.data());
+      // as the trainer does: a batch in hand from the pool, the rest to the loader
+      Batch batch;
+      if (!pool.empty()) {
+        batch = std::move(pool.back());
+        pool.pop_back();
+      }
+      std::vector<Batch> got;
+      {
+        BatchLoader reusing(ds, idx, 8, depth, false, &pool);
+        EXPECT_TRUE(pool.empty()) << "the loader holds the buffers while it lives";
+        while (reusing.next(batch)) {
+          if (got.empty() && epoch > 0) {
+            EXPECT_NE(std::find(buffers.begin(), buffers.end(), batch.x.data()), buffers.end())
+                << "depth " << depth << ", epoch " << epoch << ": the first batch in a new buffer";
+          }
+          got.push_back(batch);
+        }
+      }
+      pool.push_back(std::move(batch));
+      EXPECT_LE(pool.size(), std::size_t(depth + 2)) << "depth " << depth << ", epoch " << epoch;
+      for (const Batch& b : pool) EXPECT_NE(b.x.data(), nullptr) << "an empty batch kept";
+      ASSERT_EQ(got.size(), expected.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].size, expected[i].size);
+        EXPECT_EQ(got[i].index, expected[i].index);
+        EXPECT_EQ(got[i].x, expected[i].x);
+        EXPECT_EQ(got[i].labels, expected[i].labels);
+      }
+    }
   }
 }
 

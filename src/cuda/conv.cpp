@@ -87,27 +87,24 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data[kMaxAlgos];
   cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[kMaxAlgos];
   if (search_ == Search::Benchmark) {
-    const auto f_ranked = timed_search<cudnnConvolutionFwdAlgoPerf_t>([&](auto* perf, int* n) {
-      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
-                                                       kMaxAlgos, n, perf));
-    });
-    const auto& f = best(f_ranked.data(), int(f_ranked.size()), "forward", narrow);
-    pl.fwd = f.algo;
-    fwd_times = search_times(f_ranked.data(), int(f_ranked.size()), f);
-    const auto d_ranked = timed_search<cudnnConvolutionBwdDataAlgoPerf_t>([&](auto* perf, int* n) {
-      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
-                                                            kMaxAlgos, n, perf));
-    });
-    const auto& d = best(d_ranked.data(), int(d_ranked.size()), "backward-data", narrow);
-    pl.bwd_data = d.algo;
-    bwd_data_times = search_times(d_ranked.data(), int(d_ranked.size()), d);
-    const auto w_ranked = timed_search<cudnnConvolutionBwdFilterAlgoPerf_t>([&](auto* perf, int* n) {
-      CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
-                                                              kMaxAlgos, n, perf));
-    });
-    const auto& w = best(w_ranked.data(), int(w_ranked.size()), "backward-filter", narrow);
-    pl.bwd_filter = w.algo;
-    bwd_filter_times = search_times(w_ranked.data(), int(w_ranked.size()), w);
+    pl.fwd = timed_choice<cudnnConvolutionFwdAlgoPerf_t>(
+        [&](auto* perf, int* n) {
+          CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
+                                                           kMaxAlgos, n, perf));
+        },
+        "forward", narrow, &fwd_times);
+    pl.bwd_data = timed_choice<cudnnConvolutionBwdDataAlgoPerf_t>(
+        [&](auto* perf, int* n) {
+          CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_,
+                                                                x_desc_, kMaxAlgos, n, perf));
+        },
+        "backward-data", narrow, &bwd_data_times);
+    pl.bwd_filter = timed_choice<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        [&](auto* perf, int* n) {
+          CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_,
+                                                                  w_desc_, kMaxAlgos, n, perf));
+        },
+        "backward-filter", narrow, &bwd_filter_times);
   } else {
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));

@@ -105,4 +105,14 @@ std::string search_times(const Perf* perf, int count, const Perf& chosen) {
   return text;
 }
 
+// A timed search's choice (timed_search, then best) and, in `times`, the log's word
+// on it (search_times).
+template <class Perf, class Find>
+auto timed_choice(Find find, const char* what, bool narrow, std::string* times) {
+  const std::vector<Perf> ranked = timed_search<Perf>(find);
+  const Perf& chosen = best(ranked.data(), int(ranked.size()), what, narrow);
+  *times = search_times(ranked.data(), int(ranked.size()), chosen);
+  return chosen.algo;
+}
+
 }  // namespace ddp::cuda

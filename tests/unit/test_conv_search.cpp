@@ -56,6 +56,18 @@ TEST(ConvSearch, RanksByTheMedianOfTheRoundsAfterAWarmUp) {
   EXPECT_EQ(ranked[1].algo, kPrecomp);
   EXPECT_FLOAT_EQ(ranked[1].time, 1.2f);
   EXPECT_EQ(&ddp::cuda::best(ranked.data(), int(ranked.size()), "forward", false), &ranked[0]);
+  // The same as the one call the convolution makes: the choice and the log's word.
+  calls = 0;
+  std::string times;
+  const auto chosen = ddp::cuda::timed_choice<Perf>(
+      [&](Perf* out, int* count) {
+        const auto& answer = rounds.at(std::size_t(calls++));
+        *count = int(answer.size());
+        std::copy(answer.begin(), answer.end(), out);
+      },
+      "forward", false, &times);
+  EXPECT_EQ(chosen, kGemm);
+  EXPECT_EQ(times, ", 1.100 ms, the fastest");
 }
 
 TEST(ConvSearch, AnAlgorithmThatFailedOrWasMissingInARoundCountsAsFailed) {

@@ -382,15 +382,15 @@ ddp_add_image_error_test(augment_float_data NP 2
 set_tests_properties(${_image_errors} PROPERTIES FIXTURES_REQUIRED e2e_images)
 
 # ResNet-50 (inputs/resnet50_tiny.nml: every width, 64x64 RGB, 10 classes) learns the
-# synthetic images (tools/make_synthetic_images: NHWC uint8 shards) on 2 ranks in 3
-# epochs: the training loss falls and val_acc ends above 0.5 (chance: 0.1; here 0.81 after
-# epoch 2, 1.00 after epoch 3, in 88 s on the AMX Xeon).
+# synthetic images (tools/make_synthetic_images: NHWC uint8 shards) on 2 ranks in 2
+# epochs: the training loss falls and val_acc ends above 0.5 (chance: 0.1; on a 2-core
+# AVX2 EPYC 0.997 after epoch 2 at seed 1, 1.000 at seed 2, in 111 s).
 add_test(NAME e2e_make_synthetic64
          COMMAND ${DDP_PYTHON} ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images data/synthetic64 --side 64
                  --classes 10 --train 1920 --val 320 --seed 3)
 set_tests_properties(e2e_make_synthetic64 PROPERTIES FIXTURES_SETUP synthetic64 LABELS e2e TIMEOUT 120)
 ddp_add_train_test(resnet50_tiny_learns_np2 NP 2 RUN_DIR runs/resnet50_tiny FIXTURE synthetic64 TIMEOUT 900
-                   CHECK "--epochs 3 --loss-falls --min-val-acc 0.5"
+                   CHECK "--epochs 2 --loss-falls --min-val-acc 0.5"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.log_every=10)
 # Preloaded batches of 1 MiB or more (here 128 images of 64x64x3) are gathered ahead
 # on the prefetch thread, and the run equals the streamed one.

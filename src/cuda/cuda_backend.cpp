@@ -134,7 +134,10 @@ class CudnnConvKernels final : public ConvKernels {
   void forward(std::int64_t B, const float* x, const float* weight, const float* bias, float* y) override;
   void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
                         bool accumulate) override;
-  void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) override;
+  void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx,
+                     bool accumulate) override;
+  // cuDNN adds (beta = 1) where it writes dx as it is; the epilogue adds where dx is fp32.
+  bool accumulates_input_grad() const override { return direct(in_, in_type_) || in_type_ == DType::F32; }
 
  private:
   ConvShape shape(std::int64_t B) const;
@@ -432,9 +435,11 @@ void CudnnConvKernels::backward_weights(std::int64_t B, const float* x, const fl
   if (dbias) bias_grad(dy, dbias, B, g_.out, hw_out, accumulate, out_ == Layout::nhwc, backend_.stream());
 }
 
-// dx (B, in, h, w) = conv_transpose(dy, weight); results in another format or type
-// moved or widened from scratch.
-void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) {
+// dx (B, in, h, w) = (or +=) conv_transpose(dy, weight); results in another format or
+// type moved or widened from scratch (and added there, fp32 only).
+void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const float* weight, float* dx,
+                                     bool accumulate) {
+  DDP_REQUIRE(!accumulate || accumulates_input_grad(), "cuDNN backward data: cannot add to this dx");
   const bool reuse_dy = dy_narrowed_ == dy;
   dy_narrowed_ = nullptr;
   if (B == 0) return;
@@ -448,13 +453,17 @@ void CudnnConvKernels::backward_data(std::int64_t B, const float* dy, const floa
   void* dx_op = direct(in_, in_type_)
                     ? static_cast<void*>(dx)
                     : scratch.get(Scratch::C, std::size_t(B * g_.in * hw_in) * dtype_size(io_));
+  // Written as it is: cuDNN blends with what dx holds (beta = 1) where it adds.
+  const float beta = accumulate && dx_op == dx ? 1.0f : 0.0f;
   CudnnConv& c = conv();
-  c.backward_data(s, w_op, dy_op, dx_op);
+  c.backward_data(s, w_op, dy_op, dx_op, 1.0f, beta);
   kernel_trace::count_library_call();
-  result(dx_op, dx, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, nullptr, false, false);
+  result(dx_op, dx, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, nullptr, false,
+         accumulate && dx_op != dx);
   if (kernel_trace::recording())
-    kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B),
-                          [&c, s, w_op, dy_op, dx_op] { c.backward_data(s, w_op, dy_op, dx_op); }});
+    kernel_trace::record({"conv2d bwd_data", g_.forward_flops(B), [&c, s, w_op, dy_op, dx_op, beta] {
+                            c.backward_data(s, w_op, dy_op, dx_op, 1.0f, beta);
+                          }});
 }
 
 }  // namespace

@@ -95,8 +95,12 @@ class ConvKernels {
   // without reading what they held.
   virtual void backward_weights(std::int64_t B, const float* x, const float* dy, float* dweight, float* dbias,
                                 bool accumulate) = 0;
-  // dx (B, in, h, w) = conv_transpose(dy (B, out, ho, wo), weight)
-  virtual void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) = 0;
+  // dx (B, in, h, w) = conv_transpose(dy (B, out, ho, wo), weight); with accumulate,
+  // += (where accumulates_input_grad()).
+  virtual void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx,
+                             bool accumulate) = 0;
+  // Whether backward_data adds to dx as it writes it, on the configured sides.
+  virtual bool accumulates_input_grad() const { return false; }
 };
 
 // Work queued on the backend's stream, captured once as a CUDA graph

@@ -5,6 +5,7 @@
 
 #include "comm/check.hpp"
 #include "model/elements.hpp"
+#include "model/planes.hpp"
 
 namespace ddp {
 
@@ -114,7 +115,7 @@ void Conv2d::forward(const Tensor& x_given, Tensor& y, bool /*training*/) {
   if (narrow_y) convert_type(y_wide_, y, out_type_, "Conv2d::y");
 }
 
-// dy: (B, out, ho, wo) -> dW (out, in, k, k) += (or =), db (out) += (or =), dx: (B, in, h, w)
+// dy: (B, out, ho, wo) -> dW (out, in, k, k) += (or =), db (out) += (or =), dx: (B, in, h, w) = (or +=)
 void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& dy_given, Tensor& dx) {
   DDP_REQUIRE(dy_given.layout == out_layout_ && dy_given.type == out_type_,
               "conv2d output gradient in another layout or type than the model set");
@@ -123,10 +124,25 @@ void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& 
   const Tensor& dy = for_kernels(dy_given, dy_wide_, "Conv2d::dy_wide");
   kernels_->backward_weights(B, x.data.data(), dy.data.data(), dweight_, dbias_, !overwrite_gradients());
   if (!needs_input_grad()) return;
+  if (!accumulate_dx_) return input_grad(B, dy, dx);
+  DDP_REQUIRE(dx.numel() > 0 && dx.batch() == B &&
+                  Shape(dx.shape.begin() + 1, dx.shape.end()) == in_sample_ && dx.layout == in_layout_ &&
+                  dx.type == in_type_,
+              "conv2d: the input gradient to add to is not of the input's shape, layout and type");
+  const bool narrow_dx = widened_ && in_type_ != Precision::fp32;
+  if (!narrow_dx && kernels_->accumulates_input_grad()) {
+    kernels_->backward_data(B, dy.data.data(), weight_, dx.data.data(), true);
+    return;
+  }
+  input_grad(B, dy, dx_part_);
+  add_elements("Conv2d::add_input_grad", dx_part_, dx);
+}
+
+void Conv2d::input_grad(std::int64_t B, const Tensor& dy, Tensor& dx) {
   resize(dx, B, in_sample_, "Conv2d::dx", in_layout_, in_type_);
   const bool narrow_dx = widened_ && in_type_ != Precision::fp32;
   if (narrow_dx) resize(dx_wide_, B, in_sample_, "Conv2d::dx_wide", in_layout_);
-  kernels_->backward_data(B, dy.data.data(), weight_, (narrow_dx ? dx_wide_ : dx).data.data());
+  kernels_->backward_data(B, dy.data.data(), weight_, (narrow_dx ? dx_wide_ : dx).data.data(), false);
   if (narrow_dx) convert_type(dx_wide_, dx, in_type_, "Conv2d::dx");
 }
 

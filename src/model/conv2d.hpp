@@ -54,18 +54,29 @@ class Conv2d : public Layer {
   // Whether y may be of the narrow type: not where a bias or a fused relu follows the
   // convolution (they run in the kernels' fp32 epilogue).
   bool output_may_be_narrow() const { return !geometry_.bias && !fused_relu_; }
+  // Backward adds the input gradient to what dx holds (dx += conv^T(dy)) instead of
+  // writing it: a residual block's two gradients of its input, summed. dx must then
+  // hold the input's shape, layout and type. Where the backend can (cuDNN on a dx it
+  // writes as it is: beta = 1) the kernel adds as it writes, saving a pass over dx;
+  // elsewhere the gradient is computed apart and added, dx + conv^T(dy).
+  void set_accumulate_input_grad(bool on) { accumulate_dx_ = on; }
 
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels
   // t itself, or its fp32 copy in `wide` where t is narrow and the kernels want fp32
   const Tensor& for_kernels(const Tensor& t, Tensor& wide, const char* label) const;
+  // dx = conv^T(dy), written (dx sized here)
+  void input_grad(std::int64_t B, const Tensor& dy, Tensor& dx);
 
   ConvGeometry geometry_;
   bool fused_relu_ = false;
+  bool accumulate_dx_ = false;
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   Precision in_type_ = Precision::fp32, out_type_ = Precision::fp32;
   bool widened_ = false;  // a side is narrow and the kernels take fp32: they run on these copies
   Tensor x_wide_, dy_wide_, y_wide_, dx_wide_;
+  // the input gradient to add, where the kernels do not add it themselves
+  Tensor dx_part_;
   Shape in_sample_, out_sample_;          // (in, h, w), (out, ho, wo)
   float* weight_ = nullptr;               // (out, in, k, k)
   float* bias_ = nullptr;                 // (out) or none

@@ -46,7 +46,25 @@ void move_elements(const Tensor& src, Tensor& dst, const char* label) {
         d.set(e, c < C ? s(at) : 0.0f);
       });
 }
+
+template <bool NarrowDst, bool NarrowSrc>
+void add_flat(const Tensor& src, Tensor& dst, const char* label) {
+  const auto d = elements<NarrowDst>(dst);
+  map_flat(
+      label, dst.storage_numel(), KOKKOS_LAMBDA(std::int64_t, float de, float se) { return de + se; }, d, d,
+      elements<NarrowSrc>(src));
+}
 }  // namespace
+
+void add_elements(const char* label, const Tensor& src, Tensor& dst) {
+  DDP_REQUIRE(src.shape == dst.shape && src.layout == dst.layout,
+              label << ": adding a tensor of another shape or layout");
+  const bool narrow_dst = dst.type != Precision::fp32, narrow_src = src.type != Precision::fp32;
+  if (narrow_dst)
+    narrow_src ? add_flat<true, true>(src, dst, label) : add_flat<true, false>(src, dst, label);
+  else
+    narrow_src ? add_flat<false, true>(src, dst, label) : add_flat<false, false>(src, dst, label);
+}
 
 void convert_layout(const Tensor& src, Tensor& dst, Layout to, const char* label) {
   const Shape sample(src.shape.begin() + 1, src.shape.end());

@@ -398,6 +398,10 @@ constexpr std::int64_t partial_doubles(Layout layout, std::int64_t B, std::int64
   return 2 * (rows + stretch_levels_rows(rows)) * padded_channels(C);
 }
 
+// dst += src, element by element, each in its own type (the sum rounded to dst's):
+// tensors of one shape and layout, taken flat.
+void add_elements(const char* label, const Tensor& src, Tensor& dst);
+
 // dst = src, an image tensor (B, C, H, W), in layout `to` and src's type (a Kokkos
 // reorder, for the layer that keeps a blocked layout inside but meets NCHW at its
 // edge).

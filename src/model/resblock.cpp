@@ -201,26 +201,6 @@ void ResBlock::write_output(const Tensor& x, Tensor& y) {
     narrow_y ? fused_output<true, false, true>(x, y) : fused_output<true, false, false>(x, y);
 }
 
-void ResBlock::add_shortcut(const Tensor& short_grad, Tensor& dx) {
-  const bool narrow_dx = dx.type != Precision::fp32, narrow_short = short_grad.type != Precision::fp32;
-  if (narrow_dx)
-    narrow_short ? add_shortcut_grad<true, true>(short_grad, dx)
-                 : add_shortcut_grad<true, false>(short_grad, dx);
-  else
-    narrow_short ? add_shortcut_grad<false, true>(short_grad, dx)
-                 : add_shortcut_grad<false, false>(short_grad, dx);
-}
-
-// dx += the shortcut's gradient: dx narrow (NarrowDx) or not, the gradient so (NarrowShort) or not.
-template <bool NarrowDx, bool NarrowShort>
-void ResBlock::add_shortcut_grad(const Tensor& short_grad, Tensor& dx) {
-  const auto dxv = elements<NarrowDx>(dx);
-  map_flat(
-      "ResBlock::add_shortcut_grad", dx.storage_numel(),
-      KOKKOS_LAMBDA(std::int64_t, float dxe, float se) { return dxe + se; }, dxv, dxv,
-      elements<NarrowShort>(short_grad));
-}
-
 // x: (B, C_in, H, W) -> y: (B, C_out, Ho, Wo)
 void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   DDP_REQUIRE(x_given.layout == in_ && x_given.type == in_type_,
@@ -274,10 +254,16 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
                &dy = convert_out ? dy_in_ : dy_given;
   Tensor& dx = convert_in ? dx_in_ : dx_given;
   DDP_REQUIRE(dy.type == out_type_, kind() << " output gradient in another type than the model set");
-  // g = dy where the output is positive: the gradient of both branches' sum
-  resize_like(g_, dy, "ResBlock::g");
-  relu_backward(y, dy, g_);
-  const Tensor* grad = &g_;  // the gradient of the current stage's batch-norm output
+  // g = dy where the output is positive: the gradient of both branches' sum, and the
+  // identity shortcut's gradient of x. Where dx takes g as it is (of dy's type), g is
+  // written into dx, and the first convolution adds the branch's gradient of x to it
+  // (in its kernel where the backend can: no pass of its own). A projection's
+  // convolution adds its gradient of x to the branch's likewise.
+  const bool g_in_dx = !projection_ && needs_input_grad() && in_type_ == out_type_;
+  Tensor& g = g_in_dx ? dx : g_;
+  resize_like(g, dy, g_in_dx ? "ResBlock::dx" : "ResBlock::g");
+  relu_backward(y, dy, g);
+  const Tensor* grad = &g;  // the gradient of the current stage's batch-norm output
   for (std::size_t k = stages_.size(); k-- > 0;) {
     Stage& st = stages_[k];
     // The batch norm's output: r where it is rectified inside (fused, not the last
@@ -286,6 +272,7 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     st.bn->backward(st.a, bn_out, *grad, st.da);
     if (k == 0) {
       st.conv->set_needs_input_grad(needs_input_grad());
+      st.conv->set_accumulate_input_grad(g_in_dx);
       st.conv->backward(x, st.a, st.da, dx);
       break;
     }
@@ -297,10 +284,11 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   if (projection_) {
     down_bn_->backward(s1_, s1_, g_, ds1_);
     down_conv_->set_needs_input_grad(needs_input_grad());
-    down_conv_->backward(x, s1_, ds1_, dx_short_);
+    down_conv_->set_accumulate_input_grad(needs_input_grad());
+    down_conv_->backward(x, s1_, ds1_, dx);  // dx = branch gradient + shortcut gradient
   }
   if (!needs_input_grad()) return;
-  add_shortcut(projection_ ? dx_short_ : g_, dx);  // dx = branch gradient + shortcut gradient
+  if (!projection_ && !g_in_dx) add_elements("ResBlock::add_shortcut_grad", g_, dx);
   if (convert_in) convert_layout(dx_in_, dx_given, in_, "ResBlock::dx");
 }
 

@@ -66,9 +66,6 @@ class ResBlock : public Layer {
   // CUDA's extended lambdas may not live in private members.
   template <bool Narrow, bool NarrowX, bool NarrowY>
   void fused_output(const Tensor& x, Tensor& y);
-  // dx += the shortcut's gradient (backward's last pass).
-  template <bool NarrowDx, bool NarrowShort>
-  void add_shortcut_grad(const Tensor& short_grad, Tensor& dx);
 
  private:
   struct Part {  // a sub-layer and the name prefix of its parameters
@@ -77,9 +74,8 @@ class ResBlock : public Layer {
   };
   std::vector<Part> parts() const;  // conv1, bn1, conv2, bn2[, conv3, bn3][, downsample.0, downsample.1]
   std::vector<Conv2d*> convs() const;
-  // fused_output and add_shortcut_grad for the types of the tensors at hand
+  // fused_output for the types of the tensors at hand
   void write_output(const Tensor& x, Tensor& y);
-  void add_shortcut(const Tensor& short_grad, Tensor& dx);
 
   // One conv -> bn step of the residual branch, with its activations, all
   // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
@@ -101,9 +97,8 @@ class ResBlock : public Layer {
   std::vector<Stage> stages_;     // the residual branch, input to output
   std::unique_ptr<Conv2d> down_conv_;
   std::unique_ptr<BatchNorm2d> down_bn_;
-  Tensor s1_, s2_;   // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)
-  Tensor g_, ds1_;   // gradient of the pre-relu sum, of s1
-  Tensor dx_short_;  // (B, C_in, H, W) gradient through the projection
+  Tensor s1_, s2_;  // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)
+  Tensor g_, ds1_;  // gradient of the pre-relu sum (where it is not written into dx), of s1
   Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;
   // Where in_ or out_ is not inside_: x, dx, y and dy in the inside layout
   Tensor x_in_, dx_in_, y_in_, dy_in_;

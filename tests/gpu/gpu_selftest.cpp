@@ -16,6 +16,8 @@
 //                                 the same bf16-rounded operands (results stored in bf16:
 //                                 2^-8 relative each)
 //   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
+//   backward-data adding to dx    1e-6 fp32, 1e-2 bf16 against the gradient written alone
+//                                 plus what dx held
 //   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
 //                                 commutative); 1e-6 on more ranks (summation order)
 //   a CUDA graph of backend calls bitwise equal to the same calls run uncaptured, on new
@@ -354,6 +356,85 @@ void test_conv_nhwc(cudaStream_t stream) {
   }
 }
 
+// n values on the device as a tensor of fp32 or bf16 elements holds them (bf16: the
+// values must be bf16's already), read back as floats.
+struct DeviceValues {
+  DeviceBuffer<float> buf;  // n floats: room for n bf16 values too
+  bool bf16;
+  DeviceValues(const std::vector<float>& v, bool narrow) : buf(v.size()), bf16(narrow) {
+    if (!bf16) {
+      buf.upload(v);
+      return;
+    }
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      std::uint32_t u = 0;
+      std::memcpy(&u, &v[i], sizeof u);
+      h[i] = std::uint16_t(u >> 16);
+    }
+    CUDA_CHECK(cudaMemcpy(buf.ptr, h.data(), h.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
+  }
+  std::vector<float> get() const {
+    if (!bf16) return buf.download();
+    std::vector<std::uint16_t> h(buf.n);
+    CUDA_CHECK(cudaMemcpy(h.data(), buf.ptr, h.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
+    std::vector<float> v(buf.n);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::uint32_t u = std::uint32_t(h[i]) << 16;
+      std::memcpy(&v[i], &u, sizeof u);
+    }
+    return v;
+  }
+};
+
+// ConvKernels::backward_data adding to dx (a residual block's first convolution onto
+// the shortcut's gradient, a projection's onto the branch's): cuDNN blends with
+// beta = 1 where it writes dx as it is (fp32 NCHW; bf16 NHWC, the narrow path), the
+// epilogue adds where it widens into an fp32 dx. Each against the gradient written
+// alone plus what dx held: fp32 to its rounding, bf16 to 2^-7 (the sum rounded once
+// to bf16 against the gradient rounded and then the sum).
+void test_conv_accumulate(cudaStream_t stream) {
+  using ddp::Layout;
+  using ddp::Precision;
+  auto backend = ddp::cuda::make_cuda_backend(stream);
+  ddp::ConvGeometry g;
+  g.in = 16, g.h = g.w = 9, g.out = 32, g.k = 3, g.stride = 1, g.pad = 1, g.bias = false;
+  const int B = 4;
+  const std::size_t nx = std::size_t(B) * g.in * g.h * g.w, ny = std::size_t(B) * g.out * g.ho() * g.wo(),
+                    nw = std::size_t(g.out) * g.in * g.k * g.k;
+  struct Case {
+    const char* name;
+    Precision precision;
+    ddp::ConvSide side;
+  };
+  const Case cases[] = {{"fp32, fp32 NCHW sides", Precision::fp32, {Layout::nchw, Precision::fp32}},
+                        {"bf16, bf16 NHWC sides", Precision::bf16, {Layout::nhwc, Precision::bf16}},
+                        {"bf16, fp32 NCHW sides", Precision::bf16, {Layout::nchw, Precision::fp32}}};
+  for (const Case& c : cases) {
+    const std::string tag = std::string("conv backward-data += ") + c.name;
+    auto conv = backend->make_conv(g);
+    conv->configure(c.precision, /*fused_relu=*/false, c.side, c.side);
+    if (!conv->accumulates_input_grad()) {
+      check((tag + ": adds (accumulates_input_grad)").c_str(), 1.0, 0.0);
+      continue;
+    }
+    const bool narrow = c.side.type != Precision::fp32;
+    std::vector<float> dy = random_vector(ny, 700), prior = random_vector(nx, 701);
+    if (narrow)
+      for (std::vector<float>* v : {&dy, &prior})
+        for (float& e : *v) e = ddp::round_bf16(e);
+    DeviceValues dyv(dy, narrow), alone(std::vector<float>(nx, 0.0f), narrow), sum(prior, narrow);
+    DeviceBuffer<float> w(random_vector(nw, 702));
+    conv->backward_data(B, dyv.buf.ptr, w.ptr, alone.buf.ptr, /*accumulate=*/false);
+    conv->backward_data(B, dyv.buf.ptr, w.ptr, sum.buf.ptr, /*accumulate=*/true);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> a = alone.get();
+    std::vector<double> want(nx);
+    for (std::size_t i = 0; i < nx; ++i) want[i] = double(a[i]) + prior[i];
+    check(tag.c_str(), rel_err(sum.get(), want), narrow ? 1e-2 : 1e-6);
+  }
+}
+
 // transpose_image alone: fp32 NCHW -> NHWC -> NCHW is the identity; back with bias,
 // relu and add, the loop's values.
 void test_transpose_image(cudaStream_t stream) {
@@ -407,7 +488,7 @@ void test_graph_capture(cudaStream_t stream, ddp::Precision precision) {
     backend->gemm(false, false, m, n, k, 1.0f, a.ptr, k, b.ptr, n, 0.0f, c.ptr, n, precision);
     conv->forward(B, x.ptr, w.ptr, bias.ptr, y.ptr);
     conv->backward_weights(B, x.ptr, dy.ptr, dw.ptr, db.ptr, /*accumulate=*/false);
-    conv->backward_data(B, dy.ptr, w.ptr, dx.ptr);
+    conv->backward_data(B, dy.ptr, w.ptr, dx.ptr, /*accumulate=*/false);
   };
   const auto outputs = [&] {
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -459,6 +540,7 @@ int main(int argc, char** argv) {
   test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic);
   test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
   test_conv_nhwc(compute);
+  test_conv_accumulate(compute);
   test_transpose_image(compute);
   test_graph_capture(compute, ddp::Precision::fp32);
   test_graph_capture(compute, ddp::Precision::bf16);

@@ -334,6 +334,52 @@ TEST(NarrowElements, Conv2dWritesItsResultsRounded) {
   check_conv(Precision::fp16);
 }
 
+// Conv2d::set_accumulate_input_grad (a residual block's two gradients of its input):
+// dx += conv^T(dy) onto what dx holds, against the gradient written alone plus dx's
+// values (add_elements). The same floats where the layer adds after the kernel (the
+// host; narrow types here, whose kernels run on widened copies); within fp32's
+// rounding of the sum where the kernel adds as it writes (cuDNN's beta = 1 on an fp32
+// dx, the GPU build).
+void check_conv_adds(Precision p) {
+  const std::string spec = "conv2d(12, 3, stride=2, pad=1, bias=false)";
+  const Shape sample = {6, 9, 8};
+  const std::int64_t B = 3;
+  BoundLayer bound(spec, sample);
+  auto& conv = dynamic_cast<Conv2d&>(*bound.layer);
+  conv.set_precision(p);
+  const Layout layout = conv.native_input_layout() == Layout::nhwc ? Layout::nhwc : Layout::nchw;
+  conv.set_layouts(layout, layout);
+  conv.set_types(p, p);
+  auto [x, xw] = narrow_and_wide(B, sample, layout, p, 31);
+  auto [dy, dyw] = narrow_and_wide(B, bound.out_sample, layout, p, 32);
+  auto [prior, prior_wide] = narrow_and_wide(B, sample, layout, p, 33);
+  Tensor y, alone, sum, want;
+  conv.forward(x, y, true);
+  conv.backward(x, y, dy, alone);
+  convert_type(prior, sum, p, "test::sum");  // a copy of prior
+  convert_type(prior, want, p, "test::want");
+  conv.set_accumulate_input_grad(true);
+  conv.backward(x, y, dy, sum);
+  add_elements("test::add", alone, want);
+  const std::vector<float> got = values(sum), expected = values(want);
+  EXPECT_GT(norm_relative_error(got, values(alone)), 0.1) << "dx's values were not added";
+  if (compute_backend().device_memory() && p == Precision::fp32)
+    EXPECT_LT(norm_relative_error(got, expected), 1e-6);
+  else
+    EXPECT_EQ(got, expected);
+  // The flag stays with the layer until unset: written again, dx is the gradient alone.
+  conv.set_accumulate_input_grad(false);
+  conv.backward(x, y, dy, sum);
+  EXPECT_EQ(values(sum), values(alone));
+}
+
+TEST(NarrowElements, Conv2dAddsItsInputGradientToDx) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(p));
+    check_conv_adds(p);
+  }
+}
+
 // A max-pool on an nhwc x of type p against the same pool on fp32 tensors of the same
 // values: y is the same elements (a max rounds nothing), dx the fp32 one rounded (the
 // sums where 3x3 windows at stride 2 overlap are rounded once), with and without the

@@ -235,7 +235,10 @@ class OnednnConv final : public ConvKernels {
     dy_copied_ = dy;
   }
 
-  void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx) override {
+  // oneDNN's backward data has no sum post-op: accumulates_input_grad() is false.
+  void backward_data(std::int64_t B, const float* dy, const float* weight, float* dx,
+                     bool accumulate) override {
+    DDP_REQUIRE(!accumulate, "oneDNN's convolution backward data does not add to dx");
     if (B == 0) return;
     Primitives& p = primitives(B);
     dnnl::stream& s = dnnl_stream();

@@ -1,5 +1,6 @@
 #include "model/conv2d.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -126,11 +127,10 @@ void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& 
   if (!needs_input_grad()) return;
   if (!accumulate_dx_) return input_grad(B, dy, dx);
   DDP_REQUIRE(dx.numel() > 0 && dx.batch() == B &&
-                  Shape(dx.shape.begin() + 1, dx.shape.end()) == in_sample_ && dx.layout == in_layout_ &&
-                  dx.type == in_type_,
+                  std::equal(dx.shape.begin() + 1, dx.shape.end(), in_sample_.begin(), in_sample_.end()) &&
+                  dx.layout == in_layout_ && dx.type == in_type_,
               "conv2d: the input gradient to add to is not of the input's shape, layout and type");
-  const bool narrow_dx = widened_ && in_type_ != Precision::fp32;
-  if (!narrow_dx && kernels_->accumulates_input_grad()) {
+  if (!narrow_dx_from_wide() && kernels_->accumulates_input_grad()) {
     kernels_->backward_data(B, dy.data.data(), weight_, dx.data.data(), true);
     return;
   }
@@ -140,7 +140,7 @@ void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& 
 
 void Conv2d::input_grad(std::int64_t B, const Tensor& dy, Tensor& dx) {
   resize(dx, B, in_sample_, "Conv2d::dx", in_layout_, in_type_);
-  const bool narrow_dx = widened_ && in_type_ != Precision::fp32;
+  const bool narrow_dx = narrow_dx_from_wide();
   if (narrow_dx) resize(dx_wide_, B, in_sample_, "Conv2d::dx_wide", in_layout_);
   kernels_->backward_data(B, dy.data.data(), weight_, (narrow_dx ? dx_wide_ : dx).data.data(), false);
   if (narrow_dx) convert_type(dx_wide_, dx, in_type_, "Conv2d::dx");

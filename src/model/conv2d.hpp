@@ -67,6 +67,8 @@ class Conv2d : public Layer {
   const Tensor& for_kernels(const Tensor& t, Tensor& wide, const char* label) const;
   // dx = conv^T(dy), written (dx sized here)
   void input_grad(std::int64_t B, const Tensor& dy, Tensor& dx);
+  // dx is narrow and the kernels write it fp32 (into dx_wide_, narrowed after)
+  bool narrow_dx_from_wide() const { return widened_ && in_type_ != Precision::fp32; }
 
   ConvGeometry geometry_;
   bool fused_relu_ = false;

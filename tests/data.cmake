@@ -2,6 +2,7 @@
 
 add_library(ddp_test_shards STATIC data/shard_files.cpp)
 target_link_libraries(ddp_test_shards PUBLIC ddp_core)
+ddp_reuse_pch(ddp_test_shards ddp_core)
 target_compile_options(ddp_test_shards PRIVATE -Wall -Wextra)
 
 ddp_add_test(test_glob SOURCES data/test_glob.cpp LABELS data)
@@ -27,6 +28,7 @@ target_link_libraries(test_augment PRIVATE ddp_test_shards)
 add_executable(augment_probe data/augment_probe.cpp)
 target_compile_options(augment_probe PRIVATE -Wall -Wextra)
 target_link_libraries(augment_probe PRIVATE ddp_core)
+ddp_reuse_pch(augment_probe ddp_core)
 if(DDP_TORCH_PYTHON)
   execute_process(COMMAND ${DDP_TORCH_PYTHON} -c "import torchvision" RESULT_VARIABLE _ddp_no_tv
                   OUTPUT_QUIET ERROR_QUIET)

@@ -11,6 +11,7 @@ ddp_add_mpi_test(test_loss_scaler SOURCES unit/test_loss_scaler.cpp NP 1 2 3 4 L
 add_executable(step_compare gpu/step_compare.cpp)
 target_compile_options(step_compare PRIVATE -Wall -Wextra)
 target_link_libraries(step_compare PRIVATE ddp_core)
+ddp_reuse_pch(step_compare ddp_core)
 if(DDP_ENABLE_CUDA)
   add_test(NAME gpu_step_compare COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(gpu_step_compare PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77 TIMEOUT ${DDP_TEST_TIMEOUT})

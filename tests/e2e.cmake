@@ -384,10 +384,11 @@ set_tests_properties(${_image_errors} PROPERTIES FIXTURES_REQUIRED e2e_images)
 # ResNet-50 (inputs/resnet50_tiny.nml: every width, 64x64 RGB, 10 classes) learns the
 # synthetic images (tools/make_synthetic_images: NHWC uint8 shards) on 2 ranks in 2
 # epochs: the training loss falls and val_acc ends above 0.5 (chance: 0.1; on a 2-core
-# AVX2 EPYC 0.997 after epoch 2 at seed 1, 1.000 at seed 2, in 111 s).
+# AVX2 EPYC 1.000 after epoch 2 at seed 1, 0.947 at seed 2, 0.900 with oneDNN capped at
+# SSE4.1, in 81 s; 1280 training images, not 1920, to keep the suite's time).
 add_test(NAME e2e_make_synthetic64
          COMMAND ${DDP_PYTHON} ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images data/synthetic64 --side 64
-                 --classes 10 --train 1920 --val 320 --seed 3)
+                 --classes 10 --train 1280 --val 320 --seed 3)
 set_tests_properties(e2e_make_synthetic64 PROPERTIES FIXTURES_SETUP synthetic64 LABELS e2e TIMEOUT 120)
 ddp_add_train_test(resnet50_tiny_learns_np2 NP 2 RUN_DIR runs/resnet50_tiny FIXTURE synthetic64 TIMEOUT 900
                    CHECK "--epochs 2 --loss-falls --min-val-acc 0.5"

@@ -2,8 +2,8 @@
 
 add_library(ddp_test_shards STATIC data/shard_files.cpp)
 target_link_libraries(ddp_test_shards PUBLIC ddp_core)
-ddp_reuse_pch(ddp_test_shards ddp_core)
 target_compile_options(ddp_test_shards PRIVATE -Wall -Wextra)
+ddp_reuse_pch(ddp_test_shards ddp_core)
 
 ddp_add_test(test_glob SOURCES data/test_glob.cpp LABELS data)
 ddp_add_test(test_sampler SOURCES data/test_sampler.cpp LABELS data)

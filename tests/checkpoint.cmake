@@ -37,8 +37,16 @@ if(DDP_ENABLE_CUDA)
     COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${FASHION_NML} runs/ckpt_exact_fp16_graph train.precision=fp16 train.loss_scale=1048576
             train.loss_scale_growth_interval=50 train.cuda_graph=on)
+  # The same for fashion_resnet in bf16 with its batch norms on cuDNN's
+  # (DDP_CUDNN_BATCHNORM=1): captured, they replay bitwise as they run uncaptured.
+  ddp_add_checkpoint_test(cuda_graph_equal_cudnn_batchnorm_np2 FIXTURE fashion NP 2 TIMEOUT 900
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/graph_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+            runs/ckpt_graph_cudnn_bn ${PROJECT_SOURCE_DIR}/inputs/fashion_resnet.nml -- train.precision=bf16)
   set_tests_properties(checkpoint_cuda_graph_equal_np2 checkpoint_exactness_cuda_graph_np2
-                       checkpoint_exactness_fp16_cuda_graph_np2 PROPERTIES SKIP_RETURN_CODE 77)
+                       checkpoint_exactness_fp16_cuda_graph_np2 checkpoint_cuda_graph_equal_cudnn_batchnorm_np2
+                       PROPERTIES SKIP_RETURN_CODE 77)
+  set_tests_properties(checkpoint_cuda_graph_equal_cudnn_batchnorm_np2 PROPERTIES ENVIRONMENT
+                       DDP_CUDNN_BATCHNORM=1)
 endif()
 ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
   COMMAND ${DDP_PYTHON} ${CKPT}/any_world_size.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}

@@ -20,6 +20,11 @@ if(DDP_ENABLE_CUDA)
   add_test(NAME gpu_step_compare_rounded COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(gpu_step_compare_rounded PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
                        TIMEOUT ${DDP_TEST_TIMEOUT} ENVIRONMENT DDP_CUDNN_NARROW=0)
+  # batch norm on cuDNN's (DDP_CUDNN_BATCHNORM=1), held to the default's tolerances
+  add_test(NAME gpu_step_compare_cudnn_batchnorm
+           COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
+  set_tests_properties(gpu_step_compare_cudnn_batchnorm PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
+                       TIMEOUT ${DDP_TEST_TIMEOUT} ENVIRONMENT DDP_CUDNN_BATCHNORM=1)
 else()
   add_test(NAME step_reference_cpu COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(step_reference_cpu PROPERTIES LABELS "unit" TIMEOUT ${DDP_TEST_TIMEOUT})

@@ -31,6 +31,9 @@ if(DDP_ENABLE_CUDA)
                        LABELS "unit;gpu;layers" SKIP_RETURN_CODE 77 ENVIRONMENT DDP_CUDNN_NARROW=0)
 endif()
 ddp_add_test(layers_narrow_test SOURCES layers/narrow_test.cpp LABELS layers)
+# A library batch norm in the layers against their own kernels: cuDNN's in the GPU
+# build (DDP_CUDNN_BATCHNORM=1), a plain host one in the CPU build.
+ddp_add_test(layers_library_batchnorm_test SOURCES layers/library_batchnorm_test.cpp LABELS layers)
 if(NOT DDP_ENABLE_CUDA)
   # The residual blocks on channels-last (the GPU's narrow layout) on the host:
   # their passes in the element maps' runs, as on the GPU.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/batch_norm.hpp"
 #include "cuda/conv.hpp"
 #include "cuda/conv_epilogue.hpp"
 #include "cuda/cuda_check.hpp"
@@ -99,6 +100,14 @@ bool narrow_convolutions() {
 CudnnConv::Search convolution_search() {
   static const bool on = env_flag("DDP_CUDNN_BENCHMARK");
   return on ? CudnnConv::Search::Benchmark : CudnnConv::Search::Heuristic;
+}
+
+// DDP_CUDNN_BATCHNORM=1: BatchNorm2d's training passes on bf16/fp16 channels-last
+// tensors run cuDNN's batch norm (cuda/batch_norm.hpp) instead of the model's own
+// Kokkos kernels; off by default until the step has been timed with it.
+bool cudnn_batch_norm() {
+  static const bool on = env_flag("DDP_CUDNN_BATCHNORM");
+  return on;
 }
 
 class CudaBackend;
@@ -197,14 +206,18 @@ class CudaBackend final : public ComputeBackend {
         return "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
       case Precision::bf16:
         return narrow_convolutions()
-                   ? "bf16 (cuBLAS and cuDNN bf16 tensor cores, convolutions channels-last, "
-                     "fp32 accumulation)"
+                   ? std::string(
+                         "bf16 (cuBLAS and cuDNN bf16 tensor cores, convolutions channels-last, "
+                         "fp32 accumulation") +
+                         (cudnn_batch_norm() ? "; batch norm in cuDNN)" : ")")
                    : "bf16 (cuBLAS bf16 tensor cores, fp32 accumulation; convolutions on "
                      "bf16-rounded operands in fp32)";
       case Precision::fp16:
         return narrow_convolutions()
-                   ? "fp16 (cuBLAS and cuDNN fp16 tensor cores, convolutions channels-last, "
-                     "fp32 accumulation)"
+                   ? std::string(
+                         "fp16 (cuBLAS and cuDNN fp16 tensor cores, convolutions channels-last, "
+                         "fp32 accumulation") +
+                         (cudnn_batch_norm() ? "; batch norm in cuDNN)" : ")")
                    : "fp16 (cuBLAS fp16 tensor cores, fp32 accumulation; convolutions on "
                      "fp16-rounded operands in fp32)";
     }
@@ -241,6 +254,12 @@ class CudaBackend final : public ComputeBackend {
     return std::make_unique<CudnnConvKernels>(*this, geometry);
   }
 
+  BatchNormKernels* batch_norm() override {
+    if (!batch_norm_) batch_norm_ = make_cudnn_batch_norm(stream_);
+    return batch_norm_.get();
+  }
+  bool batch_norm_in_library() const override { return cudnn_batch_norm(); }
+
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   std::string graphs_unsupported() const override { return {}; }
@@ -260,6 +279,7 @@ class CudaBackend final : public ComputeBackend {
   CublasGemm gemm_;
   Scratch scratch_;
   std::unique_ptr<CudnnConv> convs_[3][2];
+  std::unique_ptr<BatchNormKernels> batch_norm_;
   std::string name_;
   int major_ = 0, minor_ = 0;  // the device's compute capability
 };

@@ -10,6 +10,7 @@
 // library types. No Kokkos here either: the CUDA glue implements this header with
 // nvcc alone.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -103,6 +104,38 @@ class ConvKernels {
   virtual bool accumulates_input_grad() const { return false; }
 };
 
+// One batch norm's training passes in the vendor's library, on channels-last
+// (B, H, W, C) tensors of a narrow type: y = relu?(gamma (x - mean) invstd + beta
+// (+ z)) with the batch's mean and biased variance (cuDNN's persistent NHWC batch
+// norm in the CUDA build, the kernels PyTorch's AMP runs with channels_last). For
+// BatchNorm2d where DDP_CUDNN_BATCHNORM=1 asks for it (model/batchnorm.hpp).
+struct BatchNormPass {
+  std::int64_t B = 0, C = 0, hw = 0;
+  Precision type = Precision::bf16;  // of x, z, y, dy, dx and dz
+  bool relu = false;                 // rectified after the batch norm (and the add)
+  bool add = false;                  // z added before the relu (ResBlock's shortcut); with relu only
+};
+class BatchNormKernels {
+ public:
+  virtual ~BatchNormKernels() = default;
+  // Device bytes a training forward keeps for the backward of it (the relu's mask).
+  virtual std::size_t reserve_bytes(const BatchNormPass& p) = 0;
+  // y from x (and z); running_mean and running_var (C floats) moved by `momentum`
+  // toward the batch's mean and unbiased variance, as PyTorch's are; the batch's
+  // mean and 1/sqrt(var + eps) written to mean and invstd (C floats) for backward.
+  virtual void forward_training(const BatchNormPass& p, const void* x, const void* z, void* y,
+                                const float* gamma, const float* beta, float* running_mean,
+                                float* running_var, double momentum, double eps, float* mean, float* invstd,
+                                void* reserve) = 0;
+  // The backward of that forward, from its x, y, mean, invstd and reserve: dx (and,
+  // with add, dz: dy through the relu's mask, z's gradient) written; dgamma and dbeta
+  // (C floats) written, or added to with accumulate.
+  virtual void backward(const BatchNormPass& p, const void* x, const void* y, const void* dy, void* dx,
+                        void* dz, const float* gamma, const float* beta, float* dgamma, float* dbeta,
+                        bool accumulate, double eps, const float* mean, const float* invstd,
+                        void* reserve) = 0;
+};
+
 // Work queued on the backend's stream, captured once as a CUDA graph
 // (train.cuda_graph) and replayed there: the same kernels, arguments and pointers.
 class CapturedWork {
@@ -138,6 +171,13 @@ class ComputeBackend {
                     const float* b, int ldb, float beta, float* c, int ldc, Precision precision) = 0;
 
   virtual std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) = 0;
+
+  // Batch norm's training passes in the vendor's library, or null where the backend
+  // has none (the host: oneDNN's would not read the model's layouts as they are).
+  virtual BatchNormKernels* batch_norm() { return nullptr; }
+  // Whether BatchNorm2d takes them where it can unless told otherwise: in the CUDA
+  // build when DDP_CUDNN_BATCHNORM=1 (off by default: not yet timed in the step).
+  virtual bool batch_norm_in_library() const { return false; }
 
   // Wait until the work queued so far has finished (a no-op on the host): for
   // timings and for host code that reads results.

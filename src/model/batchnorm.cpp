@@ -178,6 +178,7 @@ struct BatchNormOutputGrad {
 };
 
 void BatchNorm2d::statistics(const Tensor& x, bool training) {
+  library_forward_ = false;
   if (x.type == Precision::fp32)
     statistics_of<false>(x, training);
   else
@@ -254,6 +255,7 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
 // blocked layout where the model keeps it) and type (narrow inside a residual
 // block: model/elements.hpp; the arithmetic fp32 either way).
 void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
+  if (training && library_runs(x)) return library_forward(x, nullptr, y);
   statistics(x, training);
   resize(y, x.batch(), sample_, "BatchNorm2d::y", x.layout, x.type);
   if (x.type == Precision::fp32)
@@ -285,6 +287,7 @@ void BatchNorm2d::normalise(const Tensor& x, Tensor& y) {
 }
 
 void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (library_forward_) return library_backward(x, y, dy, dx, nullptr);
   const bool narrow = x.type != Precision::fp32, narrow_dy = dy.type != Precision::fp32;
   DDP_REQUIRE(narrow || !narrow_dy, "batchnorm2d: a narrow output gradient for an fp32 input");
   if (fused_relu_) {
@@ -359,6 +362,99 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
   }
   map_elements("BatchNorm2d::backward", x.layout, B, C, hw,
                BatchNormInputGrad<Relu>{mean, invstd, gamma, mdy, mdyx}, dxv, xv, dyv, mask);
+}
+
+namespace {
+// num_batches_tracked += 1, on the device (a function of its own: CUDA's extended
+// lambdas may not live in private members).
+void count_batch(float* batches_tracked) {
+  Kokkos::parallel_for(
+      "BatchNorm2d::batches_tracked", Range(0, 1), KOKKOS_LAMBDA(std::int64_t) { *batches_tracked += 1.0f; });
+}
+}  // namespace
+
+BatchNormKernels* BatchNorm2d::library() const {
+  if (library_set_) return library_;
+  ComputeBackend& backend = compute_backend();
+  return backend.batch_norm_in_library() ? backend.batch_norm() : nullptr;
+}
+
+bool BatchNorm2d::library_runs(const Tensor& x) const {
+  return !comm_ && x.layout == Layout::nhwc && x.type != Precision::fp32 && library();
+}
+
+BatchNormPass BatchNorm2d::library_pass(const Tensor& x, bool add) const {
+  BatchNormPass p;
+  p.B = x.batch();
+  p.C = c_;
+  p.hw = hw_;
+  p.type = x.type;
+  p.relu = fused_relu_ || add;
+  p.add = add;
+  return p;
+}
+
+// The library's kernels write y, the statistics (mean_, invstd_: what backward reads)
+// and the running update; the batch count is this layer's own. affine()'s gamma and
+// beta are not written: nothing reads them after a library forward.
+void BatchNorm2d::library_forward(const Tensor& x, const Tensor* z, Tensor& y) {
+  const std::int64_t B = x.batch();
+  count_ = B * hw_;
+  if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
+  resize(y, B, sample_, "BatchNorm2d::y", x.layout, x.type);
+  BatchNormKernels& kernels = *library();
+  const BatchNormPass p = library_pass(x, z != nullptr);
+  const std::size_t bytes = kernels.reserve_bytes(p);
+  if (reserve_.extent(0) < bytes)
+    reserve_ =
+        Kokkos::View<char*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "BatchNorm2d::reserve"), bytes);
+  kernels.forward_training(p, x.data.data(), z ? z->data.data() : nullptr, y.data.data(), weight_, bias_,
+                           running_mean_, running_var_, momentum_, eps_, mean_.data(), invstd_.data(),
+                           bytes ? reserve_.data() : nullptr);
+  count_batch(batches_tracked_);
+  normalised_by_batch_ = true;
+  library_forward_ = true;
+  library_added_ = z != nullptr;
+}
+
+// dx is written whether needed or not (the library writes it; a batch norm is not
+// a model's first layer). A dy of another type is cast to x's first, as PyTorch's
+// AMP hands it.
+void BatchNorm2d::library_backward(const Tensor& x, const Tensor& y, const Tensor& dy_given, Tensor& dx,
+                                   Tensor* dz) {
+  DDP_REQUIRE(dy_given.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
+  DDP_REQUIRE((dz != nullptr) == library_added_,
+              "batchnorm2d: a backward " << (dz ? "with" : "without") << " the shortcut's gradient after a "
+                                         << "forward " << (library_added_ ? "with" : "without")
+                                         << " the shortcut");
+  const Tensor* dy = &dy_given;
+  if (dy_given.type != x.type) {
+    convert_type(dy_given, dy_cast_, x.type, "BatchNorm2d::dy");
+    dy = &dy_cast_;
+  }
+  resize(dx, x.batch(), sample_, "BatchNorm2d::dx", x.layout, x.type);
+  const BatchNormPass p = library_pass(x, dz != nullptr);
+  if (dz)
+    DDP_REQUIRE(dz->layout == x.layout && dz->type == x.type && dz->storage_numel() == x.storage_numel(),
+                "batchnorm2d: the shortcut's gradient is not shaped like its input");
+  BatchNormKernels& kernels = *library();
+  const std::size_t bytes = kernels.reserve_bytes(p);
+  kernels.backward(p, x.data.data(), y.data.data(), dy->data.data(), dx.data.data(),
+                   dz ? dz->data.data() : nullptr, weight_, bias_, dweight_, dbias_, !overwrite_gradients(),
+                   eps_, mean_.data(), invstd_.data(), bytes ? reserve_.data() : nullptr);
+}
+
+void BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& z, Tensor& y) {
+  DDP_REQUIRE(
+      library_runs(x) && z.layout == x.layout && z.type == x.type && z.storage_numel() == x.storage_numel(),
+      "batchnorm2d: a library forward with a shortcut it cannot take");
+  library_forward(x, &z, y);
+}
+
+void BatchNorm2d::backward_add_relu(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                                    Tensor& dz) {
+  DDP_REQUIRE(library_forward_, "batchnorm2d: the shortcut's gradient after a forward outside the library");
+  library_backward(x, y, dy, dx, &dz);
 }
 
 }  // namespace ddp

@@ -9,6 +9,10 @@
 // Parameter gradients stay per-rank sums (the trainer reduces them like any other).
 // Any layout: NCHW, or the blocked layout of the convolutions around it, which the
 // model keeps through it (y and dx in x's layout).
+// Where the backend has a library batch norm and it is asked for (DDP_CUDNN_BATCHNORM=1
+// in the GPU build: cuDNN's, model/backend.hpp), a training forward on narrow
+// channels-last x, not synchronised, runs in it, and so does the backward of that
+// forward; eval and everything else runs the kernels here.
 
 #include "model/layer.hpp"
 
@@ -39,6 +43,22 @@ class BatchNorm2d : public Layer {
   // running statistics, the running update, and affine() for them.
   void statistics(const Tensor& x, bool training);
   BatchNormAffine affine() const { return {mean_, invstd_, gamma_, beta_}; }
+  // The library batch norm its training passes take where they can (null: none,
+  // the kernels here throughout). Unset: the backend's, where it has one and it is
+  // asked for (ComputeBackend::batch_norm_in_library). Tests and bn_bench set it to
+  // compare the two.
+  void set_library_kernels(BatchNormKernels* kernels) {
+    library_set_ = true;
+    library_ = kernels;
+  }
+  // Whether a training forward on x runs in the library.
+  bool library_runs(const Tensor& x) const;
+  // A training forward y = relu(bn(x) + z) in the library (ResBlock's output, its
+  // shortcut z), where library_runs(x): z and y of x's layout and type.
+  void forward_add_relu(const Tensor& x, const Tensor& z, Tensor& y);
+  // Its backward: dx, and dz = dy through y's mask (the shortcut's gradient), sized
+  // by the caller like dy.
+  void backward_add_relu(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dz);
 
   std::string kind() const override { return "batchnorm2d"; }
   Shape output_shape(const Shape& in_sample) override;
@@ -67,6 +87,12 @@ class BatchNorm2d : public Layer {
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
   void allreduce(Kokkos::View<double*> sums, std::size_t n);
   void reserve_partial(Layout layout, std::int64_t B);
+  // The training forward and its backward in the library, with z (and dz) where the
+  // output adds it.
+  BatchNormKernels* library() const;
+  BatchNormPass library_pass(const Tensor& x, bool add) const;
+  void library_forward(const Tensor& x, const Tensor* z, Tensor& y);
+  void library_backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor* dz);
 
   bool sync_;
   bool zero_gamma_ = false;
@@ -89,7 +115,13 @@ class BatchNorm2d : public Layer {
   // (Cp: C padded to a block, zeros past C) of the last forward: mean, 1/std and the
   // affine parameters; of the last backward: mean of dy, of dy * xhat
   Kokkos::View<float*> mean_, invstd_, gamma_, beta_, mean_dy_, mean_dy_xhat_;
-  std::int64_t count_ = 0;  // samples per channel in the last forward, over all ranks
+  std::int64_t count_ = 0;               // samples per channel in the last forward, over all ranks
+  bool library_set_ = false;             // set_library_kernels
+  BatchNormKernels* library_ = nullptr;  // what it set
+  bool library_forward_ = false;         // the last forward ran in the library
+  bool library_added_ = false;           // and added a shortcut
+  Kokkos::View<char*> reserve_;          // what the library's forward keeps for its backward
+  Tensor dy_cast_;                       // dy in x's type, where it comes in another
 };
 
 }  // namespace ddp

@@ -148,6 +148,11 @@ void ResBlock::fuse_passes() {
   for (std::size_t k = 0; k + 1 < stages_.size(); ++k) stages_[k].bn->fuse_relu();
 }
 
+void ResBlock::set_library_batch_norm(BatchNormKernels* kernels) {
+  for (Stage& st : stages_) st.bn->set_library_kernels(kernels);
+  down_bn_->set_library_kernels(kernels);
+}
+
 void ResBlock::set_types(Precision in, Precision inside, Precision out) {
   const bool narrow = in != Precision::fp32 || inside != Precision::fp32 || out != Precision::fp32;
   DDP_REQUIRE(fused_ || !narrow, kind() << " keeps narrow activations with fused passes only");
@@ -225,7 +230,17 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   }
   if (projection_) down_conv_->forward(x, s1_, training);
   Stage& last = stages_.back();
-  if (fused_) {
+  // The library's batch norm adds the shortcut before its relu itself, where the
+  // shortcut is of the branch's layout and type and y of that type: the identity's
+  // x, or the projection's batch norm written out (s2).
+  const Tensor& a = last.a;
+  const auto fits = [&a](const Tensor& t) { return t.layout == a.layout && t.type == a.type; };
+  library_output_ = fused_ && training && last.bn->library_runs(a) && out_type_ == a.type &&
+                    (projection_ ? fits(s1_) : fits(x));
+  if (library_output_) {
+    if (projection_) down_bn_->forward(s1_, s2_, training);
+    last.bn->forward_add_relu(a, projection_ ? s2_ : x, y);
+  } else if (fused_) {
     last.bn->statistics(last.a, training);
     if (projection_) down_bn_->statistics(s1_, training);
     write_output(x, y);
@@ -262,14 +277,19 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   const bool g_in_dx = !projection_ && needs_input_grad() && in_type_ == out_type_;
   Tensor& g = g_in_dx ? dx : g_;
   resize_like(g, dy, g_in_dx ? "ResBlock::dx" : "ResBlock::g");
-  relu_backward(y, dy, g);
+  // In the library's batch norm, its backward takes dy through the relu's mask and
+  // writes g as it goes.
+  if (!library_output_) relu_backward(y, dy, g);
   const Tensor* grad = &g;  // the gradient of the current stage's batch-norm output
   for (std::size_t k = stages_.size(); k-- > 0;) {
     Stage& st = stages_[k];
     // The batch norm's output: r where it is rectified inside (fused, not the last
     // stage); not read otherwise.
     const Tensor& bn_out = fused_ && k + 1 < stages_.size() ? st.r : st.a;
-    st.bn->backward(st.a, bn_out, *grad, st.da);
+    if (library_output_ && k + 1 == stages_.size())
+      st.bn->backward_add_relu(st.a, y, dy, st.da, g);
+    else
+      st.bn->backward(st.a, bn_out, *grad, st.da);
     if (k == 0) {
       st.conv->set_needs_input_grad(needs_input_grad());
       st.conv->set_accumulate_input_grad(g_in_dx);
@@ -282,7 +302,7 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     grad = &before.dr;
   }
   if (projection_) {
-    down_bn_->backward(s1_, s1_, g_, ds1_);
+    down_bn_->backward(s1_, library_output_ ? s2_ : s1_, g_, ds1_);
     down_conv_->set_needs_input_grad(needs_input_grad());
     down_conv_->set_accumulate_input_grad(needs_input_grad());
     down_conv_->backward(x, s1_, ds1_, dx);  // dx = branch gradient + shortcut gradient

@@ -60,6 +60,13 @@ class ResBlock : public Layer {
   // results are narrow anyway (the GPU's narrow cuDNN kernels), and hands it from
   // one block to the next. in and out: fp32 or the type inside. Fused passes only.
   void set_types(Precision in, Precision inside, Precision out);
+  // Its batch norms' set_library_kernels (model/batchnorm.hpp). Where the library's
+  // batch norm runs the last one, it adds the shortcut and rectifies in its own
+  // call (y = relu(bn3(a) + shortcut)) and its backward writes the shortcut's
+  // gradient. A projection's shortcut is then its batch norm's output stored in the
+  // narrow type before the add (as in PyTorch's AMP), where the fused pass here
+  // adds it unrounded.
+  void set_library_batch_norm(BatchNormKernels* kernels);
 
   // The block's output y = relu(bn3(a) + shortcut) in one pass (fused), from a and
   // s1 narrow (Narrow) or fp32, x (NarrowX) and y (NarrowY) too. Public only because
@@ -92,6 +99,7 @@ class ResBlock : public Layer {
   std::int64_t channels_, stride_;
   bool projection_ = false;
   bool fused_ = false;
+  bool library_output_ = false;  // the last forward's output came from the library's batch norm
   Precision in_type_ = Precision::fp32, narrow_ = Precision::fp32, out_type_ = Precision::fp32;  // set_types
   Shape in_sample_, out_sample_;  // (C_in, H, W), (C_out, Ho, Wo)
   std::vector<Stage> stages_;     // the residual branch, input to output

@@ -204,6 +204,9 @@ const Item kEnvironment[] = {
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
      "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},
+    {"DDP_CUDNN_BATCHNORM=1",
+     "batch norm's training passes on bf16/fp16 channels-last activations in cuDNN's batch norm, not in "
+     "ddp_train's own kernels (GPU build)"},
 };
 
 const Item kFiles[] = {

@@ -63,13 +63,6 @@ void set_affine(View1 params, std::int64_t C) {
       });
 }
 
-// t's elements as floats on the host.
-std::vector<float> host_values(const Tensor& t) {
-  Tensor wide;
-  convert_type(t, wide, Precision::fp32, "bn_bench::wide");
-  return test::to_host(wide.data, t.storage_numel());
-}
-
 // The median of `rounds` device times of f(), in ms, after one warm-up call.
 template <class F>
 double median_ms(cudaStream_t stream, int rounds, F&& f) {
@@ -158,8 +151,8 @@ int main(int argc, char** argv) {
         return std::vector<float>(g.begin() + i * C, g.begin() + (i + 1) * C);
       };
       using test::norm_relative_error;
-      const double d_y = norm_relative_error(host_values(cudnn.y), host_values(ours.y));
-      const double d_dx = norm_relative_error(host_values(cudnn.dx), host_values(ours.dx));
+      const double d_y = norm_relative_error(test::values(cudnn.y), test::values(ours.y));
+      const double d_dx = norm_relative_error(test::values(cudnn.dx), test::values(ours.dx));
       const double d_g = norm_relative_error(part(g_cudnn, 0), part(g_ours, 0));
       const double d_b = norm_relative_error(part(g_cudnn, 1), part(g_ours, 1));
       worst = std::max({worst, d_y, d_dx, d_g, d_b});

@@ -42,7 +42,8 @@ class CudnnBatchNorm final : public BatchNormKernels {
 
   void forward_training(const BatchNormPass& p, const void* x, const void* z, void* y, const float* gamma,
                         const float* beta, float* running_mean, float* running_var, double momentum,
-                        double eps, float* mean, float* invstd, void* reserve) override {
+                        double eps, float* mean, float* invstd, void* reserve,
+                        std::size_t reserve_size) override {
     describe(p);
     const cudnnTensorDescriptor_t z_desc = p.add ? x_desc_ : nullptr;
     std::size_t ws_bytes = 0;
@@ -54,13 +55,14 @@ class CudnnBatchNorm final : public BatchNormKernels {
     CUDNN_CHECK(cudnnBatchNormalizationForwardTrainingEx(
         handle_, kMode, ops(p), &one, &zero, x_desc_, x, z_desc, p.add ? z : nullptr, x_desc_, y, bn_desc_,
         gamma, beta, momentum, running_mean, running_var, eps, mean, invstd, activation(p), ws, ws_bytes,
-        reserve, reserve ? reserve_bytes(p) : 0));
+        reserve, reserve_size));
     kernel_trace::count_library_call();
   }
 
   void backward(const BatchNormPass& p, const void* x, const void* y, const void* dy, void* dx, void* dz,
                 const float* gamma, const float* beta, float* dgamma, float* dbeta, bool accumulate,
-                double eps, const float* mean, const float* invstd, void* reserve) override {
+                double eps, const float* mean, const float* invstd, void* reserve,
+                std::size_t reserve_size) override {
     describe(p);
     const cudnnTensorDescriptor_t y_desc = p.relu ? x_desc_ : nullptr, dz_desc = p.add ? x_desc_ : nullptr;
     std::size_t ws_bytes = 0;
@@ -73,7 +75,7 @@ class CudnnBatchNorm final : public BatchNormKernels {
     CUDNN_CHECK(cudnnBatchNormalizationBackwardEx(
         handle_, kMode, ops(p), &one, &zero, &one, &param_beta, x_desc_, x, y_desc, p.relu ? y : nullptr,
         x_desc_, dy, dz_desc, p.add ? dz : nullptr, x_desc_, dx, bn_desc_, gamma, beta, dgamma, dbeta, eps,
-        mean, invstd, activation(p), ws, ws_bytes, reserve, reserve ? reserve_bytes(p) : 0));
+        mean, invstd, activation(p), ws, ws_bytes, reserve, reserve_size));
     kernel_trace::count_library_call();
   }
 

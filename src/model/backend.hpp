@@ -118,7 +118,8 @@ struct BatchNormPass {
 class BatchNormKernels {
  public:
   virtual ~BatchNormKernels() = default;
-  // Device bytes a training forward keeps for the backward of it (the relu's mask).
+  // Device bytes a training forward keeps for the backward of it (the relu's mask):
+  // the `reserve` both calls take, of that size.
   virtual std::size_t reserve_bytes(const BatchNormPass& p) = 0;
   // y from x (and z); running_mean and running_var (C floats) moved by `momentum`
   // toward the batch's mean and unbiased variance, as PyTorch's are; the batch's
@@ -126,14 +127,14 @@ class BatchNormKernels {
   virtual void forward_training(const BatchNormPass& p, const void* x, const void* z, void* y,
                                 const float* gamma, const float* beta, float* running_mean,
                                 float* running_var, double momentum, double eps, float* mean, float* invstd,
-                                void* reserve) = 0;
+                                void* reserve, std::size_t reserve_size) = 0;
   // The backward of that forward, from its x, y, mean, invstd and reserve: dx (and,
   // with add, dz: dy through the relu's mask, z's gradient) written; dgamma and dbeta
   // (C floats) written, or added to with accumulate.
   virtual void backward(const BatchNormPass& p, const void* x, const void* y, const void* dy, void* dx,
                         void* dz, const float* gamma, const float* beta, float* dgamma, float* dbeta,
-                        bool accumulate, double eps, const float* mean, const float* invstd,
-                        void* reserve) = 0;
+                        bool accumulate, double eps, const float* mean, const float* invstd, void* reserve,
+                        std::size_t reserve_size) = 0;
 };
 
 // Work queued on the backend's stream, captured once as a CUDA graph

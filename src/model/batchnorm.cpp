@@ -405,12 +405,13 @@ void BatchNorm2d::library_forward(const Tensor& x, const Tensor* z, Tensor& y) {
   BatchNormKernels& kernels = *library();
   const BatchNormPass p = library_pass(x, z != nullptr);
   const std::size_t bytes = kernels.reserve_bytes(p);
+  reserve_used_ = bytes;
   if (reserve_.extent(0) < bytes)
     reserve_ =
         Kokkos::View<char*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "BatchNorm2d::reserve"), bytes);
   kernels.forward_training(p, x.data.data(), z ? z->data.data() : nullptr, y.data.data(), weight_, bias_,
                            running_mean_, running_var_, momentum_, eps_, mean_.data(), invstd_.data(),
-                           bytes ? reserve_.data() : nullptr);
+                           bytes ? reserve_.data() : nullptr, bytes);
   count_batch(batches_tracked_);
   normalised_by_batch_ = true;
   library_forward_ = true;
@@ -437,11 +438,10 @@ void BatchNorm2d::library_backward(const Tensor& x, const Tensor& y, const Tenso
   if (dz)
     DDP_REQUIRE(dz->layout == x.layout && dz->type == x.type && dz->storage_numel() == x.storage_numel(),
                 "batchnorm2d: the shortcut's gradient is not shaped like its input");
-  BatchNormKernels& kernels = *library();
-  const std::size_t bytes = kernels.reserve_bytes(p);
-  kernels.backward(p, x.data.data(), y.data.data(), dy->data.data(), dx.data.data(),
-                   dz ? dz->data.data() : nullptr, weight_, bias_, dweight_, dbias_, !overwrite_gradients(),
-                   eps_, mean_.data(), invstd_.data(), bytes ? reserve_.data() : nullptr);
+  library()->backward(p, x.data.data(), y.data.data(), dy->data.data(), dx.data.data(),
+                      dz ? dz->data.data() : nullptr, weight_, bias_, dweight_, dbias_,
+                      !overwrite_gradients(), eps_, mean_.data(), invstd_.data(),
+                      reserve_used_ ? reserve_.data() : nullptr, reserve_used_);
 }
 
 void BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& z, Tensor& y) {

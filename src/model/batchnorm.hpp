@@ -121,6 +121,7 @@ class BatchNorm2d : public Layer {
   bool library_forward_ = false;         // the last forward ran in the library
   bool library_added_ = false;           // and added a shortcut
   Kokkos::View<char*> reserve_;          // what the library's forward keeps for its backward
+  std::size_t reserve_used_ = 0;         // bytes of it the last library forward used
   Tensor dy_cast_;                       // dy in x's type, where it comes in another
 };
 

@@ -4,11 +4,20 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "model/layer_registry.hpp"
 #include "../model/grad_check.hpp"
+#include "model/elements.hpp"
+#include "model/layer_registry.hpp"
 
 namespace ddp::test {
+
+// The elements of t as floats on the host, whatever its type (narrow ones widened).
+inline std::vector<float> values(const Tensor& t) {
+  Tensor wide;
+  convert_type(t, wide, Precision::fp32, "test::values");
+  return to_host(wide.data, t.storage_numel());
+}
 
 struct BoundLayer {
   std::unique_ptr<Layer> layer;

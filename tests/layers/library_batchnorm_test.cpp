@@ -47,7 +47,7 @@ class HostBatchNorm final : public BatchNormKernels {
 
   void forward_training(const BatchNormPass& p, const void* x, const void* z, void* y, const float* gamma,
                         const float* beta, float* running_mean, float* running_var, double momentum,
-                        double eps, float* mean, float* invstd, void*) override {
+                        double eps, float* mean, float* invstd, void*, std::size_t) override {
     Kokkos::fence();
     const std::int64_t n = p.B * p.hw, C = p.C;
     for (std::int64_t c = 0; c < C; ++c) {
@@ -74,7 +74,7 @@ class HostBatchNorm final : public BatchNormKernels {
 
   void backward(const BatchNormPass& p, const void* x, const void* y, const void* dy, void* dx, void* dz,
                 const float* gamma, const float*, float* dgamma, float* dbeta, bool accumulate, double,
-                const float* mean, const float* invstd, void*) override {
+                const float* mean, const float* invstd, void*, std::size_t) override {
     Kokkos::fence();
     const std::int64_t n = p.B * p.hw, C = p.C;
     for (std::int64_t c = 0; c < C; ++c) {
@@ -127,12 +127,7 @@ using test::norm_relative_error;
 using test::random_values;
 using test::run_blocks;
 using test::to_host;
-
-std::vector<float> values(const Tensor& t) {
-  Tensor wide;
-  convert_type(t, wide, Precision::fp32, "test::values");
-  return to_host(wide.data, t.storage_numel());
-}
+using test::values;
 
 // A (B, sample) channels-last tensor of `type` holding random values (rounded to it).
 Tensor narrow_random(std::int64_t B, const Shape& sample, Precision type, std::uint32_t seed) {

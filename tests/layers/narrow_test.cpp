@@ -44,6 +44,7 @@ using test::norm_relative_error;
 using test::random_values;
 using test::run_blocks;
 using test::to_host;
+using test::values;
 
 // Each value through to_bf16/from_bf16 and to_fp16/from_fp16 in a kernel (on the
 // device in the GPU build): (bf16, fp16) rounded values.
@@ -173,13 +174,6 @@ std::pair<Tensor, Tensor> narrow_and_wide(std::int64_t B, const Shape& sample, L
   convert_type(given, narrow, type, "test::narrow");
   convert_type(narrow, wide, Precision::fp32, "test::wide");
   return {narrow, wide};
-}
-
-// The elements of t as floats, whatever its type.
-std::vector<float> values(const Tensor& t) {
-  Tensor wide;
-  convert_type(t, wide, Precision::fp32, "test::values");
-  return to_host(wide.data, t.storage_numel());
 }
 
 // A tensor of n elements of `type` holding small integers (exact in every type), and

@@ -80,7 +80,12 @@ def scenario(args, stop_rank, run_dir):
         deadline = time.time() + 120
         while metrics_lines(run_dir) < 3:  # training, validation and their collectives under way
             if p.poll() is not None or time.time() > deadline:
-                raise RuntimeError("the run did not reach 3 epochs")
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                reader.join(timeout=10)
+                sys.stdout.write("".join(lines)[-5000:])  # why: a start-up error, or the GPU build without a device
+                raise RuntimeError("the run did not reach 3 epochs (its output above)")
             time.sleep(0.05)
         ranks = {rank_of(c): c for c in children(p.pid)}
         if stop_rank not in ranks:

@@ -69,6 +69,9 @@ ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create dire
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 ddp_add_error_test(step_delay_malformed NP 2 REGEX "DDP_TEST_STEP_DELAY_US='1ms': expected a number of microseconds"
                    ARGS ${TINY} ENV DDP_TEST_STEP_DELAY_US=1ms)
+ddp_add_error_test(element_vectors_malformed NP 2
+                   REGEX "DDP_ELEMENT_VECTORS='yes': 1 \\(the element-wise kernels load 8 elements at a time"
+                   ARGS ${TINY} ENV DDP_ELEMENT_VECTORS=yes)
 
 # ddp_add_fault_test(name NP n FAULT spec REGEX re ARGS ...): ddp_train on n ranks
 # with DDP_INJECT_FAULT=spec (src/comm/fault_injection.hpp): one rank fails alone,

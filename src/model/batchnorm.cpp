@@ -165,15 +165,18 @@ struct BatchNormEvalGrad {
     return output_grad<Relu>(dy, y) * gamma(c) * invstd(c);
   }
 };
-template <bool Relu, class D, class Y>
-struct BatchNormOutputGrad {
-  D dy;
-  Y y;
-  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t e) const {
-    if constexpr (Relu)
-      return output_grad<Relu>(dy(e), y(e));
-    else
-      return dy(e);
+// The terms of backward's sums: dy (through the relu's mask) and dy xhat.
+template <bool Relu>
+struct BatchNormGradTerm {
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t, float, float dy, float y = 0.0f) const {
+    return double(output_grad<Relu>(dy, y));
+  }
+};
+template <bool Relu>
+struct BatchNormGradXhatTerm {
+  Kokkos::View<float*> mean, invstd;
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t c, float x, float dy, float y = 0.0f) const {
+    return double(output_grad<Relu>(dy, y)) * ((x - mean(c)) * invstd(c));
   }
 };
 
@@ -207,9 +210,9 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
   // Per-channel sums in double: E[x^2] - E[x]^2 stays accurate for any batch.
   auto sums = sums_;
   reserve_partial(x.layout, B);
-  auto x1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
-  auto x2 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) {
-    const double v = xv(e);
+  auto x1 = KOKKOS_LAMBDA(std::int64_t, float x) { return double(x); };
+  auto x2 = KOKKOS_LAMBDA(std::int64_t, float x) {
+    const double v = x;
     return v * v;
   };
   auto stats = [&] {
@@ -233,11 +236,11 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
   if (!comm_) {  // the statistics in the sums' own kernel
     count_ = B * hw;
     channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw,
-                 partial_, sums, x1, x2, stats());
+                 partial_, sums, x1, x2, stats(), xv);
     return;
   }
   channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw, partial_,
-               sums, x1, x2);
+               sums, x1, x2, NoThen{}, xv);
   Kokkos::parallel_for(
       "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(B * hw); });
   allreduce(sums_, 2 * C + 1);
@@ -310,9 +313,9 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
   DDP_REQUIRE(dy.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
   const auto xv = elements<Narrow>(x);
-  using DyElements = decltype(elements<NarrowDy>(dy));
-  using YElements = decltype(elements<Narrow>(y));
-  const BatchNormOutputGrad<Relu, DyElements, YElements> g{elements<NarrowDy>(dy), elements<Narrow>(y)};
+  // dy's elements, and y's where a relu is fused (the mask of dy)
+  const auto dyv = elements<NarrowDy>(dy);
+  const auto mask = relu_mask<Relu>(elements<Narrow>(y));
   auto mean = mean_, invstd = invstd_, gamma = gamma_;
   auto sums = sums_;
   const bool means_here = !comm_ && normalised_by_batch_ && needs_input_grad();
@@ -323,13 +326,11 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
                                    means_here ? mean_dy_xhat_ : Kokkos::View<float*>(),
                                    1.0f / static_cast<float>(count_)};
   reserve_partial(x.layout, B);
-  auto dy1 = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(g(e)); };
-  auto dy_xhat = KOKKOS_LAMBDA(std::int64_t c, std::int64_t e) {
-    return double(g(e)) * ((xv(e) - mean(c)) * invstd(c));
-  };
+  const BatchNormGradTerm<Relu> dy1;
+  const BatchNormGradXhatTerm<Relu> dy_xhat{mean, invstd};
   if (comm_) {  // the parameter gradients from this rank's sums, before they are all-reduced
     channel_sums("BatchNorm2d::backward_sums", "BatchNorm2d::backward_sums (rows)", x.layout, B, C, hw,
-                 partial_, sums, dy1, dy_xhat);
+                 partial_, sums, dy1, dy_xhat, NoThen{}, xv, dyv, mask);
     BatchNormBackwardThen grads = then;
     grads.mean_dy = grads.mean_dy_xhat = Kokkos::View<float*>();
     Kokkos::parallel_for(
@@ -337,14 +338,11 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& y, const Tensor
         KOKKOS_LAMBDA(std::int64_t c) { grads(c, sums(c), sums(C + c)); });
   } else {
     channel_sums("BatchNorm2d::backward_sums", "BatchNorm2d::backward_sums (rows)", x.layout, B, C, hw,
-                 partial_, sums, dy1, dy_xhat, then);
+                 partial_, sums, dy1, dy_xhat, then, xv, dyv, mask);
   }
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);
   const auto dxv = elements<Narrow>(dx);
-  // dy's elements, and y's where a relu is fused (the mask of dy)
-  const auto dyv = elements<NarrowDy>(dy);
-  const auto mask = relu_mask<Relu>(elements<Narrow>(y));
   if (!normalised_by_batch_) {
     map_elements("BatchNorm2d::backward_eval", x.layout, B, C, hw, BatchNormEvalGrad<Relu>{gamma, invstd},
                  dxv, dyv, mask);

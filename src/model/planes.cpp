@@ -28,6 +28,28 @@ int element_team_size() {
 }
 
 namespace {
+// -1: not set by set_element_vectors, DDP_ELEMENT_VECTORS decides.
+int vectors_override = -1;
+}  // namespace
+
+bool element_vectors() {
+  if (vectors_override >= 0) return vectors_override == 1;
+  static const bool on = [] {
+    const char* v = std::getenv("DDP_ELEMENT_VECTORS");
+    if (!v || !*v) return true;
+    const std::string s(v);
+    if (s != "0" && s != "1")
+      throw InputError("DDP_ELEMENT_VECTORS='" + s +
+                       "': 1 (the element-wise kernels load 8 elements at a time where they can, the "
+                       "default) or 0 (one at a time)");
+    return s == "1";
+  }();
+  return on;
+}
+
+void set_element_vectors(bool on) { vectors_override = on ? 1 : 0; }
+
+namespace {
 template <bool Narrow>
 void move_elements(const Tensor& src, Tensor& dst, const char* label) {
   const std::int64_t B = src.batch(), C = src.shape[1], hw = src.shape[2] * src.shape[3];

@@ -102,8 +102,20 @@ constexpr int kLoadsAhead = 8;
 
 // An input that an element map's operation does not take (reads as 0, unused).
 struct NoInput {
+  struct Pack {};
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t) const { return 0.0f; }
+  KOKKOS_INLINE_FUNCTION Pack load8(std::int64_t) const { return {}; }
+  KOKKOS_INLINE_FUNCTION float lane(const Pack&, int) const { return 0.0f; }
+  bool aligned() const { return true; }
 };
+
+// Whether the element maps and the channels-last channel sums read and write 8
+// elements a load where they can (map_vectors, plane_sums_nhwc_vectors): yes unless
+// DDP_ELEMENT_VECTORS=0 (one element a load, for measuring the two against each
+// other); the results are the same either way, bit for bit. set_element_vectors
+// overrides the variable (tests).
+bool element_vectors();
+void set_element_vectors(bool on);
 
 template <class E>
 constexpr bool is_narrow_elements = false;
@@ -112,7 +124,7 @@ constexpr bool is_narrow_elements<NarrowElements<T>> = true;
 
 // op(c, a[, b[, d]]): the inputs that are there.
 template <class Bi, class Di, class Op>
-KOKKOS_INLINE_FUNCTION float apply_map(const Op& op, std::int64_t c, float a, float b, float d) {
+KOKKOS_INLINE_FUNCTION auto apply_map(const Op& op, std::int64_t c, float a, float b, float d) {
   if constexpr (!std::is_same_v<Di, NoInput>)
     return op(c, a, b, d);
   else if constexpr (!std::is_same_v<Bi, NoInput>)
@@ -164,6 +176,63 @@ void map_runs(const char* label, std::int64_t n, std::int64_t C, Op op, Out out,
       });
 }
 
+// Pixels (or flat packs) of 8 elements a thread of map_vectors and
+// plane_sums_nhwc_vectors loads before it computes: 16-byte loads in flight at once.
+constexpr int kVectorLoads = 4;
+
+// map_runs with 8 elements a load: a thread per run of kVectorLoads pixels and group
+// of 8 channels c0..c0+7 (C > 0, a multiple of 8), or per kVectorLoads packs of 8
+// flat elements as far apart as there are threads (C = 0, n a multiple of 8); every
+// input of the run loaded before the first result is computed, each result stored 8
+// at a time. Each element is computed as map_runs computes it: the same floats.
+// Why: the narrow passes' threads loaded 2 bytes an element, 8 elements ahead: 16
+// bytes in flight a thread and an input, in 8 load instructions, where one 16-byte
+// load now carries a pixel's 8 channels (4 of them ahead: 64 bytes).
+template <class Op, class Out, class A, class Bi, class Di>
+void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out out, A a, Bi b, Di d) {
+  constexpr int L = kVectorLoads;
+  const std::int64_t G = C / 8, threads = C == 0 ? (n / 8 + L - 1) / L : (n / C + L - 1) / L * G;
+  const bool index32 = threads <= std::int64_t(UINT32_MAX);
+  Kokkos::parallel_for(
+      label, Range(0, threads), KOKKOS_LAMBDA(std::int64_t p) {
+        std::int64_t base = p * 8, stride = threads * 8, c0 = 0;
+        if (C > 0) {
+          const std::int64_t r = index32 ? std::int64_t(std::uint32_t(p) / std::uint32_t(G)) : p / G;
+          c0 = (p - r * G) * 8;
+          base = r * L * C + c0;
+          stride = C;
+        }
+        const auto compute = [&](std::int64_t e, const typename A::Pack& pa, const typename Bi::Pack& pb,
+                                 const typename Di::Pack& pd) {
+          float res[8];
+          for (int l = 0; l < 8; ++l)
+            res[l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa, l), b.lane(pb, l), d.lane(pd, l));
+          out.set8(e, res);
+        };
+        if (base + (L - 1) * stride < n) {
+          typename A::Pack pa[L];
+          typename Bi::Pack pb[L];
+          typename Di::Pack pd[L];
+          for (int u = 0; u < L; ++u) {
+            const std::int64_t e = base + u * stride;
+            pa[u] = a.load8(e);
+            pb[u] = b.load8(e);
+            pd[u] = d.load8(e);
+          }
+          for (int u = 0; u < L; ++u) compute(base + u * stride, pa[u], pb[u], pd[u]);
+        } else {
+          for (std::int64_t e = base; e < n; e += stride) compute(e, a.load8(e), b.load8(e), d.load8(e));
+        }
+      });
+}
+
+// Whether map_vectors can take a map of n elements (C channels-last, or 0: flat).
+template <class Out, class A, class Bi, class Di>
+bool vectors_fit(std::int64_t n, std::int64_t C, const Out& out, const A& a, const Bi& b, const Di& d) {
+  return element_vectors() && (C > 0 ? C % 8 == 0 : n % 8 == 0) && out.aligned() && a.aligned() &&
+         b.aligned() && d.aligned();
+}
+
 // Whether the element maps go in runs: always on a GPU; on the host for narrow
 // elements only (the host's fp32 passes keep their loops, made for its caches; it
 // keeps narrow tensors in the tests alone, which thus run the runs).
@@ -180,8 +249,10 @@ constexpr bool maps_in_runs() {
 template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
 void map_elements(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw, Op op,
                   Out out, A a, Bi b = {}, Di d = {}) {
-  if (layout == Layout::nhwc && maps_in_runs<Out, A, Bi, Di>())
+  if (layout == Layout::nhwc && maps_in_runs<Out, A, Bi, Di>()) {
+    if (vectors_fit(B * hw * C, C, out, a, b, d)) return map_vectors(label, B * hw * C, C, op, out, a, b, d);
     return map_runs(label, B * hw * C, C, op, out, a, b, d);
+  }
   for_each_element(
       label, layout, B, C, hw, KOKKOS_LAMBDA(std::int64_t, std::int64_t c, std::int64_t, std::int64_t e) {
         out.set(e, apply_map<Bi, Di>(op, c, a(e), b(e), d(e)));
@@ -192,19 +263,23 @@ void map_elements(const char* label, Layout layout, std::int64_t B, std::int64_t
 // layout, taken flat (an operation of the element alone).
 template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
 void map_flat(const char* label, std::int64_t n, Op op, Out out, A a, Bi b = {}, Di d = {}) {
-  if (maps_in_runs<Out, A, Bi, Di>()) return map_runs(label, n, 0, op, out, a, b, d);
+  if (maps_in_runs<Out, A, Bi, Di>()) {
+    if (vectors_fit(n, 0, out, a, b, d)) return map_vectors(label, n, 0, op, out, a, b, d);
+    return map_runs(label, n, 0, op, out, a, b, d);
+  }
   Kokkos::parallel_for(
       label, Range(0, n),
       KOKKOS_LAMBDA(std::int64_t e) { out.set(e, apply_map<Bi, Di>(op, 0, a(e), b(e), d(e))); });
 }
 
 // Per-plane sums of two functions of the elements, in double: partial(b * Cp + c) =
-// sum over plane (b, c) of f(c, e), partial((B + b) * Cp + c) that of g, for every
-// channel c < Cp (C rounded up to a block; padding channels included). The order of
-// each sum is fixed, so runs repeat bit for bit. partial holds at least 2 B Cp.
-template <int BS, class F, class G>
+// sum over plane (b, c) of f(c, a(e)[, b(e)[, d(e)]]) (the inputs that are there, as
+// in map_elements), partial((B + b) * Cp + c) that of g, for every channel c < Cp (C
+// rounded up to a block; padding channels included). The order of each sum is fixed,
+// so runs repeat bit for bit. partial holds at least 2 B Cp.
+template <int BS, class F, class G, class A, class Bi, class Di>
 void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
-                Kokkos::View<double*> partial, F f, G g) {
+                Kokkos::View<double*> partial, F f, G g, A a, Bi bi, Di di) {
   const std::int64_t CB = (C + BS - 1) / BS, Cp = CB * BS;
   if constexpr (BS == 1) {
     for_each_team_thread(
@@ -212,10 +287,18 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
           const std::int64_t c = p % C, base = p * hw;
           double sf = 0.0, sg = 0.0;
           Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += f(c, base + i); },
+              Kokkos::ThreadVectorRange(team, hw),
+              [&](std::int64_t i, double& v) {
+                const std::int64_t e = base + i;
+                v += apply_map<Bi, Di>(f, c, a(e), bi(e), di(e));
+              },
               sf);
           Kokkos::parallel_reduce(
-              Kokkos::ThreadVectorRange(team, hw), [&](std::int64_t i, double& v) { v += g(c, base + i); },
+              Kokkos::ThreadVectorRange(team, hw),
+              [&](std::int64_t i, double& v) {
+                const std::int64_t e = base + i;
+                v += apply_map<Bi, Di>(g, c, a(e), bi(e), di(e));
+              },
               sg);
           Kokkos::single(Kokkos::PerThread(team), [&] {
             partial(p) = sf;
@@ -230,8 +313,9 @@ void plane_sums(const char* label, std::int64_t B, std::int64_t C, std::int64_t 
           for (std::int64_t i = 0; i < hw; ++i)
             for (int l = 0; l < BS; ++l) {
               const std::int64_t e = (p * hw + i) * BS + l;
-              sf[l] += f(c0 + l, e);
-              sg[l] += g(c0 + l, e);
+              const float va = a(e), vb = bi(e), vd = di(e);
+              sf[l] += apply_map<Bi, Di>(f, c0 + l, va, vb, vd);
+              sg[l] += apply_map<Bi, Di>(g, c0 + l, va, vb, vd);
             }
           for (int l = 0; l < BS; ++l) {
             partial(p * BS + l) = sf[l];
@@ -250,9 +334,9 @@ constexpr std::int64_t nhwc_runs(std::int64_t hw) { return (hw + kNhwcRun - 1) /
 // (row b * runs + run), a thread per (row, channel) walking its pixels, kLoadsAhead at
 // a time: adjacent threads read adjacent channels, and a batch of few large images
 // still makes enough threads. partial holds at least 2 rows C.
-template <class F, class G>
+template <class F, class G, class A, class Bi, class Di>
 void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
-                     Kokkos::View<double*> partial, F f, G g) {
+                     Kokkos::View<double*> partial, F f, G g, A a, Bi bi, Di di) {
   const std::int64_t runs = nhwc_runs(hw), rows = B * runs;
   Kokkos::parallel_for(
       label, Range(0, rows * C), KOKKOS_LAMBDA(std::int64_t p) {
@@ -264,8 +348,9 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
           double vf[kLoadsAhead], vg[kLoadsAhead];
           for (int u = 0; u < kLoadsAhead; ++u) {
             const std::int64_t e = (b * hw + i + u) * C + c;
-            vf[u] = f(c, e);
-            vg[u] = g(c, e);
+            const float va = a(e), vb = bi(e), vd = di(e);
+            vf[u] = apply_map<Bi, Di>(f, c, va, vb, vd);
+            vg[u] = apply_map<Bi, Di>(g, c, va, vb, vd);
           }
           for (int u = 0; u < kLoadsAhead; ++u) {
             sf += vf[u];
@@ -274,11 +359,58 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
         }
         for (; i < i1; ++i) {
           const std::int64_t e = (b * hw + i) * C + c;
-          sf += f(c, e);
-          sg += g(c, e);
+          const float va = a(e), vb = bi(e), vd = di(e);
+          sf += apply_map<Bi, Di>(f, c, va, vb, vd);
+          sg += apply_map<Bi, Di>(g, c, va, vb, vd);
         }
         partial(p) = sf;
         partial(rows * C + p) = sg;
+      });
+}
+
+// plane_sums_nhwc with 8 channels a load (C a multiple of 8): a thread per (row,
+// group of 8 channels c0..c0+7), kVectorLoads pixels' 16-byte loads of each input in
+// flight before it adds them; each channel's values added in the same order as
+// plane_sums_nhwc adds them, so the partial sums are the same, bit for bit.
+template <class F, class G, class A, class Bi, class Di>
+void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
+                             Kokkos::View<double*> partial, F f, G g, A a, Bi bi, Di di) {
+  constexpr int L = kVectorLoads;
+  const std::int64_t runs = nhwc_runs(hw), rows = B * runs, G8 = C / 8;
+  Kokkos::parallel_for(
+      label, Range(0, rows * G8), KOKKOS_LAMBDA(std::int64_t p) {
+        const std::int64_t r = p / G8, c0 = (p - r * G8) * 8, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
+                           i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
+        double sf[8] = {}, sg[8] = {};
+        const auto add = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
+                             const typename Di::Pack& pd) {
+          for (int l = 0; l < 8; ++l) {
+            const float va = a.lane(pa, l), vb = bi.lane(pb, l), vd = di.lane(pd, l);
+            sf[l] += apply_map<Bi, Di>(f, c0 + l, va, vb, vd);
+            sg[l] += apply_map<Bi, Di>(g, c0 + l, va, vb, vd);
+          }
+        };
+        std::int64_t i = i0;
+        for (; i + L <= i1; i += L) {
+          typename A::Pack pa[L];
+          typename Bi::Pack pb[L];
+          typename Di::Pack pd[L];
+          for (int u = 0; u < L; ++u) {
+            const std::int64_t e = (b * hw + i + u) * C + c0;
+            pa[u] = a.load8(e);
+            pb[u] = bi.load8(e);
+            pd[u] = di.load8(e);
+          }
+          for (int u = 0; u < L; ++u) add(pa[u], pb[u], pd[u]);
+        }
+        for (; i < i1; ++i) {
+          const std::int64_t e = (b * hw + i) * C + c0;
+          add(a.load8(e), bi.load8(e), di.load8(e));
+        }
+        for (int l = 0; l < 8; ++l) {
+          partial(r * C + c0 + l) = sf[l];
+          partial(rows * C + r * C + c0 + l) = sg[l];
+        }
       });
 }
 
@@ -331,36 +463,40 @@ KOKKOS_INLINE_FUNCTION void add_rows(const Kokkos::View<double*>& partial, std::
   }
 }
 
-// No work after a channel's sums (channel_sums' default `then`).
+// No work after a channel's sums (a channel_sums' `then` where there is none).
 struct NoThen {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, double, double) const {}
 };
 
-// sums(c) = sum of f(c, e), sums(C + c) = sum of g(c, e) over the elements e of
-// channel c of a (B, C, H, W) tensor in `layout`: plane_sums, then each channel's
+// sums(c) = sum of f(c, a(e)[, b(e)[, d(e)]]), sums(C + c) = that of g, over the
+// elements e of channel c of a (B, C, H, W) tensor in `layout` (inputs a, b, d of that
+// layout: model/elements.hpp's accessors, or NoInput): plane_sums, then each channel's
 // rows added in order (in stretches first where they are many), and then(c, sum f,
 // sum g) in the last kernel (the per-channel work that needs no other rank's sums:
 // one launch fewer). The order is fixed: runs repeat bit for bit. partial holds at
 // least partial_doubles(layout, B, C, hw). The kernels that add the rows are
 // labelled rows_label, so that a launch count names them apart.
-template <class F, class G, class Then = NoThen>
+template <class F, class G, class Then, class A, class Bi = NoInput, class Di = NoInput>
 void channel_sums(const char* label, const char* rows_label, Layout layout, std::int64_t B, std::int64_t C,
                   std::int64_t hw, Kokkos::View<double*> partial, Kokkos::View<double*> sums, F f, G g,
-                  Then then = {}) {
+                  Then then, A a, Bi bi = {}, Di di = {}) {
   const int BS = channel_block(layout);
   const std::int64_t Cp = (C + BS - 1) / BS * BS, rows = partial_rows(layout, B, hw);
   switch (layout) {
     case Layout::nChw8c:
-      plane_sums<8>(label, B, C, hw, partial, f, g);
+      plane_sums<8>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nChw16c:
-      plane_sums<16>(label, B, C, hw, partial, f, g);
+      plane_sums<16>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nhwc:
-      plane_sums_nhwc(label, B, C, hw, partial, f, g);
+      if (vectors_fit(B * hw * C, C, NoInput{}, a, bi, di))
+        plane_sums_nhwc_vectors(label, B, C, hw, partial, f, g, a, bi, di);
+      else
+        plane_sums_nhwc(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nchw:
-      plane_sums<1>(label, B, C, hw, partial, f, g);
+      plane_sums<1>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
   }
   std::int64_t first = 0, n = rows;  // this level's rows: f's from row `first`, g's after them

@@ -201,6 +201,9 @@ const Item kEnvironment[] = {
     {"DDP_ELEMENT_WARPS=n",
      "warps (of 32 threads) a block of the element-wise kernels (batch norm, relu, pooling, the residual "
      "add) holds, 1 to 16; 8 unless set (GPU build)"},
+    {"DDP_ELEMENT_VECTORS=0",
+     "the element-wise kernels on channels-last or flat tensors load one element at a time, not 8 (16 bytes "
+     "of bf16) where the channels are a multiple of 8; the results are the same (for measuring)"},
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
      "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},

@@ -135,9 +135,14 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     setup.model->set_precision(precision);  // before the summary: it plans layouts
     log::info("compute: " + compute_backend().name());
     log::info("precision: " + compute_backend().precision_text(precision));
+    // Read here (DDP_ELEMENT_WARPS, DDP_ELEMENT_VECTORS), so that a bad value ends the start-up.
+    const bool vectors = element_vectors();
 #if defined(KOKKOS_ENABLE_CUDA)
-    // Read here (DDP_ELEMENT_WARPS), so that a bad value ends the start-up.
-    log::info("element loops: " + std::to_string(element_team_size()) + " warps a block");
+    log::info("element loops: " + std::to_string(element_team_size()) + " warps a block, " +
+              (vectors ? "8 elements a load where the channels allow"
+                       : "one element a load (DDP_ELEMENT_VECTORS=0)"));
+#else
+    (void)vectors;  // the host's element loops over its own layouts load one at a time
 #endif
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)

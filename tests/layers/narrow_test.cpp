@@ -20,6 +20,8 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <tuple>
+#include <utility>
 
 #include "block_chain.hpp"
 #include "layer_fixture.hpp"
@@ -188,9 +190,19 @@ std::pair<Tensor, std::vector<float>> small_integers(std::int64_t n, Precision t
   return {t, v};
 }
 
-// map_runs on n elements of channel count C (0: flat) against the element at a time
-// (a function of its own: CUDA's extended lambdas may not live in a test's body).
-void check_runs(std::int64_t C, std::int64_t n) {
+// map_vectors (8 elements a load) where `vectors`, else map_runs.
+template <class... Args>
+void map_runs_or_vectors(bool vectors, Args... args) {
+  if (vectors)
+    map_vectors(args...);
+  else
+    map_runs(args...);
+}
+
+// map_runs (or map_vectors) on n elements of channel count C (0: flat) against the
+// element at a time (a function of its own: CUDA's extended lambdas may not live in a
+// test's body).
+void check_runs(std::int64_t C, std::int64_t n, bool vectors = false) {
   constexpr float kUntouched = -12345.0f;
   auto [a, va] = small_integers(n, Precision::bf16, 7, 101);
   auto [b, vb] = small_integers(n, Precision::fp16, 13, 61);
@@ -199,8 +211,13 @@ void check_runs(std::int64_t C, std::int64_t n) {
   Tensor out;
   resize(out, n + extra, {}, "test::out");
   from_host(out.data, std::vector<float>(n + extra, kUntouched));
-  map_runs(
-      "test::map_runs", n, C,
+  if (vectors) {  // what map_elements and map_flat ask before they take map_vectors
+    set_element_vectors(true);
+    EXPECT_TRUE(
+        vectors_fit(n, C, elements<false>(out), elements<true>(a), elements<true>(b), elements<false>(d)));
+  }
+  map_runs_or_vectors(
+      vectors, "test::map_runs", n, C,
       KOKKOS_LAMBDA(std::int64_t c, float x, float y, float z) { return x + 2.0f * y - z + 1000.0f * c; },
       elements<false>(out), elements<true>(a), elements<true>(b), elements<false>(d));
   const std::vector<float> got = to_host(out.data, n + extra);
@@ -212,12 +229,13 @@ void check_runs(std::int64_t C, std::int64_t n) {
     EXPECT_EQ(got[e], kUntouched) << "written past the end at " << e;
 
   // In place, narrow: a += b (what add_shortcut_grad does); and one input alone.
-  map_runs(
-      "test::map_runs_in_place", n, C, KOKKOS_LAMBDA(std::int64_t, float x, float y) { return x + y; },
-      elements<true>(a), elements<true>(a), elements<true>(b), NoInput{});
-  map_runs(
-      "test::map_runs_one", n, C, KOKKOS_LAMBDA(std::int64_t, float x) { return -x; }, elements<true>(b),
-      elements<true>(b), NoInput{}, NoInput{});
+  map_runs_or_vectors(
+      vectors, "test::map_runs_in_place", n, C,
+      KOKKOS_LAMBDA(std::int64_t, float x, float y) { return x + y; }, elements<true>(a), elements<true>(a),
+      elements<true>(b), NoInput{});
+  map_runs_or_vectors(
+      vectors, "test::map_runs_one", n, C, KOKKOS_LAMBDA(std::int64_t, float x) { return -x; },
+      elements<true>(b), elements<true>(b), NoInput{}, NoInput{});
   const std::vector<float> summed = values(a), negated = values(b);
   std::int64_t wrong_sum = 0, wrong_neg = 0;
   for (std::int64_t e = 0; e < n; ++e) {
@@ -240,6 +258,97 @@ TEST(ElementMaps, RunsWriteEveryElementOnceFromItsChannelAndInputs) {
       SCOPED_TRACE("C " + std::to_string(C) + " n " + std::to_string(n));
       check_runs(C, n);
     }
+}
+
+// map_vectors, which the same passes take where C is a multiple of 8 (or n, taken
+// flat), the same way: 8 elements a load, runs of 4 pixels, a last one cut short.
+TEST(ElementMaps, VectorsWriteEveryElementOnceFromItsChannelAndInputs) {
+  for (std::int64_t C : {0, 8, 64})
+    for (std::int64_t rows : {1, 3, 4, 5, 126, 1000}) {
+      const std::int64_t n = C ? rows * C : rows * 8;
+      SCOPED_TRACE("C " + std::to_string(C) + " n " + std::to_string(n));
+      check_runs(C, n, true);
+    }
+}
+
+// Batch norm's backward terms over x, dy and y (the relu's mask) for the sums.
+struct MaskedDy {
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t, float, float dy, float y = 1.0f) const {
+    return y > 0.0f ? double(dy) : 0.0;
+  }
+};
+struct MaskedDyXhat {
+  Kokkos::View<float*> mean, invstd;
+  KOKKOS_INLINE_FUNCTION double operator()(std::int64_t c, float x, float dy, float y = 1.0f) const {
+    return (y > 0.0f ? double(dy) : 0.0) * ((x - mean(c)) * invstd(c));
+  }
+};
+
+// The channels-last partial sums of plane_sums_nhwc_vectors and of plane_sums_nhwc
+// (rows of C channels, f's then g's), bit for bit, for inputs x (bf16), dy (of
+// dy_type) and y (bf16), or x alone.
+void check_sums_vectors(std::int64_t B, std::int64_t C, std::int64_t hw, Precision dy_type, bool three) {
+  Tensor x, dy, y;
+  std::tie(x, std::ignore) = narrow_and_wide(B, {C, 1, hw}, Layout::nhwc, Precision::bf16, 5);
+  std::tie(y, std::ignore) = narrow_and_wide(B, {C, 1, hw}, Layout::nhwc, Precision::bf16, 6);
+  if (dy_type == Precision::fp32) {
+    resize(dy, B, {C, 1, hw}, "test::dy", Layout::nhwc);
+    from_host(dy.data, random_values(dy.storage_numel(), 7));
+  } else {
+    std::tie(dy, std::ignore) = narrow_and_wide(B, {C, 1, hw}, Layout::nhwc, dy_type, 7);
+  }
+  const std::int64_t n = 2 * partial_rows(Layout::nhwc, B, hw) * C;
+  Kokkos::View<double*> one("test::one_a_load", n), eight("test::eight_a_load", n);
+  const auto xv = elements<true>(std::as_const(x));
+  const auto yv = elements<true>(std::as_const(y));
+  if (three) {
+    MaskedDyXhat dy_xhat{Kokkos::View<float*>("test::mean", C), Kokkos::View<float*>("test::invstd", C)};
+    from_host(dy_xhat.mean, random_values(C, 8));
+    from_host(dy_xhat.invstd, random_values(C, 9, 0.5f, 2.0f));
+    const auto run = [&](auto dyv) {
+      plane_sums_nhwc("test::sums", B, C, hw, one, MaskedDy{}, dy_xhat, xv, dyv, yv);
+      plane_sums_nhwc_vectors("test::sums", B, C, hw, eight, MaskedDy{}, dy_xhat, xv, dyv, yv);
+    };
+    if (dy_type == Precision::fp32)
+      run(elements<false>(std::as_const(dy)));
+    else
+      run(elements<true>(std::as_const(dy)));
+  } else {
+    auto f = KOKKOS_LAMBDA(std::int64_t, float v) { return double(v); };
+    auto g = KOKKOS_LAMBDA(std::int64_t c, float v) { return double(v) * v + double(c); };
+    plane_sums_nhwc("test::sums", B, C, hw, one, f, g, xv, NoInput{}, NoInput{});
+    plane_sums_nhwc_vectors("test::sums", B, C, hw, eight, f, g, xv, NoInput{}, NoInput{});
+  }
+  const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one);
+  const auto v = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), eight);
+  std::int64_t differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) differ += std::memcmp(&a(i), &v(i), sizeof(double)) != 0;
+  EXPECT_EQ(differ, 0) << "of " << n << " partial sums";
+  // The rows of f's partial sums add up to the sum of its terms (the inputs reached them).
+  const std::vector<float> hx = values(x), hdy = values(dy), hy = values(y);
+  const std::int64_t rows = partial_rows(Layout::nhwc, B, hw);
+  for (std::int64_t c = 0; c < C; ++c) {
+    double want = 0.0, got = 0.0;
+    for (std::int64_t e = c; e < B * hw * C; e += C) want += three ? (hy[e] > 0.0f ? hdy[e] : 0.0) : hx[e];
+    for (std::int64_t r = 0; r < rows; ++r) got += a(r * C + c);
+    EXPECT_NEAR(got, want, 1e-9 * (1.0 + std::abs(want))) << "channel " << c;
+  }
+}
+
+// Batch norm's channels-last sums with 8 channels a load: each channel's values added
+// in the order of the one-a-load kernel, so the same partial sums bit for bit (runs
+// of 32 pixels whole and cut short, fewer pixels than a run, runs ending between
+// the loads of 4 pixels); narrow and fp32 dy, and x alone as in the forward sums.
+TEST(ElementMaps, ChannelSumsWithVectorsEqualOneLoadAnElement) {
+  for (const auto& [B, C, hw] :
+       {std::array<std::int64_t, 3>{2, 8, 49}, {3, 24, 3}, {1, 64, 100}, {4, 16, 33}, {2, 8, 1}})
+    for (Precision dy_type : {Precision::fp32, Precision::fp16, Precision::bf16})
+      for (bool three : {true, false}) {
+        if (!three && dy_type != Precision::fp32) continue;
+        SCOPED_TRACE("B " + std::to_string(B) + " C " + std::to_string(C) + " hw " + std::to_string(hw) +
+                     (three ? " x, dy, y" : " x"));
+        check_sums_vectors(B, C, hw, dy_type, three);
+      }
 }
 
 // How many of narrow's elements are not wide's rounded to narrow's type, bit for bit.

@@ -35,11 +35,10 @@ std::vector<double> sums_and_seen(const View1& x, Layout layout, std::int64_t B,
                                   std::int64_t hw) {
   Kokkos::View<double*> partial("test::partial", partial_doubles(layout, B, C, hw)),
       sums("test::sums", 2 * C), seen("test::seen", 2 * C);
-  ConstView1 xv = x;
-  auto f = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)); };
-  auto g = KOKKOS_LAMBDA(std::int64_t, std::int64_t e) { return double(xv(e)) * xv(e); };
+  auto f = KOKKOS_LAMBDA(std::int64_t, float v) { return double(v); };
+  auto g = KOKKOS_LAMBDA(std::int64_t, float v) { return double(v) * v; };
   channel_sums("test::channel_sums", "test::channel_sums (rows)", layout, B, C, hw, partial, sums, f, g,
-               Keep{seen, C});
+               Keep{seen, C}, Fp32Elements<const float>{x.data()});
   auto s = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
   auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), seen);
   std::vector<double> out(s.data(), s.data() + 2 * C);

@@ -77,6 +77,29 @@ void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, st
       });
 }
 
+// fn(q, c0) for every pixel q of n channels-last pixels of C channels and every group
+// of V channels c0..c0+V-1 (V = 1, or 8 with C a multiple of 8). V = 1: a team
+// thread per pixel, its vector lanes over the channels (for_each_element_nhwc's
+// threads); V = 8: a thread per (pixel, group), adjacent threads adjacent groups, so
+// that a pixel of few groups still fills a warp.
+template <int V, class Fn>
+void for_each_pixel_group(const char* label, std::int64_t n, std::int64_t C, Fn fn) {
+  if constexpr (V == 1) {
+    for_each_team_thread(
+        label, n, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t q) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C), [&](std::int64_t c) { fn(q, c); });
+        });
+  } else {
+    const std::int64_t G = C / V, threads = n * G;
+    const bool index32 = threads <= std::int64_t(UINT32_MAX);  // a 32-bit division per thread
+    Kokkos::parallel_for(
+        label, Range(0, threads), KOKKOS_LAMBDA(std::int64_t p) {
+          const std::int64_t q = index32 ? std::int64_t(std::uint32_t(p) / std::uint32_t(G)) : p / G;
+          fn(q, (p - q * G) * V);
+        });
+  }
+}
+
 // The same for a tensor in `layout`.
 template <class Fn>
 void for_each_element(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw,

@@ -321,101 +321,192 @@ void Pool2d::backward_blocked(const Tensor& dy, Tensor& dx, Layout x_layout) {
 }
 
 // x: (B, H, W, C) -> y: (B, C, Ho, Wo) in out_layout_ (nhwc or nchw), any window. A
-// thread per output element, a team's lanes over the channels; ties and NaN as in
-// the NCHW kernel. The argmax (B, Ho, Wo, C) is the input pixel r * W + q, and -1
-// where the relu mask stops the gradient (y <= 0): backward reads only it and dy.
-// y in x's type (a narrow max is one of the narrow elements: no rounding).
+// thread per output pixel and V channels (for_each_pixel_group); ties and NaN as in
+// the NCHW kernel. The argmax (B, Ho, Wo, C) is the input pixel
+// r * W + q, and -1 where the relu mask stops the gradient (y <= 0): backward reads
+// only it and dy. y in x's type (a narrow max is one of the narrow elements: no
+// rounding). V = 8 (element_vectors(), C a multiple of 8): a pixel's 8 channels in
+// one load (model/planes.hpp's map_vectors), every channel's comparisons in the same
+// order as with V = 1, the same results.
 template <bool Narrow>
 void Pool2d::forward_nhwc(const Tensor& x, Tensor& y) {
   DDP_REQUIRE(takes(x.layout), kind() << " takes no nhwc input");
   DDP_REQUIRE(out_layout_ == Layout::nchw || out_layout_ == Layout::nhwc,
               kind() << ": output layout " << layout_name(out_layout_) << " for an nhwc input");
+  resize(y, x.batch(), out_sample_, "MaxPool::y", out_layout_, x.type);
+  reserve_argmax(argmax_, x.batch() * c_ * ho_ * wo_);
+  if (x.batch() == 0) return;
+  if (nhwc_vectors(x, y)) return forward_nhwc_lanes<Narrow, 8>(x, y);
+  forward_nhwc_lanes<Narrow, 1>(x, y);
+}
+
+namespace {
+// Elements e..e+V-1 of x as floats: one load8 where V = 8.
+template <int V, class E>
+KOKKOS_INLINE_FUNCTION void load_lanes(const E& x, std::int64_t e, float* out) {
+  if constexpr (V == 1) {
+    out[0] = x(e);
+  } else {
+    const auto p = x.load8(e);
+    for (int l = 0; l < V; ++l) out[l] = x.lane(p, l);
+  }
+}
+// v[0..V-1] into elements e..e+V-1 of out: one set8 where V = 8.
+template <int V, class E>
+KOKKOS_INLINE_FUNCTION void store_lanes(const E& out, std::int64_t e, const float* v) {
+  if constexpr (V == 1)
+    out.set(e, v[0]);
+  else
+    out.set8(e, v);
+}
+// Argmax entries e..e+V-1: two 16-byte loads or stores where V = 8.
+struct alignas(16) Int8 {
+  std::int32_t v[8];
+};
+template <int V>
+KOKKOS_INLINE_FUNCTION void load_argmax(const Kokkos::View<std::int32_t*>& am, std::int64_t e,
+                                        std::int32_t* out) {
+  if constexpr (V == 1) {
+    out[0] = am(e);
+  } else {
+    const Int8 p = *reinterpret_cast<const Int8*>(am.data() + e);
+    for (int l = 0; l < V; ++l) out[l] = p.v[l];
+  }
+}
+template <int V>
+KOKKOS_INLINE_FUNCTION void store_argmax(const Kokkos::View<std::int32_t*>& am, std::int64_t e,
+                                         const std::int32_t* in) {
+  if constexpr (V == 1) {
+    am(e) = in[0];
+  } else {
+    Int8 p;
+    for (int l = 0; l < V; ++l) p.v[l] = in[l];
+    *reinterpret_cast<Int8*>(am.data() + e) = p;
+  }
+}
+}  // namespace
+
+bool Pool2d::nhwc_vectors(const Tensor& a, const Tensor& b) const {
+  const auto aligned = [](const Tensor& t) {
+    return reinterpret_cast<std::uintptr_t>(t.data.data()) % 16 == 0;
+  };
+  return element_vectors() && c_ % 8 == 0 && aligned(a) && aligned(b) &&
+         reinterpret_cast<std::uintptr_t>(argmax_.data()) % 16 == 0;
+}
+
+template <bool Narrow, int V>
+void Pool2d::forward_nhwc_lanes(const Tensor& x, Tensor& y) {
   const std::int64_t B = x.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
                      pad = pad_;
-  resize(y, B, out_sample_, "MaxPool::y", out_layout_, x.type);
-  reserve_argmax(argmax_, B * C * Ho * Wo);
-  if (B == 0) return;
   const auto xv = elements<Narrow>(x);
   const auto yv = elements<Narrow>(y);
   auto am = argmax_;
   const bool nhwc_out = out_layout_ == Layout::nhwc, mask = relu_mask_, small = k <= kSmallWindow;
-  for_each_element_nhwc(
-      "MaxPool::forward_nhwc", B, C, Ho * Wo,
-      KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t o, std::int64_t e) {
-        const std::int64_t i = o / Wo, j = o - i * Wo;
+  for_each_pixel_group<V>(
+      "MaxPool::forward_nhwc", B * Ho * Wo, C, KOKKOS_LAMBDA(std::int64_t q, std::int64_t c0) {
+        const std::int64_t b = q / (Ho * Wo), o = q - b * Ho * Wo, i = o / Wo, j = o - i * Wo;
         const Window wr = window(i, s, pad, k, H), wc = window(j, s, pad, k, W);
-        const std::int64_t x0 = b * H * W * C + c;    // channel c of image b: pixel p at x0 + p * C
-        std::int64_t best = wr.begin * W + wc.begin;  // padding never wins: start inside
-        float m = xv(x0 + best * C);
+        const std::int64_t e = q * C + c0;
+        const std::int64_t x0 = b * H * W * C + c0;          // channel c0 of image b: pixel p at x0 + p * C
+        const std::int64_t first = wr.begin * W + wc.begin;  // padding never wins: start inside
+        float m[V];
+        std::int64_t best[V];
+        load_lanes<V>(xv, x0 + first * C, m);
+        for (int l = 0; l < V; ++l) best[l] = first;
         if (small) {  // the window's values all loaded first (no branch), then taken in the same order
-          float v[kSmallWindow][kSmallWindow];
+          float v[kSmallWindow][kSmallWindow][V];
           for (int dr = 0; dr < kSmallWindow; ++dr)
             for (int dq = 0; dq < kSmallWindow; ++dq) {  // past the window: its last row or column again
               const std::int64_t r = wr.begin + dr < wr.end ? wr.begin + dr : wr.end - 1,
-                                 q = wc.begin + dq < wc.end ? wc.begin + dq : wc.end - 1;
-              v[dr][dq] = xv(x0 + (r * W + q) * C);
+                                 c = wc.begin + dq < wc.end ? wc.begin + dq : wc.end - 1;
+              load_lanes<V>(xv, x0 + (r * W + c) * C, v[dr][dq]);
             }
           for (int dr = 0; dr < kSmallWindow; ++dr)
             for (int dq = 0; dq < kSmallWindow; ++dq) {
-              const std::int64_t r = wr.begin + dr, q = wc.begin + dq;
-              if (r < wr.end && q < wc.end) take_max(v[dr][dq], r * W + q, m, best);
+              const std::int64_t r = wr.begin + dr, c = wc.begin + dq;
+              if (r < wr.end && c < wc.end)
+                for (int l = 0; l < V; ++l) take_max(v[dr][dq][l], r * W + c, m[l], best[l]);
             }
         } else {
           for (std::int64_t r = wr.begin; r < wr.end; ++r)
-            for (std::int64_t q = wc.begin; q < wc.end; ++q)
-              take_max(xv(x0 + (r * W + q) * C), r * W + q, m, best);
+            for (std::int64_t c = wc.begin; c < wc.end; ++c) {
+              float v[V];
+              load_lanes<V>(xv, x0 + (r * W + c) * C, v);
+              for (int l = 0; l < V; ++l) take_max(v[l], r * W + c, m[l], best[l]);
+            }
         }
-        yv.set(nhwc_out ? e : (b * C + c) * Ho * Wo + o, m);
-        am(e) = !mask | relu_passes(m) ? static_cast<std::int32_t>(best) : -1;
+        std::int32_t a[V];
+        for (int l = 0; l < V; ++l)
+          a[l] = !mask | relu_passes(m[l]) ? static_cast<std::int32_t>(best[l]) : -1;
+        store_argmax<V>(am, e, a);
+        if (nhwc_out)
+          store_lanes<V>(yv, e, m);
+        else
+          for (int l = 0; l < V; ++l) yv.set((b * C + c0 + l) * Ho * Wo + o, m[l]);
       });
 }
 
-// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, H, W, C). A thread per input element
-// gathers dy from the windows whose argmax it is (overlapping windows or not: no
-// atomics, and what no window takes is zero). Narrow: dy and dx (of `type`) narrow,
-// the sum in fp32 rounded once.
+// dy: (B, C, Ho, Wo) in y's layout -> dx: (B, H, W, C). A thread per input pixel and
+// V channels gathers dy from the windows whose argmax it is (overlapping windows or
+// not: no atomics, and what no window takes is zero). Narrow: dy and dx (of `type`)
+// narrow, the sum in fp32 rounded once. V = 8 as in forward.
 template <bool Narrow>
 void Pool2d::backward_nhwc(const Tensor& dy, Tensor& dx, Precision type) {
+  resize(dx, dy.batch(), in_sample_, "MaxPool::dx", Layout::nhwc, type);
+  if (dy.batch() == 0) return;
+  if (nhwc_vectors(dy, dx)) return backward_nhwc_lanes<Narrow, 8>(dy, dx);
+  backward_nhwc_lanes<Narrow, 1>(dy, dx);
+}
+
+template <bool Narrow, int V>
+void Pool2d::backward_nhwc_lanes(const Tensor& dy, Tensor& dx) {
   const std::int64_t B = dy.batch(), C = c_, H = h_, W = w_, Ho = ho_, Wo = wo_, k = k_, s = stride_,
                      pad = pad_;
-  resize(dx, B, in_sample_, "MaxPool::dx", Layout::nhwc, type);
-  if (B == 0) return;
   const auto dyv = elements<Narrow>(dy);
   const auto dxv = elements<Narrow>(dx);
   auto am = argmax_;
   const bool nhwc_out = out_layout_ == Layout::nhwc, small = (k + s - 1) / s <= kSmallWindowsOver;
-  for_each_element_nhwc(
-      "MaxPool::backward_nhwc", B, C, H * W,
-      KOKKOS_LAMBDA(std::int64_t b, std::int64_t c, std::int64_t at, std::int64_t e) {
+  for_each_pixel_group<V>(
+      "MaxPool::backward_nhwc", B * H * W, C, KOKKOS_LAMBDA(std::int64_t q, std::int64_t c0) {
+        const std::int64_t b = q / (H * W), at = q - b * H * W;
         const std::int64_t r = at / W, rp = r + pad, cp = at - r * W + pad;  // rp, cp: in the padded input
         const std::int64_t i0 = rp >= k ? (rp - k) / s + 1 : 0, i1 = rp / s < Ho - 1 ? rp / s : Ho - 1;
         const std::int64_t j0 = cp >= k ? (cp - k) / s + 1 : 0, j1 = cp / s < Wo - 1 ? cp / s : Wo - 1;
-        auto dy_at = [&](std::int64_t o, std::int64_t oe) {
-          return dyv(nhwc_out ? oe : (b * C + c) * Ho * Wo + o);
+        const std::int64_t e = q * C + c0;
+        // dy of window o (its nhwc element oe) for the V channels
+        auto dy_at = [&](std::int64_t o, std::int64_t oe, float* d) {
+          if (nhwc_out) return load_lanes<V>(dyv, oe, d);
+          for (int l = 0; l < V; ++l) d[l] = dyv((b * C + c0 + l) * Ho * Wo + o);
         };
-        float g = 0.0f;
+        float g[V];
+        for (int l = 0; l < V; ++l) g[l] = 0.0f;
         if (small) {  // the windows' argmax and dy all loaded first (no branch), then added in order
           constexpr int N = kSmallWindowsOver;
-          std::int32_t a[N][N];
-          float d[N][N];
+          std::int32_t a[N][N][V];
+          float d[N][N][V];
           for (int di = 0; di < N; ++di)
             for (int dj = 0; dj < N; ++dj) {  // past the last window: the last one again
               const std::int64_t i = i0 + di < i1 ? i0 + di : i1, j = j0 + dj < j1 ? j0 + dj : j1;
-              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
-              a[di][dj] = am(oe);
-              d[di][dj] = dy_at(o, oe);
+              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c0;
+              load_argmax<V>(am, oe, a[di][dj]);
+              dy_at(o, oe, d[di][dj]);
             }
           for (int di = 0; di < N; ++di)
             for (int dj = 0; dj < N; ++dj)
-              if (i0 + di <= i1 && j0 + dj <= j1) g += a[di][dj] == at ? d[di][dj] : 0.0f;
+              if (i0 + di <= i1 && j0 + dj <= j1)
+                for (int l = 0; l < V; ++l) g[l] += a[di][dj][l] == at ? d[di][dj][l] : 0.0f;
         } else {
           for (std::int64_t i = i0; i <= i1; ++i)
             for (std::int64_t j = j0; j <= j1; ++j) {
-              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c;
-              g += am(oe) == at ? dy_at(o, oe) : 0.0f;
+              const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c0;
+              std::int32_t a[V];
+              float d[V];
+              load_argmax<V>(am, oe, a);
+              dy_at(o, oe, d);
+              for (int l = 0; l < V; ++l) g[l] += a[l] == at ? d[l] : 0.0f;
             }
         }
-        dxv.set(e, g);
+        store_lanes<V>(dxv, e, g);
       });
 }
 

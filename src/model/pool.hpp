@@ -56,6 +56,12 @@ class Pool2d : public Layer {
   void forward_nhwc(const Tensor& x, Tensor& y);
   template <bool Narrow>
   void backward_nhwc(const Tensor& dy, Tensor& dx, Precision type);
+  // their kernels, V channels a thread (1, or 8 where nhwc_vectors: a load each)
+  template <bool Narrow, int V>
+  void forward_nhwc_lanes(const Tensor& x, Tensor& y);
+  template <bool Narrow, int V>
+  void backward_nhwc_lanes(const Tensor& dy, Tensor& dx);
+  bool nhwc_vectors(const Tensor& a, const Tensor& b) const;
 
  private:
   Op op_;

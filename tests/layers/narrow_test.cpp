@@ -523,6 +523,60 @@ TEST(NarrowElements, MaxPoolKeepsItsInputsType) {
     }
 }
 
+// The channels-last max-pool with 8 channels a load (Pool2d::nhwc_vectors) against
+// one channel a thread, bit for bit: y, and dx (which reads the argmax), for windows
+// that take the loaded path (3 at stride 2, 2 at 2) and the loop (3 at 1: 3 windows
+// over a pixel; 5 at 2), ties (values of 5 kinds) and NaN, the relu's mask, y
+// channels-last and NCHW, bf16 and fp32.
+TEST(ElementMaps, MaxPoolWithVectorsEqualsOneLoadAChannel) {
+  const std::int64_t B = 2;
+  for (const char* spec : {"maxpool(3, stride=2, pad=1)", "maxpool(2)", "maxpool(3, stride=1, pad=1)",
+                           "maxpool(5, stride=2, pad=2)"})
+    for (std::int64_t C : {8, 24})
+      for (Precision p : {Precision::bf16, Precision::fp32})
+        for (bool relu : {false, true})
+          for (Layout out : {Layout::nhwc, Layout::nchw}) {
+            SCOPED_TRACE(std::string(spec) + " C " + std::to_string(C) + " " + precision_name(p) +
+                         (relu ? " relu" : "") + (out == Layout::nhwc ? " nhwc y" : " nchw y"));
+            const Shape sample = {C, 9, 10};
+            Tensor given, x, dy;
+            resize(given, B, sample, "test::given", Layout::nhwc);
+            std::vector<float> v(given.storage_numel());
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(int(i * 7 % 5) - 2);
+            if (p == Precision::fp32) v[17] = v[101] = std::numeric_limits<float>::quiet_NaN();
+            from_host(given.data, v);
+            convert_type(given, x, p, "test::x");
+            std::vector<std::vector<float>> got[2];
+            for (bool vectors : {false, true}) {
+              set_element_vectors(vectors);
+              BoundLayer l(spec, sample);
+              auto& pool = dynamic_cast<Pool2d&>(*l.layer);
+              pool.set_output_layout(out);
+              if (relu) pool.absorb_relu_backward();
+              Tensor y, dx;
+              l.layer->forward(x, y, true);
+              EXPECT_EQ(pool.nhwc_vectors(x, y), vectors);
+              Tensor dy_given;
+              resize(dy_given, B, l.out_sample, "test::dy", out);
+              from_host(dy_given.data, random_values(dy_given.storage_numel(), 43));
+              convert_type(dy_given, dy, p, "test::dy");
+              l.layer->backward(x, y, dy, dx);
+              got[vectors] = {values(y), values(dx)};
+            }
+            set_element_vectors(true);
+            const auto bits = [](const std::vector<float>& a) {
+              std::vector<std::uint32_t> u(a.size());
+              for (std::size_t i = 0; i < a.size(); ++i) u[i] = float_bits(a[i]);
+              return u;
+            };
+            EXPECT_EQ(bits(got[1][0]), bits(got[0][0])) << "y";
+            EXPECT_EQ(bits(got[1][1]), bits(got[0][1])) << "dx";
+            std::size_t nonzero = 0;
+            for (float d : got[1][1]) nonzero += d != 0.0f;
+            EXPECT_GT(nonzero, got[1][1].size() / 20) << "dx";
+          }
+}
+
 // globalavgpool on an nhwc x of type p: y (fp32) the same as from the fp32 twin (the
 // same sums in the same order), dx the fp32 one rounded.
 TEST(NarrowElements, GlobalAvgPoolReadsAndWritesNarrow) {

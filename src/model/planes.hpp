@@ -228,21 +228,22 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
         const auto compute = [&](std::int64_t e, const typename A::Pack& pa, const typename Bi::Pack& pb,
                                  const typename Di::Pack& pd) {
           float res[8];
-          for (int l = 0; l < 8; ++l)
+          DDP_UNROLL for (int l = 0; l < 8; ++l) {
             res[l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa, l), b.lane(pb, l), d.lane(pd, l));
+          }
           out.set8(e, res);
         };
         if (base + (L - 1) * stride < n) {
           typename A::Pack pa[L];
           typename Bi::Pack pb[L];
           typename Di::Pack pd[L];
-          for (int u = 0; u < L; ++u) {
+          DDP_UNROLL for (int u = 0; u < L; ++u) {
             const std::int64_t e = base + u * stride;
             pa[u] = a.load8(e);
             pb[u] = b.load8(e);
             pd[u] = d.load8(e);
           }
-          for (int u = 0; u < L; ++u) compute(base + u * stride, pa[u], pb[u], pd[u]);
+          DDP_UNROLL for (int u = 0; u < L; ++u) compute(base + u * stride, pa[u], pb[u], pd[u]);
         } else {
           for (std::int64_t e = base; e < n; e += stride) compute(e, a.load8(e), b.load8(e), d.load8(e));
         }
@@ -407,7 +408,7 @@ void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, 
         double sf[8] = {}, sg[8] = {};
         const auto add = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
                              const typename Di::Pack& pd) {
-          for (int l = 0; l < 8; ++l) {
+          DDP_UNROLL for (int l = 0; l < 8; ++l) {
             const float va = a.lane(pa, l), vb = bi.lane(pb, l), vd = di.lane(pd, l);
             sf[l] += apply_map<Bi, Di>(f, c0 + l, va, vb, vd);
             sg[l] += apply_map<Bi, Di>(g, c0 + l, va, vb, vd);
@@ -418,19 +419,19 @@ void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, 
           typename A::Pack pa[L];
           typename Bi::Pack pb[L];
           typename Di::Pack pd[L];
-          for (int u = 0; u < L; ++u) {
+          DDP_UNROLL for (int u = 0; u < L; ++u) {
             const std::int64_t e = (b * hw + i + u) * C + c0;
             pa[u] = a.load8(e);
             pb[u] = bi.load8(e);
             pd[u] = di.load8(e);
           }
-          for (int u = 0; u < L; ++u) add(pa[u], pb[u], pd[u]);
+          DDP_UNROLL for (int u = 0; u < L; ++u) add(pa[u], pb[u], pd[u]);
         }
         for (; i < i1; ++i) {
           const std::int64_t e = (b * hw + i) * C + c0;
           add(a.load8(e), bi.load8(e), di.load8(e));
         }
-        for (int l = 0; l < 8; ++l) {
+        DDP_UNROLL for (int l = 0; l < 8; ++l) {
           partial(r * C + c0 + l) = sf[l];
           partial(rows * C + r * C + c0 + l) = sg[l];
         }

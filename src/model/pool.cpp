@@ -348,7 +348,7 @@ KOKKOS_INLINE_FUNCTION void load_lanes(const E& x, std::int64_t e, float* out) {
     out[0] = x(e);
   } else {
     const auto p = x.load8(e);
-    for (int l = 0; l < V; ++l) out[l] = x.lane(p, l);
+    DDP_UNROLL for (int l = 0; l < V; ++l) { out[l] = x.lane(p, l); }
   }
 }
 // v[0..V-1] into elements e..e+V-1 of out: one set8 where V = 8.
@@ -370,7 +370,7 @@ KOKKOS_INLINE_FUNCTION void load_argmax(const Kokkos::View<std::int32_t*>& am, s
     out[0] = am(e);
   } else {
     const Int8 p = *reinterpret_cast<const Int8*>(am.data() + e);
-    for (int l = 0; l < V; ++l) out[l] = p.v[l];
+    DDP_UNROLL for (int l = 0; l < V; ++l) { out[l] = p.v[l]; }
   }
 }
 template <int V>
@@ -380,7 +380,7 @@ KOKKOS_INLINE_FUNCTION void store_argmax(const Kokkos::View<std::int32_t*>& am, 
     am(e) = in[0];
   } else {
     Int8 p;
-    for (int l = 0; l < V; ++l) p.v[l] = in[l];
+    DDP_UNROLL for (int l = 0; l < V; ++l) { p.v[l] = in[l]; }
     *reinterpret_cast<Int8*>(am.data() + e) = p;
   }
 }
@@ -412,37 +412,41 @@ void Pool2d::forward_nhwc_lanes(const Tensor& x, Tensor& y) {
         float m[V];
         std::int64_t best[V];
         load_lanes<V>(xv, x0 + first * C, m);
-        for (int l = 0; l < V; ++l) best[l] = first;
+        DDP_UNROLL for (int l = 0; l < V; ++l) { best[l] = first; }
         if (small) {  // the window's values all loaded first (no branch), then taken in the same order
           float v[kSmallWindow][kSmallWindow][V];
-          for (int dr = 0; dr < kSmallWindow; ++dr)
-            for (int dq = 0; dq < kSmallWindow; ++dq) {  // past the window: its last row or column again
+          DDP_UNROLL for (int dr = 0; dr < kSmallWindow; ++dr) {
+            DDP_UNROLL for (int dq = 0; dq < kSmallWindow; ++dq) {  // past the window: its last row or column
               const std::int64_t r = wr.begin + dr < wr.end ? wr.begin + dr : wr.end - 1,
                                  c = wc.begin + dq < wc.end ? wc.begin + dq : wc.end - 1;
               load_lanes<V>(xv, x0 + (r * W + c) * C, v[dr][dq]);
             }
-          for (int dr = 0; dr < kSmallWindow; ++dr)
-            for (int dq = 0; dq < kSmallWindow; ++dq) {
+          }
+          DDP_UNROLL for (int dr = 0; dr < kSmallWindow; ++dr) {
+            DDP_UNROLL for (int dq = 0; dq < kSmallWindow; ++dq) {
               const std::int64_t r = wr.begin + dr, c = wc.begin + dq;
-              if (r < wr.end && c < wc.end)
-                for (int l = 0; l < V; ++l) take_max(v[dr][dq][l], r * W + c, m[l], best[l]);
+              if (r < wr.end && c < wc.end) {
+                DDP_UNROLL for (int l = 0; l < V; ++l) { take_max(v[dr][dq][l], r * W + c, m[l], best[l]); }
+              }
             }
+          }
         } else {
           for (std::int64_t r = wr.begin; r < wr.end; ++r)
             for (std::int64_t c = wc.begin; c < wc.end; ++c) {
               float v[V];
               load_lanes<V>(xv, x0 + (r * W + c) * C, v);
-              for (int l = 0; l < V; ++l) take_max(v[l], r * W + c, m[l], best[l]);
+              DDP_UNROLL for (int l = 0; l < V; ++l) { take_max(v[l], r * W + c, m[l], best[l]); }
             }
         }
         std::int32_t a[V];
-        for (int l = 0; l < V; ++l)
+        DDP_UNROLL for (int l = 0; l < V; ++l) {
           a[l] = !mask | relu_passes(m[l]) ? static_cast<std::int32_t>(best[l]) : -1;
+        }
         store_argmax<V>(am, e, a);
         if (nhwc_out)
           store_lanes<V>(yv, e, m);
         else
-          for (int l = 0; l < V; ++l) yv.set((b * C + c0 + l) * Ho * Wo + o, m[l]);
+          DDP_UNROLL for (int l = 0; l < V; ++l) { yv.set((b * C + c0 + l) * Ho * Wo + o, m[l]); }
       });
 }
 
@@ -476,25 +480,29 @@ void Pool2d::backward_nhwc_lanes(const Tensor& dy, Tensor& dx) {
         // dy of window o (its nhwc element oe) for the V channels
         auto dy_at = [&](std::int64_t o, std::int64_t oe, float* d) {
           if (nhwc_out) return load_lanes<V>(dyv, oe, d);
-          for (int l = 0; l < V; ++l) d[l] = dyv((b * C + c0 + l) * Ho * Wo + o);
+          DDP_UNROLL for (int l = 0; l < V; ++l) { d[l] = dyv((b * C + c0 + l) * Ho * Wo + o); }
         };
         float g[V];
-        for (int l = 0; l < V; ++l) g[l] = 0.0f;
+        DDP_UNROLL for (int l = 0; l < V; ++l) { g[l] = 0.0f; }
         if (small) {  // the windows' argmax and dy all loaded first (no branch), then added in order
           constexpr int N = kSmallWindowsOver;
           std::int32_t a[N][N][V];
           float d[N][N][V];
-          for (int di = 0; di < N; ++di)
-            for (int dj = 0; dj < N; ++dj) {  // past the last window: the last one again
+          DDP_UNROLL for (int di = 0; di < N; ++di) {
+            DDP_UNROLL for (int dj = 0; dj < N; ++dj) {  // past the last window: the last one again
               const std::int64_t i = i0 + di < i1 ? i0 + di : i1, j = j0 + dj < j1 ? j0 + dj : j1;
               const std::int64_t o = i * Wo + j, oe = (b * Ho * Wo + o) * C + c0;
               load_argmax<V>(am, oe, a[di][dj]);
               dy_at(o, oe, d[di][dj]);
             }
-          for (int di = 0; di < N; ++di)
-            for (int dj = 0; dj < N; ++dj)
-              if (i0 + di <= i1 && j0 + dj <= j1)
-                for (int l = 0; l < V; ++l) g[l] += a[di][dj][l] == at ? d[di][dj][l] : 0.0f;
+          }
+          DDP_UNROLL for (int di = 0; di < N; ++di) {
+            DDP_UNROLL for (int dj = 0; dj < N; ++dj) {
+              if (i0 + di <= i1 && j0 + dj <= j1) {
+                DDP_UNROLL for (int l = 0; l < V; ++l) { g[l] += a[di][dj][l] == at ? d[di][dj][l] : 0.0f; }
+              }
+            }
+          }
         } else {
           for (std::int64_t i = i0; i <= i1; ++i)
             for (std::int64_t j = j0; j <= j1; ++j) {
@@ -503,7 +511,7 @@ void Pool2d::backward_nhwc_lanes(const Tensor& dy, Tensor& dx) {
               float d[V];
               load_argmax<V>(am, oe, a);
               dy_at(o, oe, d);
-              for (int l = 0; l < V; ++l) g[l] += a[l] == at ? d[l] : 0.0f;
+              DDP_UNROLL for (int l = 0; l < V; ++l) { g[l] += a[l] == at ? d[l] : 0.0f; }
             }
         }
         store_lanes<V>(dxv, e, g);

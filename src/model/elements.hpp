@@ -97,6 +97,8 @@ struct alignas(16) Floats8 {
 struct alignas(16) Halves8 {
   std::uint16_t h[8];
 };
+// Whether p may be read and written 16 bytes at a time.
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // The elements of a tensor (index e of its storage, as the layout lays them out)
 // as floats, through one of two accessors whose kind the kernels take as a template
@@ -120,7 +122,7 @@ struct Fp32Elements {
     DDP_UNROLL for (int l = 0; l < 8; ++l) p.v[l] = v[l];
     *reinterpret_cast<Pack*>(data + e) = p;
   }
-  bool aligned() const { return reinterpret_cast<std::uintptr_t>(data) % 16 == 0; }
+  bool aligned() const { return aligned16(data); }
 };
 
 // bf16 or fp16 elements (fp16 chosen per tensor: both take the same kernels);
@@ -144,7 +146,7 @@ struct NarrowElements {
     DDP_UNROLL for (int l = 0; l < 8; ++l) p.h[l] = fp16 ? to_fp16(v[l]) : to_bf16(v[l]);
     *reinterpret_cast<Pack*>(data + e) = p;
   }
-  bool aligned() const { return reinterpret_cast<std::uintptr_t>(data) % 16 == 0; }
+  bool aligned() const { return aligned16(data); }
 };
 
 // t's elements through the accessor of kind Narrow (t's type must be of that kind:

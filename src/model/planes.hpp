@@ -85,10 +85,9 @@ void for_each_element_nhwc(const char* label, std::int64_t B, std::int64_t C, st
 template <int V, class Fn>
 void for_each_pixel_group(const char* label, std::int64_t n, std::int64_t C, Fn fn) {
   if constexpr (V == 1) {
-    for_each_team_thread(
-        label, n, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t q) {
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, C), [&](std::int64_t c) { fn(q, c); });
-        });
+    for_each_element_nhwc(
+        label, n, C, 1,
+        KOKKOS_LAMBDA(std::int64_t q, std::int64_t c, std::int64_t, std::int64_t) { fn(q, c); });
   } else {
     const std::int64_t G = C / V, threads = n * G;
     const bool index32 = threads <= std::int64_t(UINT32_MAX);  // a 32-bit division per thread

@@ -387,11 +387,8 @@ KOKKOS_INLINE_FUNCTION void store_argmax(const Kokkos::View<std::int32_t*>& am, 
 }  // namespace
 
 bool Pool2d::nhwc_vectors(const Tensor& a, const Tensor& b) const {
-  const auto aligned = [](const Tensor& t) {
-    return reinterpret_cast<std::uintptr_t>(t.data.data()) % 16 == 0;
-  };
-  return element_vectors() && c_ % 8 == 0 && aligned(a) && aligned(b) &&
-         reinterpret_cast<std::uintptr_t>(argmax_.data()) % 16 == 0;
+  return element_vectors() && c_ % 8 == 0 && aligned16(a.data.data()) && aligned16(b.data.data()) &&
+         aligned16(argmax_.data());
 }
 
 template <bool Narrow, int V>

@@ -25,8 +25,8 @@ bool env_flag(const char* name, bool unset) {
   return v && *v ? std::string(v) != "0" : unset;
 }
 
-CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc)
-    : stream_(stream), dtype_(dtype), search_(search), nhwc_(nhwc) {
+CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc, bool deterministic)
+    : stream_(stream), dtype_(dtype), search_(search), nhwc_(nhwc), deterministic_(deterministic) {
   CUDNN_CHECK(cudnnCreate(&handle_));
   CUDNN_CHECK(cudnnSetStream(handle_, stream_));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
@@ -81,7 +81,7 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 
   Plan pl;
   int count = 0;
-  std::string fwd_times, bwd_data_times, bwd_filter_times;  // a timed search's, for the log
+  std::string fwd_times, bwd_data_times, bwd_filter_times;  // the log's word on each choice
   const bool narrow = dtype_ != DType::F32;
   cudnnConvolutionFwdAlgoPerf_t fwd[kMaxAlgos];
   cudnnConvolutionBwdDataAlgoPerf_t bwd_data[kMaxAlgos];
@@ -92,29 +92,39 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
           CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                            kMaxAlgos, n, perf));
         },
-        "forward", narrow, &fwd_times);
+        "forward", narrow, deterministic_, &fwd_times);
     pl.bwd_data = timed_choice<cudnnConvolutionBwdDataAlgoPerf_t>(
         [&](auto* perf, int* n) {
           CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(handle_, w_desc_, y_desc_, conv_desc_,
                                                                 x_desc_, kMaxAlgos, n, perf));
         },
-        "backward-data", narrow, &bwd_data_times);
+        "backward-data", narrow, deterministic_, &bwd_data_times);
     pl.bwd_filter = timed_choice<cudnnConvolutionBwdFilterAlgoPerf_t>(
         [&](auto* perf, int* n) {
           CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(handle_, x_desc_, y_desc_, conv_desc_,
                                                                   w_desc_, kMaxAlgos, n, perf));
         },
-        "backward-filter", narrow, &bwd_filter_times);
+        "backward-filter", narrow, deterministic_, &bwd_filter_times);
   } else {
+    // the log's word: whether a choice is nondeterministic
+    const auto kind = [](const auto& chosen) {
+      return std::string(chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "");
+    };
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));
-    pl.fwd = best(fwd, count, "forward", narrow).algo;
+    const auto& f = best(fwd, count, "forward", narrow, deterministic_);
+    pl.fwd = f.algo;
+    fwd_times = kind(f);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
                                                             kMaxAlgos, &count, bwd_data));
-    pl.bwd_data = best(bwd_data, count, "backward-data", narrow).algo;
+    const auto& bd = best(bwd_data, count, "backward-data", narrow, deterministic_);
+    pl.bwd_data = bd.algo;
+    bwd_data_times = kind(bd);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                               kMaxAlgos, &count, bwd_filter));
-    pl.bwd_filter = best(bwd_filter, count, "backward-filter", narrow).algo;
+    const auto& bf = best(bwd_filter, count, "backward-filter", narrow, deterministic_);
+    pl.bwd_filter = bf.algo;
+    bwd_filter_times = kind(bf);
   }
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle_, x_desc_, w_desc_, conv_desc_, y_desc_, pl.fwd,
                                                       &pl.fwd_bytes));

@@ -27,7 +27,7 @@ struct ConvShape {
 };
 
 // Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_BENCHMARK,
-// DDP_CUDNN_NARROW) is on: "0" off, any other value on, `unset` where it is unset or
+// DDP_CUDNN_NARROW, DDP_CUDNN_DETERMINISTIC) is on: "0" off, any other value on, `unset` where it is unset or
 // empty.
 bool env_flag(const char* name, bool unset = false);
 
@@ -41,8 +41,10 @@ class CudnnConv {
   // Tensors of type `dtype`, accumulation in fp32; x, y and their gradients NHWC
   // and the filter (K, R, S, C) where nhwc (cuDNN's tensor-core layout for bf16 and
   // fp16), else NCHW and (K, C, R, S).
+  // deterministic = false (DDP_CUDNN_DETERMINISTIC=0): nondeterministic algorithms
+  // may be chosen too (conv_search.hpp, best).
   CudnnConv(cudaStream_t stream, DType dtype = DType::F32, Search search = Search::Heuristic,
-            bool nhwc = false);
+            bool nhwc = false, bool deterministic = true);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
@@ -73,6 +75,7 @@ class CudnnConv {
   DType dtype_;
   Search search_;
   bool nhwc_;
+  bool deterministic_;
   cudnnHandle_t handle_ = nullptr;
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr;
   cudnnFilterDescriptor_t w_desc_ = nullptr;

@@ -22,6 +22,9 @@ namespace ddp::cuda {
 //
 // In bf16/fp16 the FFT and Winograd algorithms are left out: they transform the
 // operands in the narrow type, and their results stray far beyond its rounding.
+//
+// deterministic = false (DDP_CUDNN_DETERMINISTIC=0) drops the first rule: the
+// first that ran or is supported, as PyTorch's cudnn.benchmark takes it.
 inline bool transforms(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
          a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD || a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
@@ -37,8 +40,8 @@ inline bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 template <class Perf>
-const Perf& best(const Perf* perf, int count, const char* what, bool narrow) {
-  for (int pass = 0; pass < 3; ++pass)
+const Perf& best(const Perf* perf, int count, const char* what, bool narrow, bool deterministic = true) {
+  for (int pass = deterministic ? 0 : 1; pass < 3; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perf[i];
       if (p.status != CUDNN_STATUS_SUCCESS) continue;
@@ -85,9 +88,9 @@ std::vector<Perf> timed_search(Find find) {
   return ranked;
 }
 
-// A timed search's (Find's) word on a choice: its time, and the fastest that ran
-// whatever its kind (nondeterministic, or a transform left out in bf16/fp16), so the
-// log shows what the rules above cost.
+// A timed search's (Find's) word on a choice: its time (and whether it is
+// nondeterministic), and the fastest that ran whatever its kind (nondeterministic, or
+// a transform left out in bf16/fp16), so the log shows what the rules above cost.
 template <class Perf>
 std::string search_times(const Perf* perf, int count, const Perf& chosen) {
   const Perf* fastest = nullptr;
@@ -96,10 +99,11 @@ std::string search_times(const Perf* perf, int count, const Perf& chosen) {
         (!fastest || perf[i].time < fastest->time))
       fastest = &perf[i];
   char text[160];
+  const char* kind = chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "";
   if (!fastest || fastest->algo == chosen.algo)
-    std::snprintf(text, sizeof text, ", %.3f ms, the fastest", double(chosen.time));
+    std::snprintf(text, sizeof text, ", %.3f ms%s, the fastest", double(chosen.time), kind);
   else
-    std::snprintf(text, sizeof text, ", %.3f ms; fastest algo %d %.3f ms%s", double(chosen.time),
+    std::snprintf(text, sizeof text, ", %.3f ms%s; fastest algo %d %.3f ms%s", double(chosen.time), kind,
                   int(fastest->algo), double(fastest->time),
                   fastest->determinism != CUDNN_DETERMINISTIC ? " (nondeterministic)" : "");
   return text;
@@ -108,9 +112,9 @@ std::string search_times(const Perf* perf, int count, const Perf& chosen) {
 // A timed search's choice (timed_search, then best) and, in `times`, the log's word
 // on it (search_times).
 template <class Perf, class Find>
-auto timed_choice(Find find, const char* what, bool narrow, std::string* times) {
+auto timed_choice(Find find, const char* what, bool narrow, bool deterministic, std::string* times) {
   const std::vector<Perf> ranked = timed_search<Perf>(find);
-  const Perf& chosen = best(ranked.data(), int(ranked.size()), what, narrow);
+  const Perf& chosen = best(ranked.data(), int(ranked.size()), what, narrow, deterministic);
   *times = search_times(ranked.data(), int(ranked.size()), chosen);
   return chosen.algo;
 }

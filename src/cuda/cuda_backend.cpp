@@ -102,6 +102,25 @@ CudnnConv::Search convolution_search() {
   return on ? CudnnConv::Search::Benchmark : CudnnConv::Search::Heuristic;
 }
 
+// DDP_CUDNN_DETERMINISTIC=0: a nondeterministic algorithm (one that sums with atomics
+// in an order that changes from run to run) may be chosen where it ranks first, as
+// PyTorch's cudnn.benchmark takes them; a run then does not repeat bit for bit, nor a
+// resume a straight run. Unset or 1: deterministic ones first.
+bool deterministic_convolutions() {
+  static const bool on = env_flag("DDP_CUDNN_DETERMINISTIC", /*unset=*/true);
+  return on;
+}
+
+// How the convolutions' algorithms are chosen, for the compute line.
+std::string convolution_choice() {
+  std::string text = convolution_search() == CudnnConv::Search::Benchmark
+                         ? "timed per shape (DDP_CUDNN_BENCHMARK=1)"
+                         : "cuDNN's heuristics";
+  return text + (deterministic_convolutions()
+                     ? ", deterministic"
+                     : ", nondeterministic ones allowed (DDP_CUDNN_DETERMINISTIC=0)");
+}
+
 // DDP_CUDNN_BATCHNORM=1: BatchNorm2d's training passes on bf16/fp16 channels-last
 // tensors run cuDNN's batch norm (cuda/batch_norm.hpp) instead of the model's own
 // Kokkos kernels; off by default until the step has been timed with it.
@@ -193,10 +212,12 @@ class CudaBackend final : public ComputeBackend {
     if (const char* cc = std::getenv("DDP_TEST_COMPUTE_CAPABILITY"))
       DDP_REQUIRE(std::sscanf(cc, "%d.%d", &major_, &minor_) == 2,
                   "DDP_TEST_COMPUTE_CAPABILITY='" << cc << "': expected <major>.<minor>");
+    gpu_ = "GPU " + std::to_string(device) + ", " + prop.name + " (sm_" + std::to_string(prop.major) +
+           std::to_string(prop.minor) + ")";
     name_ = "cuBLAS " + std::to_string(cublas_version / 10000) + "." +
             std::to_string(cublas_version / 100 % 100) + " + cuDNN " + std::to_string(cudnn_version / 10000) +
-            "." + std::to_string(cudnn_version / 100 % 100) + " on GPU " + std::to_string(device) + ", " +
-            prop.name + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+            "." + std::to_string(cudnn_version / 100 % 100) + " on " + gpu_ +
+            "; convolution algorithms: " + convolution_choice();
   }
 
   std::string name() const override { return name_; }
@@ -225,7 +246,7 @@ class CudaBackend final : public ComputeBackend {
   }
   std::string precision_unsupported(Precision p) const override {
     const std::string why = missing_tensor_cores(p, major_, minor_);
-    return why.empty() ? why : "the GPU (" + name_.substr(name_.find("GPU ")) + "): " + why;
+    return why.empty() ? why : "the GPU (" + gpu_ + "): " + why;
   }
   bool narrow_convolution_results(Precision p) const override {
     return p != Precision::fp32 && narrow_convolutions();
@@ -270,7 +291,8 @@ class CudaBackend final : public ComputeBackend {
   // One cuDNN handle and plan cache per operand type and format, made on first use.
   CudnnConv& conv(DType t, bool nhwc) {
     auto& c = convs_[int(t)][nhwc];
-    if (!c) c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc);
+    if (!c)
+      c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc, deterministic_convolutions());
     return *c;
   }
 
@@ -281,6 +303,7 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<CudnnConv> convs_[3][2];
   std::unique_ptr<BatchNormKernels> batch_norm_;
   std::string name_;
+  std::string gpu_;            // "GPU n, its name (sm_xy)"
   int major_ = 0, minor_ = 0;  // the device's compute capability
 };
 

@@ -207,6 +207,9 @@ const Item kEnvironment[] = {
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
      "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},
+    {"DDP_CUDNN_DETERMINISTIC=0",
+     "cuDNN may run a nondeterministic convolution algorithm where it ranks first, as PyTorch's "
+     "cudnn.benchmark does; runs and resumes then do not repeat bit for bit (GPU build)"},
     {"DDP_CUDNN_BATCHNORM=1",
      "batch norm's training passes on bf16/fp16 channels-last activations in cuDNN's batch norm, not in "
      "ddp_train's own kernels (GPU build)"},

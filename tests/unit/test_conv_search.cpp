@@ -4,6 +4,8 @@
 // it runs here without a GPU; the cuDNN calls themselves are the GPU tests'.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "cuda/conv_search.hpp"
@@ -26,15 +28,19 @@ Perf perf(cudnnConvolutionFwdAlgo_t algo, float ms, bool deterministic = true,
   return p;
 }
 
-// A search that answers round r (0: the warm-up) with rounds[r], as cuDNN's Find
-// would: the algorithms in its order, the count written back.
-std::vector<Perf> search(const std::vector<std::vector<Perf>>& rounds, int* calls) {
-  return ddp::cuda::timed_search<Perf>([&](Perf* out, int* count) {
+// A cuDNN Find that answers round r (0: the warm-up) with rounds[r], as cuDNN's Find
+// would: the algorithms in its order, the count written back; *calls counts the rounds.
+auto find(const std::vector<std::vector<Perf>>& rounds, int* calls) {
+  return [&rounds, calls](Perf* out, int* count) {
     const auto& answer = rounds.at(std::size_t(*calls));
     ++*calls;
     *count = int(answer.size());
-    for (std::size_t i = 0; i < answer.size(); ++i) out[i] = answer[i];
-  });
+    std::copy(answer.begin(), answer.end(), out);
+  };
+}
+
+std::vector<Perf> search(const std::vector<std::vector<Perf>>& rounds, int* calls) {
+  return ddp::cuda::timed_search<Perf>(find(rounds, calls));
 }
 
 TEST(ConvSearch, RanksByTheMedianOfTheRoundsAfterAWarmUp) {
@@ -59,13 +65,7 @@ TEST(ConvSearch, RanksByTheMedianOfTheRoundsAfterAWarmUp) {
   // The same as the one call the convolution makes: the choice and the log's word.
   calls = 0;
   std::string times;
-  const auto chosen = ddp::cuda::timed_choice<Perf>(
-      [&](Perf* out, int* count) {
-        const auto& answer = rounds.at(std::size_t(calls++));
-        *count = int(answer.size());
-        std::copy(answer.begin(), answer.end(), out);
-      },
-      "forward", false, &times);
+  const auto chosen = ddp::cuda::timed_choice<Perf>(find(rounds, &calls), "forward", false, true, &times);
   EXPECT_EQ(chosen, kGemm);
   EXPECT_EQ(times, ", 1.100 ms, the fastest");
 }
@@ -105,6 +105,32 @@ TEST(ConvSearch, DeterministicFirstAndNoTransformsInANarrowType) {
   const std::vector<Perf> nondet_fastest = {perf(kDirect, 0.8f, false), perf(kGemm, 1.0f)};
   EXPECT_EQ(ddp::cuda::search_times(nondet_fastest.data(), 2, nondet_fastest[1]),
             ", 1.000 ms; fastest algo " + std::to_string(int(kDirect)) + " 0.800 ms (nondeterministic)");
+}
+
+TEST(ConvSearch, NondeterministicAllowedTakesTheFirstThatRan) {
+  // DDP_CUDNN_DETERMINISTIC=0: the nondeterministic kDirect ranks first and is taken;
+  // the transforms stay out in bf16/fp16, and what failed is never taken.
+  const std::vector<Perf> ranked = {perf(kDirect, 0.8f, /*deterministic=*/false), perf(kGemm, 1.0f)};
+  EXPECT_EQ(ddp::cuda::best(ranked.data(), 2, "forward", true, /*deterministic=*/false).algo, kDirect);
+  EXPECT_EQ(ddp::cuda::best(ranked.data(), 2, "forward", true, /*deterministic=*/true).algo, kGemm);
+  const std::vector<Perf> transform_first = {perf(kWinograd, 0.5f, false), perf(kDirect, 0.8f, false),
+                                             perf(kGemm, 1.0f)};
+  EXPECT_EQ(ddp::cuda::best(transform_first.data(), 3, "forward", true, false).algo, kDirect);
+  EXPECT_EQ(ddp::cuda::best(transform_first.data(), 3, "forward", false, false).algo, kWinograd);
+  const std::vector<Perf> failed_first = {perf(kDirect, 0, false, CUDNN_STATUS_NOT_SUPPORTED),
+                                          perf(kGemm, 1.0f)};
+  EXPECT_EQ(ddp::cuda::best(failed_first.data(), 2, "forward", false, false).algo, kGemm);
+  // A timed search's choice with the flag, and the log's word on a nondeterministic choice.
+  const std::vector<std::vector<Perf>> rounds(1 + ddp::cuda::kSearchRounds, ranked);
+  int calls = 0;
+  std::string times;
+  const auto chosen = ddp::cuda::timed_choice<Perf>(find(rounds, &calls), "forward", true, false, &times);
+  EXPECT_EQ(calls, 1 + ddp::cuda::kSearchRounds);
+  EXPECT_EQ(chosen, kDirect);
+  EXPECT_EQ(times, ", 0.800 ms, nondeterministic, the fastest");
+  EXPECT_EQ(ddp::cuda::search_times(transform_first.data(), 3, transform_first[1]),
+            ", 0.800 ms, nondeterministic; fastest algo " + std::to_string(int(kWinograd)) +
+                " 0.500 ms (nondeterministic)");
 }
 
 }  // namespace

@@ -20,8 +20,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import torch
+# PyTorch runs without a cap on oneDNN's instruction set, set to test ddp_train's AVX2
+# path on a larger CPU: Debian's PyTorch reads the same variable and, capped below
+# AVX-512, has no bf16 kernels for autocast (tests/e2e/bench_tools.py). Before torch
+# loads oneDNN.
+for _cap in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+    os.environ.pop(_cap, None)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 from torch_bench import build_model  # noqa: E402

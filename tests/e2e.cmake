@@ -397,6 +397,18 @@ set_tests_properties(e2e_make_synthetic64 PROPERTIES FIXTURES_SETUP synthetic64 
 ddp_add_train_test(resnet50_tiny_learns_np2 NP 2 RUN_DIR runs/resnet50_tiny FIXTURE synthetic64 TIMEOUT 900
                    CHECK "--epochs 2 --loss-falls --min-val-acc 0.5"
                    ARGS ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.log_every=10)
+# Every ready input (inputs/*.nml) passes --check on data of its shape, and the ResNets
+# (resnet18, resnet50, resnet101, resnet50_tiny) have torchvision's parameter counts.
+set(_ready_torch)
+if(DDP_TORCH_PYTHON)
+  set(_ready_torch --torch-python ${DDP_TORCH_PYTHON})
+endif()
+add_test(NAME e2e_ready_inputs
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_PYTHON} ${E2E}/ready_inputs.py ${PROJECT_SOURCE_DIR}
+                 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images ${_ready_torch} -- ${DDP_RUN} 1
+                 $<TARGET_FILE:ddp_train>)
+set_tests_properties(e2e_ready_inputs PROPERTIES FIXTURES_REQUIRED "fashion;regression;synthetic64" LABELS e2e
+                     TIMEOUT 300 PROCESSORS 1 SKIP_RETURN_CODE 77)
 # Preloaded batches of 1 MiB or more (here 128 images of 64x64x3) are gathered ahead
 # on the prefetch thread, and the run equals the streamed one.
 set(_gather_args ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.batch_size=128 train.epochs=2

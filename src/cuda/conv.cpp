@@ -18,6 +18,17 @@ bool log_choices() {
   static const bool on = env_flag("DDP_CUDNN_LOG");
   return on;
 }
+
+// A timed count's word on a call: the type, and while a count runs the shape too
+// ("bf16 N256 C64 56x56 K64 3x3/1"), so that the step's split gives each shape's time
+// on the device beside the timed search's (DDP_CUDNN_LOG) and the floor's.
+std::string call_detail(const ConvShape& s, DType t) {
+  if (!kernel_trace::counting()) return dtype_name(t);
+  char text[96];
+  std::snprintf(text, sizeof text, "%s N%d C%d %dx%d K%d %dx%d/%d", dtype_name(t), s.n, s.c, s.h, s.w, s.k,
+                s.r, s.s, s.stride_h);
+  return text;
+}
 }  // namespace
 
 bool env_flag(const char* name, bool unset) {
@@ -146,7 +157,7 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 void CudnnConv::forward(const ConvShape& s, const void* x, const void* w, void* y, float alpha, float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.fwd_bytes);
-  const kernel_trace::Timed timed("cuDNN conv forward", dtype_name(dtype_));
+  const kernel_trace::Timed timed("cuDNN conv forward", call_detail(s, dtype_).c_str());
   CUDNN_CHECK(cudnnConvolutionForward(handle_, &alpha, x_desc_, x, w_desc_, w, conv_desc_, p.fwd, ws,
                                       p.fwd_bytes, &beta, y_desc_, y));
 }
@@ -155,7 +166,7 @@ void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy,
                               float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_data_bytes);
-  const kernel_trace::Timed timed("cuDNN conv backward data", dtype_name(dtype_));
+  const kernel_trace::Timed timed("cuDNN conv backward data", call_detail(s, dtype_).c_str());
   CUDNN_CHECK(cudnnConvolutionBackwardData(handle_, &alpha, w_desc_, w, y_desc_, dy, conv_desc_, p.bwd_data,
                                            ws, p.bwd_data_bytes, &beta, x_desc_, dx));
 }
@@ -164,7 +175,7 @@ void CudnnConv::backward_filter(const ConvShape& s, const void* x, const void* d
                                 float beta) {
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_filter_bytes);
-  const kernel_trace::Timed timed("cuDNN conv backward filter", dtype_name(dtype_));
+  const kernel_trace::Timed timed("cuDNN conv backward filter", call_detail(s, dtype_).c_str());
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &alpha, x_desc_, x, y_desc_, dy, conv_desc_,
                                              p.bwd_filter, ws, p.bwd_filter_bytes, &beta, w_desc_, dw));
 }

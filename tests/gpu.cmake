@@ -20,6 +20,11 @@ if(DDP_ENABLE_CUDA)
   add_test(NAME gpu_step_compare_rounded COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(gpu_step_compare_rounded PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
                        TIMEOUT ${DDP_TEST_TIMEOUT} ENVIRONMENT DDP_CUDNN_NARROW=0)
+  # fp32 on TF32 tensor cores (train.tf32), held to the bf16 yardstick (step_compare.cpp)
+  add_test(NAME gpu_step_compare_tf32
+           COMMAND step_compare check --tf32 ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
+  set_tests_properties(gpu_step_compare_tf32 PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
+                       TIMEOUT ${DDP_TEST_TIMEOUT})
   # batch norm on cuDNN's (DDP_CUDNN_BATCHNORM=1), held to the default's tolerances
   add_test(NAME gpu_step_compare_cudnn_batchnorm
            COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)

@@ -27,7 +27,7 @@ held in GPU memory as they are stored (uint8 pixels are scaled on the GPU per ba
 as ddp_train's GPU build does), W warm-up steps (default 10 on a GPU, 0 on the CPU)
 and, where the epoch ends in a short batch, one step of that shape run before the
 timed epoch, and the clock waits for the GPU. --mode:
-  eager    float32 (TF32 off, as ddp_train's fp32)
+  eager    float32 (TF32 off, as ddp_train's fp32; on with train.tf32=T: "eager fp32 (TF32)")
   amp      torch.autocast bf16, model and batches channels_last (PyTorch's AMP recipe)
   compile  torch.compile of the amp model (its compilation in the warm-up steps)
 
@@ -293,6 +293,7 @@ def main():
         key, _, value = override.partition("=")
         v[key] = value
     cuda = opts["device"] == "cuda"
+    tf32 = v.get("train.tf32", "F").strip(".").upper() in ("T", "TRUE")
     if opts["mode"] == "compile" and not hasattr(torch, "compile"):
         sys.exit(f"torch_bench: --mode compile needs PyTorch 2.x (this is torch {torch.__version__})")
     if cuda and not torch.cuda.is_available():
@@ -328,8 +329,9 @@ def main():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 is fp32, as ddp_train's
-        torch.backends.cudnn.allow_tf32 = False
+        # fp32 is fp32, as ddp_train's, unless train.tf32 = T (in the input or overridden)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cudnn.benchmark = True
     else:
         device = torch.device("cpu")
@@ -393,7 +395,8 @@ def main():
     if rank == 0:
         samples = len(indices) * world
         where = f"cuda ({torch.cuda.get_device_name(device)})" if cuda else "cpu"
-        print(f"torch_bench: {path}, {world} rank(s), device {where}, mode {MODE_NAMES[opts['mode']]}, "
+        mode_name = MODE_NAMES[opts["mode"]] + (" (TF32)" if tf32 and cuda and opts["mode"] == "eager" else "")
+        print(f"torch_bench: {path}, {world} rank(s), device {where}, mode {mode_name}, "
               f"batch {batch} per rank, {steps} steps, "
               f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
               f"parameters {sum(p.numel() for p in model.parameters())}, final loss {loss.item():.4f}", flush=True)

@@ -55,6 +55,12 @@ CudnnConv::~CudnnConv() {
   cudnnDestroy(handle_);
 }
 
+void CudnnConv::set_tf32(bool on) {
+  if (on == tf32_) return;
+  tf32_ = on;
+  plans_.clear();  // chosen under the other math
+}
+
 void* CudnnConv::workspace(std::size_t bytes) {
   if (bytes > workspace_bytes_) {
     // Stream-ordered: the old block is freed after the work already queued on it.
@@ -78,10 +84,11 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc_, s.pad_h, s.pad_w, s.stride_h, s.stride_w,
                                               s.dilation_h, s.dilation_w, CUDNN_CROSS_CORRELATION,
                                               CUDNN_DATA_FLOAT));
-  // fp32 stays fp32 (no TF32), so the GPU agrees with the CPU path to fp32 rounding;
-  // bf16/fp16 use tensor cores.
-  CUDNN_CHECK(
-      cudnnSetConvolutionMathType(conv_desc_, dtype_ == DType::F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  // fp32 stays fp32 (no TF32) unless set_tf32, so the GPU agrees with the CPU path to
+  // fp32 rounding; bf16/fp16 use tensor cores.
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_, dtype_ != DType::F32 ? CUDNN_TENSOR_OP_MATH
+                                                      : tf32_              ? CUDNN_DEFAULT_MATH
+                                                                           : CUDNN_FMA_MATH));
   int n = 0, c = 0, p = 0, q = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_, x_desc_, w_desc_, &n, &c, &p, &q));
   DDP_REQUIRE(n == s.n && c == s.k && p == s.out_h() && q == s.out_w(), "cuDNN output shape disagrees");

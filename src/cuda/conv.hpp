@@ -60,6 +60,10 @@ class CudnnConv {
                        float beta = 0);
 
   std::size_t workspace_bytes() const { return workspace_bytes_; }
+  // fp32 on TF32 tensor cores (train.tf32: cuDNN's default math on fp32, which takes
+  // them on Ampere and newer) or not (FMA math, the default). The algorithms are
+  // chosen again for it.
+  void set_tf32(bool on);
 
  private:
   struct Plan {
@@ -76,6 +80,7 @@ class CudnnConv {
   Search search_;
   bool nhwc_;
   bool deterministic_;
+  bool tf32_ = false;
   cudnnHandle_t handle_ = nullptr;
   cudnnTensorDescriptor_t x_desc_ = nullptr, y_desc_ = nullptr;
   cudnnFilterDescriptor_t w_desc_ = nullptr;

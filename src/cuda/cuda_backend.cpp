@@ -224,7 +224,9 @@ class CudaBackend final : public ComputeBackend {
   std::string precision_text(Precision p) const override {
     switch (p) {
       case Precision::fp32:
-        return "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
+        return tf32_ ? "fp32 on TF32 tensor cores (cuBLAS/cuDNN; operands rounded to a 10-bit mantissa, fp32 "
+                       "sums: train.tf32 = T)"
+                     : "fp32 (cuBLAS/cuDNN fp32 kernels, no TF32)";
       case Precision::bf16:
         return narrow_convolutions()
                    ? std::string(
@@ -243,6 +245,15 @@ class CudaBackend final : public ComputeBackend {
                      "fp16-rounded operands in fp32)";
     }
     return "?";
+  }
+  std::string allow_tf32(bool allow) override {
+    if (allow && major_ < 8)
+      return "the GPU (" + gpu_ + ") has no TF32 tensor cores (compute capability 8.0, Ampere, or newer)";
+    tf32_ = allow;
+    gemm_.set_tf32(allow);
+    for (auto& c : convs_[int(DType::F32)])
+      if (c) c->set_tf32(allow);
+    return {};
   }
   std::string precision_unsupported(Precision p) const override {
     const std::string why = missing_tensor_cores(p, major_, minor_);
@@ -291,8 +302,10 @@ class CudaBackend final : public ComputeBackend {
   // One cuDNN handle and plan cache per operand type and format, made on first use.
   CudnnConv& conv(DType t, bool nhwc) {
     auto& c = convs_[int(t)][nhwc];
-    if (!c)
+    if (!c) {
       c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc, deterministic_convolutions());
+      if (t == DType::F32) c->set_tf32(tf32_);
+    }
     return *c;
   }
 
@@ -304,6 +317,7 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<BatchNormKernels> batch_norm_;
   std::string name_;
   std::string gpu_;            // "GPU n, its name (sm_xy)"
+  bool tf32_ = false;          // train.tf32, where the GPU has TF32
   int major_ = 0, minor_ = 0;  // the device's compute capability
 };
 

@@ -22,12 +22,13 @@ void CublasGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, flo
   DDP_REQUIRE(c_type == DType::F32 || c_type == ab,
               "cuBLAS GEMM: C of " << dtype_name(c_type) << " with " << dtype_name(ab) << " operands");
   if (m == 0 || n == 0) return;
-  const kernel_trace::Timed timed("cuBLAS gemm", dtype_name(ab));
+  const kernel_trace::Timed timed("cuBLAS gemm", tf32_ && ab == DType::F32 ? "tf32" : dtype_name(ab));
   // cuBLAS is column-major: a row-major (m, n) C is a column-major (n, m) C^T, and
   // C^T = op(B)^T op(A)^T, so the operands swap and keep their own transposes.
-  CUBLAS_CHECK(cublasGemmEx(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            n, m, k, &alpha, b, cuda_type(ab), ldb, a, cuda_type(ab), lda, &beta, c,
-                            cuda_type(c_type), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(
+      handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+      cuda_type(ab), ldb, a, cuda_type(ab), lda, &beta, c, cuda_type(c_type), ldc,
+      tf32_ && ab == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace ddp::cuda

@@ -1,7 +1,7 @@
 #pragma once
 // The GPU GEMM: src/model/gemm.hpp's row-major contract on device pointers, through
 // cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32 shortcut for fp32
-// operands) on fp32, bf16 or fp16 operands.
+// operands, unless set_tf32: CUBLAS_COMPUTE_32F_FAST_TF32) on fp32, bf16 or fp16 operands.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -25,9 +25,12 @@ class CublasGemm {
                   DType c_type = DType::F32);
 
   cublasHandle_t handle() const { return handle_; }
+  // fp32 operands on TF32 tensor cores (train.tf32), or not (the default)
+  void set_tf32(bool on) { tf32_ = on; }
 
  private:
   cublasHandle_t handle_ = nullptr;
+  bool tf32_ = false;
 };
 
 }  // namespace ddp::cuda

@@ -161,6 +161,14 @@ class ComputeBackend {
   // Why train.precision `p` cannot run here (a GPU without tensor cores for it), or
   // empty: checked at start-up, before any step.
   virtual std::string precision_unsupported(Precision /*p*/) const { return {}; }
+  // train.tf32: whether fp32 convolutions and GEMMs may run on TF32 tensor cores
+  // (operands rounded to a 10-bit mantissa, products summed in fp32), as PyTorch's
+  // allow_tf32. Set at start-up, before the first convolution. Returns why they will
+  // not where `allow` cannot be had here (the CPU build; a GPU older than Ampere),
+  // else empty; precision_text(fp32) says which arithmetic runs.
+  virtual std::string allow_tf32(bool allow) {
+    return allow ? "TF32 is a format of NVIDIA's tensor cores; the CPU build computes fp32 in fp32" : "";
+  }
   // Whether tensors live in device memory (the CUDA build): communication then
   // takes device buffers.
   virtual bool device_memory() const = 0;

@@ -38,6 +38,7 @@ struct TrainConfig {
   int batch_size = 64;                    // per rank, per micro-step
   int accumulation_steps = 1;             // micro-steps per optimizer step
   std::string precision = "fp32";         // GEMM/convolution operands: 'fp32' | 'bf16' | 'fp16'
+  bool tf32 = false;                      // GPU build: fp32 GEMMs/convolutions may use TF32 tensor cores
   double loss_scale = 65536.0;            // fp16: initial dynamic loss scale
   int loss_scale_growth_interval = 2000;  // fp16: clean steps before the scale doubles
   std::string optimizer = "sgd";          // 'sgd' | 'adamw'

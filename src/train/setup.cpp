@@ -133,8 +133,14 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
                        "; use 'fp32'" + (precision == Precision::bf16 && fp16_runs ? " or 'fp16'" : ""));
     }
     setup.model->set_precision(precision);  // before the summary: it plans layouts
+    // train.tf32 is for fp32's convolutions and GEMMs only (not the fp32 kernels that
+    // DDP_CUDNN_NARROW=0 runs bf16/fp16 convolutions in).
+    const std::string no_tf32 = precision != Precision::fp32 ? "train.precision = '" + cfg.train.precision +
+                                                                   "' runs no fp32 convolutions or GEMMs"
+                                                             : compute_backend().allow_tf32(cfg.train.tf32);
     log::info("compute: " + compute_backend().name());
     log::info("precision: " + compute_backend().precision_text(precision));
+    if (cfg.train.tf32 && !no_tf32.empty()) log::info("train.tf32 = T has no effect: " + no_tf32);
     // Read here (DDP_ELEMENT_WARPS, DDP_ELEMENT_VECTORS), so that a bad value ends the start-up.
     const bool vectors = element_vectors();
 #if defined(KOKKOS_ENABLE_CUDA)

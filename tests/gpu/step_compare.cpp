@@ -10,6 +10,9 @@
 //   step_compare check FILE [CASE...]   compare; exit 0 when every tensor is within
 //                                       tolerance, 1 when not, 77 in the GPU build
 //                                       without a device
+//   step_compare check --tf32 FILE ...  fp32 on TF32 tensor cores (train.tf32): the fp32
+//                                       steps only, to the bf16 yardstick below; 77
+//                                       where the backend has no TF32 (the CPU build)
 //   step_compare list                   every case, one line each: name, sample shape
 //                                       (C,H,W) and layers (';'-separated), tab-separated
 //                                       (tests/gpu/torch_amp_gap.py builds them in PyTorch)
@@ -27,7 +30,10 @@
 // max-pool's choice (measured: 2.8e-3 at worst). With cuDNN's own bf16 kernels
 // (unless DDP_CUDNN_NARROW=0), which store bf16 outputs (0.19 in one tensor, measured in NCHW
 // on an H100), a model with convolutions is held to twice PyTorch's own bf16-against-
-// fp32 gap on it (Case::amp_forward, amp_step; tests/gpu/torch_amp_gap.py).
+// fp32 gap on it (Case::amp_forward, amp_step; tests/gpu/torch_amp_gap.py). fp32 on
+// TF32 tensor cores (--tf32) is held to the same: TF32 rounds the operands to a 10-bit
+// mantissa where bf16 rounds them to 7, and keeps the outputs fp32 where AMP rounds
+// them too, so its step lies nearer the fp32 one than AMP's does.
 #include <hdf5.h>
 #include <mpi.h>
 
@@ -265,7 +271,14 @@ int write(const std::string& path, const std::vector<Case>& chosen) {
   return 0;
 }
 
-int check(const std::string& path, const std::vector<Case>& chosen) {
+int check(const std::string& path, const std::vector<Case>& chosen, bool tf32) {
+  if (tf32) {
+    const std::string why = compute_backend().allow_tf32(true);
+    if (!why.empty()) {
+      std::printf("skipped: no TF32 here: %s\n", why.c_str());
+      return 77;
+    }
+  }
   hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file < 0) {
     std::printf("FAILED: cannot open %s\n", path.c_str());
@@ -276,21 +289,21 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
   for (const Case& c : chosen)
     for (Precision p : kPrecisions) {
       const Check how = check_of(c, p);
-      if (how == Check::skip) continue;
+      if (how == Check::skip || (tf32 && p != Precision::fp32)) continue;
       // bf16 on cuDNN's own bf16 convolutions (the GPU build, unless DDP_CUDNN_NARROW=0): they
       // store their outputs in bf16, as PyTorch's autocast does, so the step is held to
       // twice how far PyTorch's own bf16 step lies from its fp32 one, the forward tensor
       // by tensor and the rest on the whole step.
       const bool amp_like =
-          p != Precision::fp32 && c.amp_step > 0 && compute_backend().narrow_convolution_results(p);
+          c.amp_step > 0 &&
+          (tf32 || (p != Precision::fp32 && compute_backend().narrow_convolution_results(p)));
+      const bool exact_fp32 = p == Precision::fp32 && !tf32;  // fp32 products on both sides
       const bool whole_step = how == Check::whole_step || amp_like;
       // A whole-step fp32 case's forward: 1e-4 (AMX against AVX2 at resnet50_224: 1.6e-5).
-      const double tol = amp_like               ? 2 * c.amp_forward
-                         : p == Precision::fp32 ? (whole_step ? 1e-4 : 1e-5)
-                                                : 2e-2;
+      const double tol = amp_like ? 2 * c.amp_forward : exact_fp32 ? (whole_step ? 1e-4 : 1e-5) : 2e-2;
       // fp32: 4x what two CPU kernels' steps of ResNet-50 differ; bf16: 8x what the
       // sanitizer build's step of the bottleneck case differs from the reference (2.5e-3).
-      const double step_tol = amp_like ? 2 * c.amp_step : p == Precision::fp32 ? 5e-2 : 2e-2;
+      const double step_tol = amp_like ? 2 * c.amp_step : exact_fp32 ? 5e-2 : 2e-2;
       double worst = 0.0, diff2 = 0.0, ref2 = 0.0;
       std::string worst_name;
       for (const auto& [name, got] : run_step(c, p)) {
@@ -348,10 +361,13 @@ int check(const std::string& path, const std::vector<Case>& chosen) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "list") == 0) return ddp::list_cases();
-  if (argc < 3 || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "check") != 0)) {
+  const bool tf32 = argc >= 3 && std::strcmp(argv[1], "check") == 0 && std::strcmp(argv[2], "--tf32") == 0;
+  const int file_arg = tf32 ? 3 : 2;
+  if (argc <= file_arg || (std::strcmp(argv[1], "write") != 0 && std::strcmp(argv[1], "check") != 0)) {
     std::fprintf(stderr,
                  "usage: step_compare write|check FILE [CASE ...]  (default: the committed cases; "
-                 "also resnet50_224)\n       step_compare list\n");
+                 "also resnet50_224)\n       step_compare check --tf32 FILE [CASE ...]\n"
+                 "       step_compare list\n");
     return 2;
   }
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -365,9 +381,10 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int rc = 0;
   {
-    const std::string mode = argv[1], path = argv[2];
-    const std::vector<ddp::Case> chosen = ddp::select_cases(std::vector<std::string>(argv + 3, argv + argc));
-    rc = mode == "write" ? ddp::write(path, chosen) : ddp::check(path, chosen);
+    const std::string mode = argv[1], path = argv[file_arg];
+    const std::vector<ddp::Case> chosen =
+        ddp::select_cases(std::vector<std::string>(argv + file_arg + 1, argv + argc));
+    rc = mode == "write" ? ddp::write(path, chosen) : ddp::check(path, chosen, tf32);
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -267,38 +267,30 @@ ddp_add_train_test(fashion_mlp_fp16_np2 NP 2 RUN_DIR runs/fashion_mlp_fp16 FIXTU
 # them (the precision line says so); elsewhere, and under bf16/fp16, one line says it
 # has no effect and the run goes on (--check runs the start-up; "check passed" only
 # where it ends well).
-if(NOT DDP_ENABLE_CUDA)
-  add_test(NAME e2e_tf32_no_effect_on_cpu
-           COMMAND ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY} train.tf32=T io.run_dir=runs/tf32_cpu)
-  set_tests_properties(e2e_tf32_no_effect_on_cpu PROPERTIES
-                       PASS_REGULAR_EXPRESSION "precision: fp32.*train.tf32 = T has no effect: TF32 is a format of NVIDIA's tensor cores.*check passed")
-else()
-  add_test(NAME e2e_gpu_tf32_line
-           COMMAND ${DDP_WITH_GPU} ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY} train.tf32=T
-                   io.run_dir=runs/tf32_gpu)
-  set_tests_properties(e2e_gpu_tf32_line PROPERTIES
-                       PASS_REGULAR_EXPRESSION "precision: fp32 on TF32 tensor cores.*check passed")
-  add_test(NAME e2e_gpu_tf32_without_tensor_cores
-           COMMAND ${DDP_WITH_GPU} env DDP_TEST_COMPUTE_CAPABILITY=7.0 ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check
-                   ${TINY} train.tf32=T io.run_dir=runs/tf32_gpu_sm70)
-  set_tests_properties(e2e_gpu_tf32_without_tensor_cores PROPERTIES PASS_REGULAR_EXPRESSION
-                       "precision: fp32 [(]cuBLAS/cuDNN fp32 kernels, no TF32[)].*train.tf32 = T has no effect: the GPU [(]GPU [0-9]+, .*[)] has no TF32 tensor cores.*check passed")
-  set_tests_properties(e2e_gpu_tf32_line e2e_gpu_tf32_without_tensor_cores PROPERTIES LABELS "e2e;gpu")
-endif()
+set(_tf32 ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY} train.tf32=T)
+set(_tf32_tests e2e_tf32_no_effect_in_bf16)
 add_test(NAME e2e_tf32_no_effect_in_bf16
-         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY} train.tf32=T
-                 train.precision=bf16 io.run_dir=runs/tf32_bf16)
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${_tf32} train.precision=bf16 io.run_dir=runs/tf32_bf16)
 set_tests_properties(e2e_tf32_no_effect_in_bf16 PROPERTIES PASS_REGULAR_EXPRESSION
                      "train.tf32 = T has no effect: train.precision = 'bf16' runs no fp32 convolutions or GEMMs.*check passed")
-foreach(t e2e_tf32_no_effect_on_cpu e2e_gpu_tf32_line e2e_gpu_tf32_without_tensor_cores e2e_tf32_no_effect_in_bf16)
-  if(TEST ${t})
-    set_tests_properties(${t} PROPERTIES FIXTURES_REQUIRED e2e_data TIMEOUT 120 PROCESSORS 1 SKIP_RETURN_CODE 77)
-  endif()
-endforeach()
-set_tests_properties(e2e_tf32_no_effect_in_bf16 PROPERTIES LABELS e2e)
 if(NOT DDP_ENABLE_CUDA)
-  set_tests_properties(e2e_tf32_no_effect_on_cpu PROPERTIES LABELS e2e)
+  add_test(NAME e2e_tf32_no_effect_on_cpu COMMAND ${_tf32} io.run_dir=runs/tf32_cpu)
+  set_tests_properties(e2e_tf32_no_effect_on_cpu PROPERTIES PASS_REGULAR_EXPRESSION
+                       "precision: fp32.*train.tf32 = T has no effect: TF32 is a format of NVIDIA's tensor cores.*check passed")
+  list(APPEND _tf32_tests e2e_tf32_no_effect_on_cpu)
+else()
+  add_test(NAME e2e_gpu_tf32_line COMMAND ${DDP_WITH_GPU} ${_tf32} io.run_dir=runs/tf32_gpu)
+  set_tests_properties(e2e_gpu_tf32_line PROPERTIES PASS_REGULAR_EXPRESSION
+                       "precision: fp32 on TF32 tensor cores.*check passed")
+  # a GPU older than Ampere, pretended
+  add_test(NAME e2e_gpu_tf32_without_tensor_cores
+           COMMAND ${DDP_WITH_GPU} env DDP_TEST_COMPUTE_CAPABILITY=7.0 ${_tf32} io.run_dir=runs/tf32_gpu_sm70)
+  set_tests_properties(e2e_gpu_tf32_without_tensor_cores PROPERTIES PASS_REGULAR_EXPRESSION
+                       "precision: fp32 [(]cuBLAS/cuDNN fp32 kernels, no TF32[)].*train.tf32 = T has no effect: the GPU [(]GPU [0-9]+, .*[)] has no TF32 tensor cores.*check passed")
+  list(APPEND _tf32_tests e2e_gpu_tf32_line e2e_gpu_tf32_without_tensor_cores)
 endif()
+set_tests_properties(${_tf32_tests} PROPERTIES FIXTURES_REQUIRED e2e_data LABELS e2e TIMEOUT 120 PROCESSORS 1
+                                               SKIP_RETURN_CODE 77)
 
 # The GPU build: Fashion-MNIST MLP, 3 epochs on 1 GPU, >= 0.85.
 if(DDP_ENABLE_CUDA)

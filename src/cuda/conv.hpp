@@ -27,8 +27,8 @@ struct ConvShape {
 };
 
 // Whether the environment switch `name` (DDP_CUDNN_LOG, DDP_CUDNN_BENCHMARK,
-// DDP_CUDNN_NARROW, DDP_CUDNN_DETERMINISTIC) is on: "0" off, any other value on, `unset` where it is unset or
-// empty.
+// DDP_CUDNN_NARROW, DDP_CUDNN_DETERMINISTIC) is on: "0" off, any other value on,
+// `unset` where it is unset or empty.
 bool env_flag(const char* name, bool unset = false);
 
 class CudnnConv {

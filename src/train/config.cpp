@@ -127,8 +127,8 @@ const std::vector<Key>& keys() {
        "GEMM/convolution operands; weights, gradients, optimizer stay fp32"},
       {"train", "tf32", field<&C::train, &T::tf32>, any(), false,
        "GPU build, train.precision = 'fp32': the convolutions and GEMMs may run on TF32 tensor cores "
-       "(operands "
-       "rounded to a 10-bit mantissa, fp32 sums; Ampere or newer), as PyTorch's allow_tf32; F: true fp32"},
+       "(operands rounded to a 10-bit mantissa, fp32 sums; Ampere or newer), as PyTorch's allow_tf32; "
+       "F: true fp32"},
       {"train", "loss_scale", field<&C::train, &T::loss_scale>, above(0), false,
        "fp16: initial loss scale; halved on overflow (step skipped)"},
       {"train", "loss_scale_growth_interval", field<&C::train, &T::loss_scale_growth_interval>, at_least(1),

@@ -69,6 +69,11 @@ ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create dire
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
 ddp_add_error_test(step_delay_malformed NP 2 REGEX "DDP_TEST_STEP_DELAY_US='1ms': expected a number of microseconds"
                    ARGS ${TINY} ENV DDP_TEST_STEP_DELAY_US=1ms)
+ddp_add_error_test(inject_fault_malformed NP 2
+                   REGEX "DDP_INJECT_FAULT='exception@rank1:stp3': expected <kind>@rank<r>\\[:step<s>\\]"
+                   ARGS ${TINY} ENV DDP_INJECT_FAULT=exception@rank1:stp3)
+ddp_add_error_test(exit_delay_malformed NP 2 REGEX "DDP_TEST_EXIT_DELAY_MS='5s@rank1': expected <ms>@rank<r>"
+                   ARGS ${TINY} ENV DDP_TEST_EXIT_DELAY_MS=5s@rank1)
 ddp_add_error_test(element_vectors_malformed NP 2
                    REGEX "DDP_ELEMENT_VECTORS='yes': 1 \\(the element-wise kernels load 8 elements at a time"
                    ARGS ${TINY} ENV DDP_ELEMENT_VECTORS=yes)

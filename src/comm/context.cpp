@@ -24,8 +24,7 @@ Context::Context(int& argc, char**& argv, Start start) {
   MPI_CHECK(MPI_Comm_rank(world_, &rank_));
   MPI_CHECK(MPI_Comm_size(world_, &size_));
   log::set_rank(rank_);
-  check_exit_delay();        // tests only
-  check_step_delay(world_);  // tests only
+  check_test_variables(world_);  // tests only
 
   MPI_Comm node = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));

@@ -6,10 +6,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
 #endif
-#include <regex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -23,13 +23,34 @@ namespace ddp {
 
 namespace {
 
+// The digits of s from *at on, at least one and at most `most`: their value, *at moved
+// past them; -1 (*at unmoved) where there are none or more. (These variables' forms
+// are read by hand: std::regex pulls in code that GCC's sanitizer build warns about.)
+long long read_digits(const std::string& s, std::size_t* at, std::size_t most) {
+  std::size_t end = *at;
+  while (end < s.size() && s[end] >= '0' && s[end] <= '9') ++end;
+  if (end == *at || end - *at > most) return -1;
+  const long long v = std::stoll(s.substr(*at, end - *at));
+  *at = end;
+  return v;
+}
+
+// Whether s holds `word` at *at; *at moved past it where it does.
+bool read_word(const std::string& s, std::size_t* at, const char* word) {
+  const std::size_t n = std::strlen(word);
+  if (s.compare(*at, n, word) != 0) return false;
+  *at += n;
+  return true;
+}
+
 enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception, perturb, nan_gradient };
 
 struct Plan {
   Kind kind = Kind::none;
   int rank = -1;
   std::int64_t step = 0;
-  std::string spec;  // the variable's text, named in the injected messages
+  std::string spec;        // the variable's text, named in the injected messages
+  bool malformed = false;  // spec is not <kind>@rank<r>[:step<s>] (check_test_variables)
 };
 
 Plan read_plan() {
@@ -45,19 +66,25 @@ Plan read_plan() {
       {"loader_exception", Kind::loader_exception},
       {"perturb", Kind::perturb},
       {"nan_gradient", Kind::nan_gradient}};
-  std::smatch m;
-  const std::regex form(R"(([a-z_]+)@rank([0-9]+)(:step([0-9]+))?)");
-  if (std::regex_match(p.spec, m, form)) {
-    for (const auto& [name, kind] : kinds)
-      if (m[1] == name) p.kind = kind;
-    p.rank = std::stoi(m[2]);
-    if (m[4].matched) p.step = std::stoll(m[4]);
+  // <kind>@rank<r>[:step<s>]
+  const std::string& s = p.spec;
+  std::size_t at = s.find('@');
+  const std::string name = s.substr(0, at);
+  long long rank = -1, step = 0;
+  if (at != std::string::npos && read_word(s, &at, "@rank") && (rank = read_digits(s, &at, 9)) >= 0 &&
+      (at == s.size() || (read_word(s, &at, ":step") && (step = read_digits(s, &at, 18)) >= 0)) &&
+      at == s.size()) {
+    for (const auto& [kind_name, kind] : kinds)
+      if (name == kind_name) p.kind = kind;
+    p.rank = int(rank);
+    p.step = step;
   }
-  if (p.kind == Kind::none)
-    DDP_FATAL("DDP_INJECT_FAULT='" << p.spec
-                                   << "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, "
-                                      "bad_alloc, view_alloc, loader_exception, perturb or "
-                                      "nan_gradient");
+  p.malformed = p.kind == Kind::none;
+  return p;
+}
+
+const Plan& plan() {
+  static const Plan p = read_plan();
   return p;
 }
 
@@ -81,14 +108,19 @@ Plan read_plan() {
 // Outlives the call, so the compiler may not drop the allocation as unused.
 std::vector<float> g_sink;
 
-// DDP_TEST_EXIT_DELAY_MS: (milliseconds, rank); (0, -1) when unset.
+// DDP_TEST_EXIT_DELAY_MS: (milliseconds, rank); (0, -1) when unset, (-1, -1) when
+// malformed.
 std::pair<long long, int> read_exit_delay() {
   const char* env = std::getenv("DDP_TEST_EXIT_DELAY_MS");
   if (!env || !*env) return {0, -1};
-  std::cmatch m;
-  if (!std::regex_match(env, m, std::regex(R"(([0-9]+)@rank([0-9]+))")))
-    DDP_FATAL("DDP_TEST_EXIT_DELAY_MS='" << env << "': expected <ms>@rank<r>");
-  return {std::stoll(m[1]), std::stoi(m[2])};
+  // <ms>@rank<r>
+  const std::string s = env;
+  std::size_t at = 0;
+  long long ms = -1, rank = -1;
+  if ((ms = read_digits(s, &at, 18)) < 0 || !read_word(s, &at, "@rank") ||
+      (rank = read_digits(s, &at, 9)) < 0 || at != s.size())
+    return {-1, -1};
+  return {ms, int(rank)};
 }
 
 const std::pair<long long, int>& exit_delay() {
@@ -100,8 +132,10 @@ const std::pair<long long, int>& exit_delay() {
 long long read_step_delay() {
   const char* env = std::getenv("DDP_TEST_STEP_DELAY_US");
   if (!env || !*env) return 0;
-  if (!std::regex_match(env, std::regex("[0-9]{1,9}"))) return -1;
-  return std::stoll(env);
+  const std::string s = env;
+  std::size_t at = 0;
+  const long long us = read_digits(s, &at, 9);
+  return at == s.size() ? us : -1;
 }
 
 long long step_delay_us() {
@@ -112,7 +146,7 @@ long long step_delay_us() {
 }  // namespace
 
 bool inject_fault(FaultSite site, std::int64_t step) {
-  static const Plan plan = read_plan();
+  const Plan& plan = ddp::plan();
   if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return false;
   const FaultSite home = plan.kind == Kind::loader_exception ? FaultSite::prefetch
                          : plan.kind == Kind::perturb        ? FaultSite::parameters
@@ -145,7 +179,19 @@ bool inject_fault(FaultSite site, std::int64_t step) {
   DDP_FATAL(what << ": the allocation succeeded");
 }
 
-void check_exit_delay() { exit_delay(); }
+void check_test_variables(MPI_Comm world) {
+  if (plan().malformed)
+    fatal_all(world,
+              "DDP_INJECT_FAULT='" + plan().spec +
+                  "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
+                  "loader_exception, perturb or nan_gradient");
+  if (exit_delay().first < 0)
+    fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
+                         "': expected <ms>@rank<r>");
+  if (step_delay_us() < 0)
+    fatal_all(world, "DDP_TEST_STEP_DELAY_US='" + std::string(std::getenv("DDP_TEST_STEP_DELAY_US")) +
+                         "': expected a number of microseconds");
+}
 
 void inject_exit_delay() {
   const auto& [ms, rank] = exit_delay();
@@ -154,12 +200,6 @@ void inject_exit_delay() {
                int(getpid()), ms);
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-}
-
-void check_step_delay(MPI_Comm world) {
-  if (step_delay_us() < 0)
-    fatal_all(world, "DDP_TEST_STEP_DELAY_US='" + std::string(std::getenv("DDP_TEST_STEP_DELAY_US")) +
-                         "': expected a number of microseconds");
 }
 
 void inject_step_delay() {

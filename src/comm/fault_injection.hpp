@@ -34,9 +34,15 @@ enum class FaultSite {
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its
-// rank and step match; returns false otherwise. A malformed value is a fatal error.
-// True: a fault the caller carries out itself is due here (perturb, nan_gradient).
+// rank and step match; returns false otherwise (and for a malformed value, which
+// check_test_variables ends the run on). True: a fault the caller carries out itself
+// is due here (perturb, nan_gradient).
 bool inject_fault(FaultSite site, std::int64_t step);
+
+// Reads DDP_INJECT_FAULT, DDP_TEST_EXIT_DELAY_MS and DDP_TEST_STEP_DELAY_US (below);
+// a malformed value ends the run as an input error, one line from rank 0 (every rank
+// has the same environment). Collective, while MPI runs; Context calls it.
+void check_test_variables(MPI_Comm world);
 
 // A slow exit, for the tests of exit 75 under a launcher (tests/checkpoint/exit75.py):
 //
@@ -47,10 +53,8 @@ bool inject_fault(FaultSite site, std::int64_t step);
 // GPU context's teardown, the MPI runtime's own cleanup), the part of a shutdown no
 // barrier covers and in which a launcher that reacts to another rank's exit reaches
 // it. The sleeping rank first prints `rank <r> (pid <pid>): DDP_TEST_EXIT_DELAY_MS:
-// <ms> ms after MPI_Finalize` to stderr. check_exit_delay() reads the variable (a
-// malformed value is a fatal error) and must be called while MPI runs;
-// inject_exit_delay() sleeps. Context calls both.
-void check_exit_delay();
+// <ms> ms after MPI_Finalize` to stderr. inject_exit_delay() sleeps; Context calls
+// it.
 void inject_exit_delay();
 
 // A paced run, for tests that must act on a job while it trains (the Slurm requeue
@@ -61,10 +65,7 @@ void inject_exit_delay();
 // makes every rank sleep <us> microseconds before each training micro-batch. The
 // run takes at least that long per step whatever the CPU, and its ranks leave the
 // cores to the launcher, slurmctld and the test between steps; the numbers it
-// computes are unchanged. check_step_delay() reads the variable; a malformed value
-// ends the run as an input error (every rank has the same environment). Collective;
-// Context calls it.
-void check_step_delay(MPI_Comm world);
+// computes are unchanged.
 void inject_step_delay();
 
 }  // namespace ddp

@@ -25,6 +25,7 @@ std::string field(const std::string& text, const std::string& name) {
   return at == std::string::npos || end == std::string::npos ? "" : text.substr(at, end - at);
 }
 
+#if DDP_WITH_ONEDNN
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 // "oneDNN <version>, AVX..." or "..., SSE...": the instruction set oneDNN picked.
@@ -35,6 +36,7 @@ bool names_onednn_isa(const std::string& compute) {
   const std::string rest = compute.substr(end);
   return starts_with(rest, ", AVX") || starts_with(rest, ", SSE");
 }
+#endif
 
 // A git revision (7 or more hex digits, "-dirty" after it where the tree was changed)
 // or "unknown".

@@ -124,25 +124,21 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
         },
         "backward-filter", narrow, deterministic_, &bwd_filter_times);
   } else {
-    // the log's word: whether a choice is nondeterministic
-    const auto kind = [](const auto& chosen) {
-      return std::string(chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "");
-    };
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle_, x_desc_, w_desc_, conv_desc_, y_desc_,
                                                        kMaxAlgos, &count, fwd));
     const auto& f = best(fwd, count, "forward", narrow, deterministic_);
     pl.fwd = f.algo;
-    fwd_times = kind(f);
+    fwd_times = determinism_word(f);
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, w_desc_, y_desc_, conv_desc_, x_desc_,
                                                             kMaxAlgos, &count, bwd_data));
     const auto& bd = best(bwd_data, count, "backward-data", narrow, deterministic_);
     pl.bwd_data = bd.algo;
-    bwd_data_times = kind(bd);
+    bwd_data_times = determinism_word(bd);
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, x_desc_, y_desc_, conv_desc_, w_desc_,
                                                               kMaxAlgos, &count, bwd_filter));
     const auto& bf = best(bwd_filter, count, "backward-filter", narrow, deterministic_);
     pl.bwd_filter = bf.algo;
-    bwd_filter_times = kind(bf);
+    bwd_filter_times = determinism_word(bf);
   }
   CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle_, x_desc_, w_desc_, conv_desc_, y_desc_, pl.fwd,
                                                       &pl.fwd_bytes));

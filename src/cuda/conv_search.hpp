@@ -88,6 +88,12 @@ std::vector<Perf> timed_search(Find find) {
   return ranked;
 }
 
+// The log's word on a choice: whether it is nondeterministic.
+template <class Perf>
+const char* determinism_word(const Perf& chosen) {
+  return chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "";
+}
+
 // A timed search's (Find's) word on a choice: its time (and whether it is
 // nondeterministic), and the fastest that ran whatever its kind (nondeterministic, or
 // a transform left out in bf16/fp16), so the log shows what the rules above cost.
@@ -99,7 +105,7 @@ std::string search_times(const Perf* perf, int count, const Perf& chosen) {
         (!fastest || perf[i].time < fastest->time))
       fastest = &perf[i];
   char text[160];
-  const char* kind = chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "";
+  const char* kind = determinism_word(chosen);
   if (!fastest || fastest->algo == chosen.algo)
     std::snprintf(text, sizeof text, ", %.3f ms%s, the fastest", double(chosen.time), kind);
   else

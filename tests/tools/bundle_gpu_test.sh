@@ -5,11 +5,12 @@
 # PMIx's. There the system's mpiexec and the build's own ddp_train must fail (what
 # is hidden is hidden), and from the bundle, in a checkout that is not the source
 # tree: mpiexec trains the tiny classification on 2 ranks to its validation
-# accuracy, and ctest runs an MPI test, two python fixtures (with the python3 first
-# on PATH, as on a node), one of them Fashion-MNIST's from the packed shards, its IDX
-# files hidden, and a training test, cmake hidden (a node need not have it), through
-# the bundle's CTest files; with a library taken out of the bundle, env.sh names the
-# program that needs it.
+# accuracy and passes SIGUSR1 on to the ranks (a checkpoint, exit 75), and ctest
+# runs an MPI test, two python fixtures (with the python3 first on PATH, as on a
+# node), one of them Fashion-MNIST's from the packed shards, its IDX files hidden,
+# and a training test, cmake hidden (a node need not have it), through the bundle's
+# CTest files; with a library taken out of the bundle, env.sh names the program
+# that needs it.
 # usage: bundle_gpu_test.sh SOURCE_DIR BUILD_DIR   (run in the build tree's tests
 # folder, after the e2e_data and fashion fixtures; needs root for the mount namespace)
 set -euo pipefail
@@ -73,6 +74,22 @@ source ddp_bundle/env.sh
 mpiexec -np 2 --oversubscribe ddp_bundle/build/ddp_train tests/e2e/tiny.nml io.run_dir=runs/tiny 2>&1 | tee train.log
 grep -E 'val.*acc' train.log | tail -n 1
 grep -qE 'val.*acc' train.log || { echo "FAILED: no validation accuracy from the bundle's ddp_train" >&2; exit 1; }
+# The bundle's mpiexec passes SIGUSR1 on to the ranks: they write a checkpoint and
+# exit 75 (the stop-and-resume tests send it so). Paced (2 ms a step), so that the
+# run is training when the signal comes.
+DDP_TEST_STEP_DELAY_US=2000 mpiexec -np 2 --oversubscribe ddp_bundle/build/ddp_train tests/e2e/tiny.nml \\
+  io.run_dir=runs/stop train.epochs=1000 > stop.log 2>&1 &
+launcher=\$!
+for _ in \$(seq 300); do [[ -s runs/stop/metrics.jsonl ]] && break; sleep 0.1; done
+kill -USR1 "\$launcher"
+rc=0; wait "\$launcher" || rc=\$?
+written=\$(sed -n 's/^preempted: checkpoint \\([^ ]*\\) written at step .*; exit 75 for requeue\$/\\1/p' stop.log)
+if [[ \$rc != 75 || -z \$written || ! -f \$written ]]; then
+  cat stop.log >&2
+  echo "FAILED: SIGUSR1 to the bundle's mpiexec: exit \$rc (75 wanted), checkpoint '\$written'" >&2
+  exit 1
+fi
+echo "SIGUSR1 to the bundle's mpiexec: exit 75, \$written"
 ctest --test-dir ddp_bundle/build -R '^test_backend_np2\$' --output-on-failure 2>&1 | tee ctest.log
 grep -q '100% tests passed, 0 tests failed out of 1' ctest.log || { echo "FAILED: test_backend_np2 from the bundle" >&2; exit 1; }
 ctest --test-dir ddp_bundle/build -R '^e2e_make_test_data\$' --output-on-failure 2>&1 | tee ctest_python.log

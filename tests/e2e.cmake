@@ -77,6 +77,9 @@ ddp_add_error_test(exit_delay_malformed NP 2 REGEX "DDP_TEST_EXIT_DELAY_MS='5s@r
 ddp_add_error_test(element_vectors_malformed NP 2
                    REGEX "DDP_ELEMENT_VECTORS='yes': 1 \\(the element-wise kernels load 8 elements at a time"
                    ARGS ${TINY} ENV DDP_ELEMENT_VECTORS=yes)
+ddp_add_error_test(bn_relu_mask_malformed NP 2
+                   REGEX "DDP_BN_RELU_MASK='y': 'input' \\(batch norm's backward takes its relu's mask"
+                   ARGS ${TINY} ENV DDP_BN_RELU_MASK=y)
 
 # ddp_add_fault_test(name NP n FAULT spec REGEX re ARGS ...): ddp_train on n ranks
 # with DDP_INJECT_FAULT=spec (src/comm/fault_injection.hpp): one rank fails alone,

@@ -36,8 +36,10 @@ class BatchNorm2d : public Layer {
   // batch norm of a residual branch, so each block starts as its shortcut.
   void set_zero_gamma(bool on) { zero_gamma_ = on; }
   // The relu after it, in the same passes: forward writes relu(bn(x)) and backward
-  // takes dy through the mask y > 0 (y: this layer's, rectified, output). For a relu
-  // that hands its passes over (Model::fuse_layers) and for ResBlock's branch.
+  // takes dy through the mask bn(x) > 0, taken again from x (the output is not read;
+  // but under DDP_BN_RELU_MASK=output: planes.hpp).
+  // For a relu that hands its passes over (Model::fuse_layers) and for ResBlock's
+  // branch.
   void fuse_relu() { fused_relu_ = true; }
   // Forward without its pass over the elements: the batch's (training) or the
   // running statistics, the running update, and affine() for them.
@@ -74,14 +76,14 @@ class BatchNorm2d : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   // The bodies of statistics, forward's pass and backward, for x (and y, dx) fp32 or
-  // narrow (Narrow), dy so or not (NarrowDy); Relu: with the fused relu's mask.
+  // narrow (Narrow), dy so or not (NarrowDy); Relu: dy through the fused relu's mask.
   // Public only because CUDA's extended lambdas may not live in private members.
   template <bool Narrow>
   void statistics_of(const Tensor& x, bool training);
   template <bool Narrow>
   void normalise(const Tensor& x, Tensor& y);
-  template <bool Relu, bool Narrow, bool NarrowDy>
-  void backward_passes(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx);
+  template <bool Relu, bool Narrow, bool NarrowDy, class... Y>
+  void backward_passes(const Tensor& x, const Tensor& dy, Tensor& dx, Y... y);
 
  private:
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.

@@ -28,26 +28,41 @@ int element_team_size() {
 }
 
 namespace {
-// -1: not set by set_element_vectors, DDP_ELEMENT_VECTORS decides.
-int vectors_override = -1;
+// A switch's environment variable: whether it is set to `on`; unset or empty, or
+// `off`, it is not; any other value is an input error naming both and what they do.
+bool switched_on(const char* name, const char* off, const char* on, const std::string& what) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  const std::string s(v);
+  if (s != off && s != on) throw InputError(std::string(name) + "='" + s + "': " + what);
+  return s == on;
+}
+
+// -1: not set by set_element_vectors (set_bn_relu_mask_from_output), the variable decides.
+int vectors_override = -1, mask_override = -1;
 }  // namespace
 
 bool element_vectors() {
   if (vectors_override >= 0) return vectors_override == 1;
-  static const bool on = [] {
-    const char* v = std::getenv("DDP_ELEMENT_VECTORS");
-    if (!v || !*v) return true;
-    const std::string s(v);
-    if (s != "0" && s != "1")
-      throw InputError("DDP_ELEMENT_VECTORS='" + s +
-                       "': 1 (the element-wise kernels load 8 elements at a time where they can, the "
-                       "default) or 0 (one at a time)");
-    return s == "1";
-  }();
+  static const bool on =
+      !switched_on("DDP_ELEMENT_VECTORS", "1", "0",
+                   "1 (the element-wise kernels load 8 elements at a time where they can, the default) or 0 "
+                   "(one at a time)");
   return on;
 }
 
 void set_element_vectors(bool on) { vectors_override = on ? 1 : 0; }
+
+bool bn_relu_mask_from_output() {
+  if (mask_override >= 0) return mask_override == 1;
+  static const bool from_output =
+      switched_on("DDP_BN_RELU_MASK", "input", "output",
+                  "'input' (batch norm's backward takes its relu's mask from bn(x) > 0, the default) or "
+                  "'output' (from its output, read as a third input)");
+  return from_output;
+}
+
+void set_bn_relu_mask_from_output(bool on) { mask_override = on ? 1 : 0; }
 
 namespace {
 template <bool Narrow>

@@ -139,6 +139,14 @@ struct NoInput {
 bool element_vectors();
 void set_element_vectors(bool on);
 
+// Where batch norm's backward takes its fused relu's mask from: its input x
+// (bn(x) > 0, computed again; the default) or, under DDP_BN_RELU_MASK=output, its
+// output y (> 0), which it then reads as a third input (for measuring the two
+// against each other). The same gradients but where a narrow output rounded a
+// positive value to 0. set_bn_relu_mask_from_output overrides the variable (tests).
+bool bn_relu_mask_from_output();
+void set_bn_relu_mask_from_output(bool on);
+
 template <class E>
 constexpr bool is_narrow_elements = false;
 template <class T>

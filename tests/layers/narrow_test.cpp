@@ -403,6 +403,56 @@ TEST(NarrowElements, BatchNormWritesItsFp32ResultsRounded) {
       }
 }
 
+// Batch norm's fused relu in backward: the mask bn(x) > 0 taken again from x (the
+// default) against y > 0 read from the output (DDP_BN_RELU_MASK=output): the same
+// dx and parameter gradients bit for bit, in training and in eval, fp32 and narrow,
+// channels-last with and without 8 channels a load (C = 8), and where C is not a
+// multiple of 8. (They could differ only where a narrow output rounds a positive
+// value to 0: fp16 below 3e-8, which these values do not reach.)
+TEST(ElementMaps, BatchNormReluMaskFromInputEqualsFromOutput) {
+  const auto bits = [](const std::vector<float>& a) {
+    std::vector<std::uint32_t> u(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) u[i] = float_bits(a[i]);
+    return u;
+  };
+  for (Precision type : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (Layout layout : {Layout::nchw, Layout::nhwc})
+      for (std::int64_t C : {8, 5})
+        for (bool vectors : {true, false}) {
+          SCOPED_TRACE(std::string(precision_name(type)) + " " + layout_name(layout) + " C " +
+                       std::to_string(C) + (vectors ? " vectors" : ""));
+          set_element_vectors(vectors);
+          const Shape sample = {C, 6, 7};
+          const std::int64_t B = 3;
+          auto [xn, xw] = narrow_and_wide(B, sample, layout, type, 31);
+          auto [dyn, dyw] = narrow_and_wide(B, sample, layout, type, 32);
+          const Tensor& x = type == Precision::fp32 ? xw : xn;
+          const Tensor& dy = type == Precision::fp32 ? dyw : dyn;
+          std::vector<std::vector<float>> got[2];
+          for (bool from_output : {false, true}) {
+            set_bn_relu_mask_from_output(from_output);
+            BoundLayer l("batchnorm2d", sample);
+            dynamic_cast<BatchNorm2d&>(*l.layer).fuse_relu();
+            Tensor y, dx, y_eval, dx_eval;
+            l.layer->forward(x, y, true);
+            l.layer->backward(x, y, dy, dx);
+            const std::vector<float> grads = to_host(l.grads, l.n);
+            l.layer->forward(x, y_eval, false);
+            l.layer->backward(x, y_eval, dy, dx_eval);
+            got[from_output] = {values(dx), grads, values(dx_eval)};
+          }
+          set_bn_relu_mask_from_output(false);
+          EXPECT_EQ(bits(got[0][0]), bits(got[1][0])) << "dx";
+          EXPECT_EQ(bits(got[0][1]), bits(got[1][1])) << "gamma and beta's gradients";
+          EXPECT_EQ(bits(got[0][2]), bits(got[1][2])) << "dx in eval";
+          std::size_t zero = 0;  // the mask holds some back, not all (eval's dx: 0 where it does)
+          for (float d : got[0][2]) zero += d == 0.0f;
+          EXPECT_GT(zero, got[0][2].size() / 5);
+          EXPECT_LT(zero, got[0][2].size() * 4 / 5);
+        }
+  set_element_vectors(true);
+}
+
 // A convolution at precision p reading and writing narrow tensors against the same
 // convolution on fp32 tensors of the same values. Its operands are p's values either
 // way, so the weight gradient is the same and y, dx are the fp32 ones rounded: on the

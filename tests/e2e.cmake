@@ -78,7 +78,7 @@ ddp_add_error_test(element_vectors_malformed NP 2
                    REGEX "DDP_ELEMENT_VECTORS='yes': 1 \\(the element-wise kernels load 8 elements at a time"
                    ARGS ${TINY} ENV DDP_ELEMENT_VECTORS=yes)
 ddp_add_error_test(bn_relu_mask_malformed NP 2
-                   REGEX "DDP_BN_RELU_MASK='y': 'input' \\(batch norm's backward takes its relu's mask"
+                   REGEX "DDP_BN_RELU_MASK='y': 'output' \\(batch norm's backward reads its output"
                    ARGS ${TINY} ENV DDP_BN_RELU_MASK=y)
 
 # ddp_add_fault_test(name NP n FAULT spec REGEX re ARGS ...): ddp_train on n ranks

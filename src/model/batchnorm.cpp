@@ -129,12 +129,12 @@ struct BatchNormBackwardThen {
 };
 
 // The gradient reaching the batch norm's output: dy, through the relu's mask where
-// one is fused. The mask is bn(x) > 0, the test forward_relu made on the value it
-// rectified, taken again from x (BatchNormAffine: the same floats), so that backward
-// reads x and dy and not the output as well: a third fewer bytes in its sums' pass
-// and a quarter fewer in its pass over dx. Where a narrow output rounded a positive
-// value to 0 (fp16 below 3e-8) the gradient passes, as fp32's would. Given y (the
-// output; DDP_BN_RELU_MASK=output), the mask is y > 0.
+// one is fused: y > 0, y the output (the default), or without y (DDP_BN_RELU_MASK=
+// input) bn(x) > 0, the test forward_relu made on the value it rectified, taken again
+// from x (BatchNormAffine: the same floats), so that backward reads x and dy and not
+// the output as well: a third fewer bytes in its sums' pass and a quarter fewer in
+// its pass over dx, but gamma and beta loaded too. Where a narrow output rounded a
+// positive value to 0 (fp16 below 3e-8) the gradient then passes, as fp32's would.
 template <bool Relu>
 struct OutputGrad {
   BatchNormAffine bn;  // read where a relu is fused
@@ -301,15 +301,15 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, T
   if (library_forward_) return library_backward(x, y, dy, dx, nullptr);
   const bool narrow = x.type != Precision::fp32, narrow_dy = dy.type != Precision::fp32;
   DDP_REQUIRE(narrow || !narrow_dy, "batchnorm2d: a narrow output gradient for an fp32 input");
-  if (fused_relu_ && bn_relu_mask_from_output()) {  // y read for the mask
-    if (!narrow) return backward_passes<true, false, false>(x, dy, dx, elements<false>(y));
-    if (!narrow_dy) return backward_passes<true, true, false>(x, dy, dx, elements<true>(y));
-    return backward_passes<true, true, true>(x, dy, dx, elements<true>(y));
-  }
-  if (fused_relu_) {
+  if (fused_relu_ && bn_relu_mask_from_input()) {  // the mask bn(x) > 0, y not read
     if (!narrow) return backward_passes<true, false, false>(x, dy, dx);
     if (!narrow_dy) return backward_passes<true, true, false>(x, dy, dx);
     return backward_passes<true, true, true>(x, dy, dx);
+  }
+  if (fused_relu_) {  // the mask y > 0
+    if (!narrow) return backward_passes<true, false, false>(x, dy, dx, elements<false>(y));
+    if (!narrow_dy) return backward_passes<true, true, false>(x, dy, dx, elements<true>(y));
+    return backward_passes<true, true, true>(x, dy, dx, elements<true>(y));
   }
   if (!narrow) return backward_passes<false, false, false>(x, dy, dx);
   if (!narrow_dy) return backward_passes<false, true, false>(x, dy, dx);

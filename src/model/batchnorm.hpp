@@ -36,8 +36,8 @@ class BatchNorm2d : public Layer {
   // batch norm of a residual branch, so each block starts as its shortcut.
   void set_zero_gamma(bool on) { zero_gamma_ = on; }
   // The relu after it, in the same passes: forward writes relu(bn(x)) and backward
-  // takes dy through the mask bn(x) > 0, taken again from x (the output is not read;
-  // but under DDP_BN_RELU_MASK=output: planes.hpp).
+  // takes dy through the mask y > 0 (y: this layer's, rectified, output; or bn(x) > 0
+  // under DDP_BN_RELU_MASK=input: planes.hpp).
   // For a relu that hands its passes over (Model::fuse_layers) and for ResBlock's
   // branch.
   void fuse_relu() { fused_relu_ = true; }

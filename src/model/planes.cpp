@@ -38,7 +38,7 @@ bool switched_on(const char* name, const char* off, const char* on, const std::s
   return s == on;
 }
 
-// -1: not set by set_element_vectors (set_bn_relu_mask_from_output), the variable decides.
+// -1: not set by set_element_vectors (set_bn_relu_mask_from_input), the variable decides.
 int vectors_override = -1, mask_override = -1;
 }  // namespace
 
@@ -53,16 +53,16 @@ bool element_vectors() {
 
 void set_element_vectors(bool on) { vectors_override = on ? 1 : 0; }
 
-bool bn_relu_mask_from_output() {
+bool bn_relu_mask_from_input() {
   if (mask_override >= 0) return mask_override == 1;
-  static const bool from_output =
-      switched_on("DDP_BN_RELU_MASK", "input", "output",
-                  "'input' (batch norm's backward takes its relu's mask from bn(x) > 0, the default) or "
-                  "'output' (from its output, read as a third input)");
-  return from_output;
+  static const bool from_input =
+      switched_on("DDP_BN_RELU_MASK", "output", "input",
+                  "'output' (batch norm's backward reads its output for its relu's mask, the default) or "
+                  "'input' (it computes bn(x) > 0 again from its input)");
+  return from_input;
 }
 
-void set_bn_relu_mask_from_output(bool on) { mask_override = on ? 1 : 0; }
+void set_bn_relu_mask_from_input(bool on) { mask_override = on ? 1 : 0; }
 
 namespace {
 template <bool Narrow>

@@ -139,13 +139,14 @@ struct NoInput {
 bool element_vectors();
 void set_element_vectors(bool on);
 
-// Where batch norm's backward takes its fused relu's mask from: its input x
-// (bn(x) > 0, computed again; the default) or, under DDP_BN_RELU_MASK=output, its
-// output y (> 0), which it then reads as a third input (for measuring the two
-// against each other). The same gradients but where a narrow output rounded a
-// positive value to 0. set_bn_relu_mask_from_output overrides the variable (tests).
-bool bn_relu_mask_from_output();
-void set_bn_relu_mask_from_output(bool on);
+// Where batch norm's backward takes its fused relu's mask from: its output y (> 0),
+// read as a third input (the default), or under DDP_BN_RELU_MASK=input its input x,
+// bn(x) > 0 computed again: a third fewer bytes read, but each thread loads gamma and
+// beta too (for measuring the two against each other). The same gradients but where
+// a narrow output rounded a positive value to 0. set_bn_relu_mask_from_input
+// overrides the variable (tests).
+bool bn_relu_mask_from_input();
+void set_bn_relu_mask_from_input(bool on);
 
 template <class E>
 constexpr bool is_narrow_elements = false;
@@ -250,7 +251,17 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
             pb[u] = b.load8(e);
             pd[u] = d.load8(e);
           }
-          DDP_UNROLL for (int u = 0; u < L; ++u) compute(base + u * stride, pa[u], pb[u], pd[u]);
+          // Every result before the first store: with a store between two pixels the
+          // compiler loads op's per-channel constants (batch norm's mean, 1/std, ...)
+          // again for the next, as the store might have changed them.
+          float res[L][8];
+          DDP_UNROLL for (int u = 0; u < L; ++u) {
+            DDP_UNROLL for (int l = 0; l < 8; ++l) {
+              res[u][l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa[u], l), b.lane(pb[u], l),
+                                            d.lane(pd[u], l));
+            }
+          }
+          DDP_UNROLL for (int u = 0; u < L; ++u) out.set8(base + u * stride, res[u]);
         } else {
           for (std::int64_t e = base; e < n; e += stride) compute(e, a.load8(e), b.load8(e), d.load8(e));
         }

@@ -204,9 +204,9 @@ const Item kEnvironment[] = {
     {"DDP_ELEMENT_VECTORS=0",
      "the element-wise kernels on channels-last or flat tensors load one element at a time, not 8 (16 bytes "
      "of bf16) where the channels are a multiple of 8; the results are the same (for measuring)"},
-    {"DDP_BN_RELU_MASK=output",
-     "batch norm's backward reads its output for its fused relu's mask, not computing it again from its "
-     "input (a third input read; for measuring the two against each other)"},
+    {"DDP_BN_RELU_MASK=input",
+     "batch norm's backward computes its fused relu's mask again from its input, bn(x) > 0, instead of "
+     "reading its output (a third fewer bytes read; for measuring the two against each other)"},
     {"DDP_CUDNN_BENCHMARK=1",
      "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
      "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},

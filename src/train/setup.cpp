@@ -144,16 +144,15 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
     // Read here (DDP_ELEMENT_WARPS, DDP_ELEMENT_VECTORS, DDP_BN_RELU_MASK), so that a
     // bad value ends the start-up.
     const bool vectors = element_vectors();
-    const bool mask_from_output = bn_relu_mask_from_output();
+    const bool mask_from_input = bn_relu_mask_from_input();
 #if defined(KOKKOS_ENABLE_CUDA)
-    log::info(
-        "element loops: " + std::to_string(element_team_size()) + " warps a block, " +
-        (vectors ? "8 elements a load where the channels allow"
-                 : "one element a load (DDP_ELEMENT_VECTORS=0)") +
-        (mask_from_output ? "; batch norm's relu mask read from its output (DDP_BN_RELU_MASK=output)" : ""));
+    log::info("element loops: " + std::to_string(element_team_size()) + " warps a block, " +
+              (vectors ? "8 elements a load where the channels allow"
+                       : "one element a load (DDP_ELEMENT_VECTORS=0)") +
+              (mask_from_input ? "; batch norm's relu mask from its input (DDP_BN_RELU_MASK=input)" : ""));
 #else
     (void)vectors;  // the host's element loops over its own layouts load one at a time
-    (void)mask_from_output;
+    (void)mask_from_input;
 #endif
     const bool labels = data.train->has_class_labels();
     if (data.val && data.val->has_class_labels() != labels)

@@ -403,8 +403,8 @@ TEST(NarrowElements, BatchNormWritesItsFp32ResultsRounded) {
       }
 }
 
-// Batch norm's fused relu in backward: the mask bn(x) > 0 taken again from x (the
-// default) against y > 0 read from the output (DDP_BN_RELU_MASK=output): the same
+// Batch norm's fused relu in backward: the mask y > 0 read from the output (the
+// default) against bn(x) > 0 taken again from x (DDP_BN_RELU_MASK=input): the same
 // dx and parameter gradients bit for bit, in training and in eval, fp32 and narrow,
 // channels-last with and without 8 channels a load (C = 8), and where C is not a
 // multiple of 8. (They could differ only where a narrow output rounds a positive
@@ -429,8 +429,8 @@ TEST(ElementMaps, BatchNormReluMaskFromInputEqualsFromOutput) {
           const Tensor& x = type == Precision::fp32 ? xw : xn;
           const Tensor& dy = type == Precision::fp32 ? dyw : dyn;
           std::vector<std::vector<float>> got[2];
-          for (bool from_output : {false, true}) {
-            set_bn_relu_mask_from_output(from_output);
+          for (bool from_input : {false, true}) {
+            set_bn_relu_mask_from_input(from_input);
             BoundLayer l("batchnorm2d", sample);
             dynamic_cast<BatchNorm2d&>(*l.layer).fuse_relu();
             Tensor y, dx, y_eval, dx_eval;
@@ -439,9 +439,9 @@ TEST(ElementMaps, BatchNormReluMaskFromInputEqualsFromOutput) {
             const std::vector<float> grads = to_host(l.grads, l.n);
             l.layer->forward(x, y_eval, false);
             l.layer->backward(x, y_eval, dy, dx_eval);
-            got[from_output] = {values(dx), grads, values(dx_eval)};
+            got[from_input] = {values(dx), grads, values(dx_eval)};
           }
-          set_bn_relu_mask_from_output(false);
+          set_bn_relu_mask_from_input(false);
           EXPECT_EQ(bits(got[0][0]), bits(got[1][0])) << "dx";
           EXPECT_EQ(bits(got[0][1]), bits(got[1][1])) << "gamma and beta's gradients";
           EXPECT_EQ(bits(got[0][2]), bits(got[1][2])) << "dx in eval";

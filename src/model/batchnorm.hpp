@@ -37,9 +37,8 @@ class BatchNorm2d : public Layer {
   void set_zero_gamma(bool on) { zero_gamma_ = on; }
   // The relu after it, in the same passes: forward writes relu(bn(x)) and backward
   // takes dy through the mask y > 0 (y: this layer's, rectified, output; or bn(x) > 0
-  // under DDP_BN_RELU_MASK=input: planes.hpp).
-  // For a relu that hands its passes over (Model::fuse_layers) and for ResBlock's
-  // branch.
+  // under DDP_BN_RELU_MASK=input: planes.hpp). For a relu that hands its passes over
+  // (Model::fuse_layers) and for ResBlock's branch.
   void fuse_relu() { fused_relu_ = true; }
   // Forward without its pass over the elements: the batch's (training) or the
   // running statistics, the running update, and affine() for them.

@@ -233,13 +233,12 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
           base = r * L * C + c0;
           stride = C;
         }
-        const auto compute = [&](std::int64_t e, const typename A::Pack& pa, const typename Bi::Pack& pb,
-                                 const typename Di::Pack& pd) {
-          float res[8];
+        // A pack's 8 results into res.
+        const auto compute = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
+                                 const typename Di::Pack& pd, float* res) {
           DDP_UNROLL for (int l = 0; l < 8; ++l) {
             res[l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa, l), b.lane(pb, l), d.lane(pd, l));
           }
-          out.set8(e, res);
         };
         if (base + (L - 1) * stride < n) {
           typename A::Pack pa[L];
@@ -255,15 +254,14 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
           // compiler loads op's per-channel constants (batch norm's mean, 1/std, ...)
           // again for the next, as the store might have changed them.
           float res[L][8];
-          DDP_UNROLL for (int u = 0; u < L; ++u) {
-            DDP_UNROLL for (int l = 0; l < 8; ++l) {
-              res[u][l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa[u], l), b.lane(pb[u], l),
-                                            d.lane(pd[u], l));
-            }
-          }
+          DDP_UNROLL for (int u = 0; u < L; ++u) compute(pa[u], pb[u], pd[u], res[u]);
           DDP_UNROLL for (int u = 0; u < L; ++u) out.set8(base + u * stride, res[u]);
         } else {
-          for (std::int64_t e = base; e < n; e += stride) compute(e, a.load8(e), b.load8(e), d.load8(e));
+          for (std::int64_t e = base; e < n; e += stride) {
+            float res[8];
+            compute(a.load8(e), b.load8(e), d.load8(e), res);
+            out.set8(e, res);
+          }
         }
       });
 }

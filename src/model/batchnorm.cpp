@@ -135,9 +135,9 @@ struct BatchNormBackwardThen {
 // the output as well: a third fewer bytes in its sums' pass and a quarter fewer in
 // its pass over dx, but gamma and beta loaded too. Where a narrow output rounded a
 // positive value to 0 (fp16 below 3e-8) the gradient then passes, as fp32's would.
-template <bool Relu>
+template <bool Relu, class K = ChannelValues>
 struct OutputGrad {
-  BatchNormAffine bn;  // read where a relu is fused
+  BatchNormAffineOf<K> bn;  // read where a relu is fused
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x, float dy) const {
     if constexpr (Relu)
       return select_or_zero(relu_passes(bn(c, x)), dy);
@@ -151,24 +151,33 @@ struct OutputGrad {
 // dx from x and dy (and y, the mask's, where given) in batch norm's backward pass, in
 // training: gamma invstd (g - mean(g) - xhat mean(g xhat)), g the output's gradient
 // (OutputGrad; the means over all the channel's values); in eval: gamma invstd g.
-template <bool Relu>
+// at8: for map_vectors (its constants 8 channels a load, model/elements.hpp).
+template <bool Relu, class K = ChannelValues>
 struct BatchNormInputGrad {
-  OutputGrad<Relu> g;
-  Kokkos::View<float*> mean_dy, mean_dy_xhat;
+  OutputGrad<Relu, K> g;
+  K mean_dy, mean_dy_xhat;
   template <class... Y>
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x, float dy, Y... y) const {
-    const BatchNormAffine& bn = g.bn;
+    const BatchNormAffineOf<K>& bn = g.bn;
     const float xhat = (x - bn.mean(c)) * bn.invstd(c);
     return bn.gamma(c) * bn.invstd(c) * (g(c, x, dy, y...) - mean_dy(c) - xhat * mean_dy_xhat(c));
   }
+  KOKKOS_INLINE_FUNCTION BatchNormInputGrad<Relu, ChannelValues8> at8(std::int64_t c0) const {
+    return {{g.bn.at8(c0)}, mean_dy.at8(c0), mean_dy_xhat.at8(c0)};
+  }
+  bool aligned() const { return g.bn.aligned() && mean_dy.aligned() && mean_dy_xhat.aligned(); }
 };
-template <bool Relu>
+template <bool Relu, class K = ChannelValues>
 struct BatchNormEvalGrad {
-  OutputGrad<Relu> g;
+  OutputGrad<Relu, K> g;
   template <class... Y>
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x, float dy, Y... y) const {
     return g(c, x, dy, y...) * g.bn.gamma(c) * g.bn.invstd(c);
   }
+  KOKKOS_INLINE_FUNCTION BatchNormEvalGrad<Relu, ChannelValues8> at8(std::int64_t c0) const {
+    return {{g.bn.at8(c0)}};
+  }
+  bool aligned() const { return g.bn.aligned(); }
 };
 // The terms of backward's sums: g and g xhat.
 template <bool Relu>
@@ -275,6 +284,23 @@ void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
     normalise<true>(x, y);
 }
 
+// y = bn(x), or relu(bn(x)) with the relu fused (Relu); at8 as BatchNormInputGrad's.
+template <bool Relu, class K = ChannelValues>
+struct BatchNormForward {
+  BatchNormAffineOf<K> bn;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x) const {
+    const float v = bn(c, x);
+    if constexpr (Relu)
+      return select_or_zero(relu_passes(v), v);
+    else
+      return v;
+  }
+  KOKKOS_INLINE_FUNCTION BatchNormForward<Relu, ChannelValues8> at8(std::int64_t c0) const {
+    return {bn.at8(c0)};
+  }
+  bool aligned() const { return bn.aligned(); }
+};
+
 template <bool Narrow>
 void BatchNorm2d::normalise(const Tensor& x, Tensor& y) {
   const std::int64_t B = x.batch(), C = c_, hw = hw_;
@@ -282,19 +308,10 @@ void BatchNorm2d::normalise(const Tensor& x, Tensor& y) {
   const auto yv = elements<Narrow>(y);
   const BatchNormAffine bn = affine();
   // Padding channels: mean, invstd, gamma and beta are 0 there, so y is too.
-  if (fused_relu_) {
-    map_elements(
-        "BatchNorm2d::forward_relu", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t c, float xe) {
-          const float v = bn(c, xe);
-          return select_or_zero(relu_passes(v), v);
-        },
-        yv, xv);
-  } else {
-    map_elements(
-        "BatchNorm2d::forward", x.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t c, float xe) { return bn(c, xe); }, yv, xv);
-  }
+  if (fused_relu_)
+    map_elements("BatchNorm2d::forward_relu", x.layout, B, C, hw, BatchNormForward<true>{bn}, yv, xv);
+  else
+    map_elements("BatchNorm2d::forward", x.layout, B, C, hw, BatchNormForward<false>{bn}, yv, xv);
 }
 
 void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
@@ -370,8 +387,8 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& dy, Tensor& dx,
           mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
         });
   }
-  map_elements("BatchNorm2d::backward", x.layout, B, C, hw, BatchNormInputGrad<Relu>{g, mdy, mdyx}, dxv, xv,
-               dyv, y...);
+  map_elements("BatchNorm2d::backward", x.layout, B, C, hw,
+               BatchNormInputGrad<Relu>{g, {mdy.data()}, {mdyx.data()}}, dxv, xv, dyv, y...);
 }
 
 namespace {

@@ -14,18 +14,27 @@
 // channels-last x, not synchronised, runs in it, and so does the backward of that
 // forward; eval and everything else runs the kernels here.
 
+#include "model/elements.hpp"
 #include "model/layer.hpp"
 
 namespace ddp {
 
 // The per-channel map of a batch norm's last forward, y = (x - mean) invstd gamma +
-// beta, for a kernel that applies it in a pass of its own (ResBlock's output).
-struct BatchNormAffine {
-  Kokkos::View<float*> mean, invstd, gamma, beta;  // (Cp), zero past C
+// beta, for a kernel that applies it in a pass of its own (ResBlock's output). K:
+// ChannelValues (model/elements.hpp), or ChannelValues8 for a thread's 8 channels
+// (at8, in map_vectors).
+template <class K>
+struct BatchNormAffineOf {
+  K mean, invstd, gamma, beta;  // (Cp), zero past C
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x) const {
     return (x - mean(c)) * invstd(c) * gamma(c) + beta(c);
   }
+  KOKKOS_INLINE_FUNCTION BatchNormAffineOf<ChannelValues8> at8(std::int64_t c0) const {
+    return {mean.at8(c0), invstd.at8(c0), gamma.at8(c0), beta.at8(c0)};
+  }
+  bool aligned() const { return mean.aligned() && invstd.aligned() && gamma.aligned() && beta.aligned(); }
 };
+using BatchNormAffine = BatchNormAffineOf<ChannelValues>;
 
 class BatchNorm2d : public Layer {
  public:
@@ -43,7 +52,9 @@ class BatchNorm2d : public Layer {
   // Forward without its pass over the elements: the batch's (training) or the
   // running statistics, the running update, and affine() for them.
   void statistics(const Tensor& x, bool training);
-  BatchNormAffine affine() const { return {mean_, invstd_, gamma_, beta_}; }
+  BatchNormAffine affine() const {
+    return {{mean_.data()}, {invstd_.data()}, {gamma_.data()}, {beta_.data()}};
+  }
   // The library batch norm its training passes take where they can (null: none,
   // the kernels here throughout). Unset: the backend's, where it has one and it is
   // asked for (ComputeBackend::batch_norm_in_library). Tests and bn_bench set it to

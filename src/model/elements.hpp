@@ -100,6 +100,28 @@ struct alignas(16) Halves8 {
 // Whether p may be read and written 16 bytes at a time.
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// A per-channel constant of an element map's operation (batch norm's mean, 1/std,
+// gamma, beta, ...), k(c) read from memory; at8(c0) gives channels c0..c0+7 (c0 a
+// multiple of 8, the data 16-byte aligned: aligned()) in two 16-byte loads, as
+// ChannelValues8, for map_vectors' threads (model/planes.hpp). Why: their
+// operations read each constant 4 bytes at a time, a lane at a time, and adjacent
+// threads take adjacent groups of 8 channels, so that each such load of a warp
+// touched up to 8 lines of L1 for one float a thread: 120 of them beside 15 16-byte
+// loads of data in batch norm's bf16 backward (sm_90 SASS of the GPU build).
+struct ChannelValues8 {
+  Floats8 v;
+  std::int64_t c0;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c) const { return v.v[c - c0]; }
+};
+struct ChannelValues {
+  const float* data;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c) const { return data[c]; }
+  KOKKOS_INLINE_FUNCTION ChannelValues8 at8(std::int64_t c0) const {
+    return {*reinterpret_cast<const Floats8*>(data + c0), c0};
+  }
+  bool aligned() const { return aligned16(data); }
+};
+
 // The elements of a tensor (index e of its storage, as the layout lays them out)
 // as floats, through one of two accessors whose kind the kernels take as a template
 // argument, so that an fp32 loop stays a plain loop over floats (an accessor testing

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "model/elements.hpp"
 #include "model/tensor.hpp"
@@ -211,6 +212,32 @@ void map_runs(const char* label, std::int64_t n, std::int64_t C, Op op, Out out,
 // plane_sums_nhwc_vectors loads before it computes: 16-byte loads in flight at once.
 constexpr int kVectorLoads = 4;
 
+// An operation with per-channel constants that can load 8 channels' values together
+// (op.at8(c0): elements.hpp's ChannelValues), such as batch norm's passes.
+template <class Op, class = void>
+constexpr bool has_at8 = false;
+template <class Op>
+constexpr bool has_at8<Op, std::void_t<decltype(std::declval<const Op&>().at8(std::int64_t()))>> = true;
+
+// op for a map_vectors thread's channels c0..c0+7: its constants loaded once, 16 bytes
+// a load, where it has at8 (never in a flat map: map_flat), else op itself.
+template <class Op>
+KOKKOS_INLINE_FUNCTION auto channel_lanes(const Op& op, std::int64_t c0) {
+  if constexpr (has_at8<Op>)
+    return op.at8(c0);
+  else
+    return op;
+}
+
+// Whether op's per-channel constants (if it loads them 8 at a time) allow it.
+template <class Op>
+bool op_aligned(const Op& op) {
+  if constexpr (has_at8<Op>)
+    return op.aligned();
+  else
+    return true;
+}
+
 // map_runs with 8 elements a load: a thread per run of kVectorLoads pixels and group
 // of 8 channels c0..c0+7 (C > 0, a multiple of 8), or per kVectorLoads packs of 8
 // flat elements as far apart as there are threads (C = 0, n a multiple of 8); every
@@ -224,6 +251,10 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
   constexpr int L = kVectorLoads;
   const std::int64_t G = C / 8, threads = C == 0 ? (n / 8 + L - 1) / L : (n / C + L - 1) / L * G;
   const bool index32 = threads <= std::int64_t(UINT32_MAX);
+  // An operation with at8 goes by channel (map_flat refuses it): lane l's channel is
+  // c0 + l, known so where the compiler indexes the constants it loaded (as c0 + l or
+  // 0 by C, it kept them in local memory, indexed at run time).
+  constexpr bool by_channel = has_at8<Op>;
   Kokkos::parallel_for(
       label, Range(0, threads), KOKKOS_LAMBDA(std::int64_t p) {
         std::int64_t base = p * 8, stride = threads * 8, c0 = 0;
@@ -233,11 +264,14 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
           base = r * L * C + c0;
           stride = C;
         }
-        // A pack's 8 results into res.
+        // op for channels c0..c0+7 (its constants loaded here, where it loads them 8
+        // at a time); a pack's 8 results into res.
+        const auto lanes_op = channel_lanes(op, c0);
         const auto compute = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
                                  const typename Di::Pack& pd, float* res) {
           DDP_UNROLL for (int l = 0; l < 8; ++l) {
-            res[l] = apply_map<Bi, Di>(op, C > 0 ? c0 + l : 0, a.lane(pa, l), b.lane(pb, l), d.lane(pd, l));
+            const std::int64_t c = by_channel || C > 0 ? c0 + l : 0;
+            res[l] = apply_map<Bi, Di>(lanes_op, c, a.lane(pa, l), b.lane(pb, l), d.lane(pd, l));
           }
         };
         if (base + (L - 1) * stride < n) {
@@ -251,8 +285,8 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
             pd[u] = d.load8(e);
           }
           // Every result before the first store: with a store between two pixels the
-          // compiler loads op's per-channel constants (batch norm's mean, 1/std, ...)
-          // again for the next, as the store might have changed them.
+          // compiler loads op's per-channel constants (where channel_lanes left them in
+          // memory) again for the next, as the store might have changed them.
           float res[L][8];
           DDP_UNROLL for (int u = 0; u < L; ++u) compute(pa[u], pb[u], pd[u], res[u]);
           DDP_UNROLL for (int u = 0; u < L; ++u) out.set8(base + u * stride, res[u]);
@@ -267,10 +301,11 @@ void map_vectors(const char* label, std::int64_t n, std::int64_t C, Op op, Out o
 }
 
 // Whether map_vectors can take a map of n elements (C channels-last, or 0: flat).
-template <class Out, class A, class Bi, class Di>
-bool vectors_fit(std::int64_t n, std::int64_t C, const Out& out, const A& a, const Bi& b, const Di& d) {
-  return element_vectors() && (C > 0 ? C % 8 == 0 : n % 8 == 0) && out.aligned() && a.aligned() &&
-         b.aligned() && d.aligned();
+template <class Op, class Out, class A, class Bi, class Di>
+bool vectors_fit(std::int64_t n, std::int64_t C, const Op& op, const Out& out, const A& a, const Bi& b,
+                 const Di& d) {
+  return element_vectors() && (C > 0 ? C % 8 == 0 : n % 8 == 0) && op_aligned(op) && out.aligned() &&
+         a.aligned() && b.aligned() && d.aligned();
 }
 
 // Whether the element maps go in runs: always on a GPU; on the host for narrow
@@ -290,7 +325,8 @@ template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
 void map_elements(const char* label, Layout layout, std::int64_t B, std::int64_t C, std::int64_t hw, Op op,
                   Out out, A a, Bi b = {}, Di d = {}) {
   if (layout == Layout::nhwc && maps_in_runs<Out, A, Bi, Di>()) {
-    if (vectors_fit(B * hw * C, C, out, a, b, d)) return map_vectors(label, B * hw * C, C, op, out, a, b, d);
+    if (vectors_fit(B * hw * C, C, op, out, a, b, d))
+      return map_vectors(label, B * hw * C, C, op, out, a, b, d);
     return map_runs(label, B * hw * C, C, op, out, a, b, d);
   }
   for_each_element(
@@ -303,8 +339,9 @@ void map_elements(const char* label, Layout layout, std::int64_t B, std::int64_t
 // layout, taken flat (an operation of the element alone).
 template <class Op, class Out, class A, class Bi = NoInput, class Di = NoInput>
 void map_flat(const char* label, std::int64_t n, Op op, Out out, A a, Bi b = {}, Di d = {}) {
+  static_assert(!has_at8<Op>, "map_flat: an operation of per-channel constants needs map_elements");
   if (maps_in_runs<Out, A, Bi, Di>()) {
-    if (vectors_fit(n, 0, out, a, b, d)) return map_vectors(label, n, 0, op, out, a, b, d);
+    if (vectors_fit(n, 0, op, out, a, b, d)) return map_vectors(label, n, 0, op, out, a, b, d);
     return map_runs(label, n, 0, op, out, a, b, d);
   }
   Kokkos::parallel_for(
@@ -530,7 +567,7 @@ void channel_sums(const char* label, const char* rows_label, Layout layout, std:
       plane_sums<16>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nhwc:
-      if (vectors_fit(B * hw * C, C, NoInput{}, a, bi, di))
+      if (vectors_fit(B * hw * C, C, NoInput{}, NoInput{}, a, bi, di))
         plane_sums_nhwc_vectors(label, B, C, hw, partial, f, g, a, bi, di);
       else
         plane_sums_nhwc(label, B, C, hw, partial, f, g, a, bi, di);

@@ -165,6 +165,30 @@ void ResBlock::set_types(Precision in, Precision inside, Precision out) {
   if (down_conv_) down_conv_->set_types(in, inside);
 }
 
+namespace {
+// relu(bn(a) + down(s)) (Projection) or relu(bn(a) + s) of channel c; at8: for
+// map_vectors, its constants 8 channels a load (model/elements.hpp).
+template <bool Projection, class K = ChannelValues>
+struct BlockOutput {
+  BatchNormAffineOf<K> bn, down;  // down: where Projection
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float a, float s) const {
+    float v;
+    if constexpr (Projection)
+      v = bn(c, a) + down(c, s);
+    else
+      v = bn(c, a) + s;
+    return select_or_zero(relu_passes(v), v);
+  }
+  KOKKOS_INLINE_FUNCTION BlockOutput<Projection, ChannelValues8> at8(std::int64_t c0) const {
+    if constexpr (Projection)
+      return {bn.at8(c0), down.at8(c0)};
+    else
+      return {bn.at8(c0), {}};
+  }
+  bool aligned() const { return bn.aligned() && (!Projection || down.aligned()); }
+};
+}  // namespace
+
 // y = relu(bn3(a3) + shortcut), shortcut = bn_down(s1) or x, with both batch norms'
 // statistics already taken: the same floats as the unfused passes, in one.
 // Narrow: a and s1 are; NarrowX: x; NarrowY: y.
@@ -176,24 +200,12 @@ void ResBlock::fused_output(const Tensor& x, Tensor& y) {
   const BatchNormAffine bn = stages_.back().bn->affine();
   const auto av = elements<Narrow>(a);
   const auto yv = elements<NarrowY>(y);
-  if (projection_) {
-    const BatchNormAffine down = down_bn_->affine();
-    map_elements(
-        "ResBlock::bn_add_relu", a.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t c, float ae, float se) {
-          const float v = bn(c, ae) + down(c, se);
-          return select_or_zero(relu_passes(v), v);
-        },
-        yv, av, elements<Narrow>(s1_));
-  } else {
-    map_elements(
-        "ResBlock::bn_add_relu", a.layout, B, C, hw,
-        KOKKOS_LAMBDA(std::int64_t c, float ae, float xe) {
-          const float v = bn(c, ae) + xe;
-          return select_or_zero(relu_passes(v), v);
-        },
-        yv, av, elements<NarrowX>(x));
-  }
+  if (projection_)
+    map_elements("ResBlock::bn_add_relu", a.layout, B, C, hw, BlockOutput<true>{bn, down_bn_->affine()}, yv,
+                 av, elements<Narrow>(s1_));
+  else
+    map_elements("ResBlock::bn_add_relu", a.layout, B, C, hw, BlockOutput<false>{bn, {}}, yv, av,
+                 elements<NarrowX>(x));
 }
 
 void ResBlock::write_output(const Tensor& x, Tensor& y) {

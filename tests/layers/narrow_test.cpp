@@ -213,8 +213,8 @@ void check_runs(std::int64_t C, std::int64_t n, bool vectors = false) {
   from_host(out.data, std::vector<float>(n + extra, kUntouched));
   if (vectors) {  // what map_elements and map_flat ask before they take map_vectors
     set_element_vectors(true);
-    EXPECT_TRUE(
-        vectors_fit(n, C, elements<false>(out), elements<true>(a), elements<true>(b), elements<false>(d)));
+    EXPECT_TRUE(vectors_fit(n, C, NoInput{}, elements<false>(out), elements<true>(a), elements<true>(b),
+                            elements<false>(d)));
   }
   map_runs_or_vectors(
       vectors, "test::map_runs", n, C,
@@ -269,6 +269,60 @@ TEST(ElementMaps, VectorsWriteEveryElementOnceFromItsChannelAndInputs) {
       SCOPED_TRACE("C " + std::to_string(C) + " n " + std::to_string(n));
       check_runs(C, n, true);
     }
+}
+
+// An operation of per-channel constants, which map_vectors loads 8 channels at a
+// time (ChannelValues::at8, as batch norm's passes do): x k(c) + c.
+template <class K = ChannelValues>
+struct ScaleByChannel {
+  K k;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t c, float x) const { return x * k(c) + float(c); }
+  KOKKOS_INLINE_FUNCTION ScaleByChannel<ChannelValues8> at8(std::int64_t c0) const {
+    return ScaleByChannel<ChannelValues8>{k.at8(c0)};
+  }
+  bool aligned() const { return k.aligned(); }
+};
+static_assert(has_at8<ScaleByChannel<>>, "map_vectors takes ScaleByChannel's constants 8 at a time");
+
+// map_elements of ScaleByChannel on `pixels` bf16 pixels of C channels (NHWC), its
+// constants from the table's element `offset` on, against the element at a time;
+// whether it took map_vectors (constants 16-byte aligned) or map_runs.
+void check_channel_constants(std::int64_t C, std::int64_t pixels, std::int64_t offset) {
+  View1 table("test::k", C + offset);
+  std::vector<float> k(C + offset);
+  for (std::int64_t c = 0; c < C + offset; ++c) k[c] = float(c * 5 % 11 - 5);
+  from_host(table, k);
+  const ScaleByChannel<> op{{table.data() + offset}};
+  const std::int64_t n = pixels * C;
+  auto [x, vx] = small_integers(n, Precision::bf16, 7, 101);
+  Tensor out;
+  resize(out, n, {}, "test::out");
+  set_element_vectors(true);
+  EXPECT_EQ(vectors_fit(n, C, op, elements<false>(out), elements<true>(x), NoInput{}, NoInput{}),
+            offset % 4 == 0);
+  map_elements("test::scale_by_channel", Layout::nhwc, pixels, C, 1, op, elements<false>(out),
+               elements<true>(x));
+  const std::vector<float> got = to_host(out.data, n);
+  std::int64_t wrong = 0;
+  for (std::int64_t e = 0; e < n; ++e) {
+    const std::int64_t c = e % C;
+    wrong += got[e] != vx[e] * k[c + offset] + float(c);
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+// An operation's per-channel constants loaded 8 channels at a time by a map_vectors
+// thread (once, before its pixels), the same values as channel by channel: each
+// element with its own channel's constant, full runs and a last one cut short; where
+// the constants are not 16-byte aligned, map_runs instead, with the same results.
+TEST(ElementMaps, VectorsLoadChannelConstantsEightAtATime) {
+  for (std::int64_t C : {8, 64, 200})
+    for (std::int64_t pixels : {1, 4, 5, 127})
+      for (std::int64_t offset : {0, 1, 4}) {
+        SCOPED_TRACE("C " + std::to_string(C) + " pixels " + std::to_string(pixels) + " offset " +
+                     std::to_string(offset));
+        check_channel_constants(C, pixels, offset);
+      }
 }
 
 // Batch norm's backward terms over x, dy and y (the relu's mask) for the sums.

@@ -179,22 +179,30 @@ struct BatchNormEvalGrad {
   }
   bool aligned() const { return g.bn.aligned(); }
 };
-// The terms of backward's sums: g and g xhat.
-template <bool Relu>
+// The terms of backward's sums: g and g xhat (at8: for plane_sums_nhwc_vectors).
+template <bool Relu, class K = ChannelValues>
 struct BatchNormGradTerm {
-  OutputGrad<Relu> g;
+  OutputGrad<Relu, K> g;
   template <class... Y>
   KOKKOS_INLINE_FUNCTION double operator()(std::int64_t c, float x, float dy, Y... y) const {
     return double(g(c, x, dy, y...));
   }
+  KOKKOS_INLINE_FUNCTION BatchNormGradTerm<Relu, ChannelValues8> at8(std::int64_t c0) const {
+    return {{g.bn.at8(c0)}};
+  }
+  bool aligned() const { return g.bn.aligned(); }
 };
-template <bool Relu>
+template <bool Relu, class K = ChannelValues>
 struct BatchNormGradXhatTerm {
-  OutputGrad<Relu> g;
+  OutputGrad<Relu, K> g;
   template <class... Y>
   KOKKOS_INLINE_FUNCTION double operator()(std::int64_t c, float x, float dy, Y... y) const {
     return double(g(c, x, dy, y...)) * ((x - g.bn.mean(c)) * g.bn.invstd(c));
   }
+  KOKKOS_INLINE_FUNCTION BatchNormGradXhatTerm<Relu, ChannelValues8> at8(std::int64_t c0) const {
+    return {{g.bn.at8(c0)}};
+  }
+  bool aligned() const { return g.bn.aligned(); }
 };
 
 void BatchNorm2d::statistics(const Tensor& x, bool training) {

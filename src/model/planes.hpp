@@ -448,7 +448,9 @@ void plane_sums_nhwc(const char* label, std::int64_t B, std::int64_t C, std::int
 // plane_sums_nhwc with 8 channels a load (C a multiple of 8): a thread per (row,
 // group of 8 channels c0..c0+7), kVectorLoads pixels' 16-byte loads of each input in
 // flight before it adds them; each channel's values added in the same order as
-// plane_sums_nhwc adds them, so the partial sums are the same, bit for bit.
+// plane_sums_nhwc adds them, so the partial sums are the same, bit for bit. f's and
+// g's per-channel constants are loaded once, 8 channels a load where they have at8
+// (channel_lanes).
 template <class F, class G, class A, class Bi, class Di>
 void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, std::int64_t hw,
                              Kokkos::View<double*> partial, F f, G g, A a, Bi bi, Di di) {
@@ -459,12 +461,14 @@ void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, 
         const std::int64_t r = p / G8, c0 = (p - r * G8) * 8, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
                            i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
         double sf[8] = {}, sg[8] = {};
+        const auto f8 = channel_lanes(f, c0);  // their constants loaded once (map_vectors)
+        const auto g8 = channel_lanes(g, c0);
         const auto add = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
                              const typename Di::Pack& pd) {
           DDP_UNROLL for (int l = 0; l < 8; ++l) {
             const float va = a.lane(pa, l), vb = bi.lane(pb, l), vd = di.lane(pd, l);
-            sf[l] += apply_map<Bi, Di>(f, c0 + l, va, vb, vd);
-            sg[l] += apply_map<Bi, Di>(g, c0 + l, va, vb, vd);
+            sf[l] += apply_map<Bi, Di>(f8, c0 + l, va, vb, vd);
+            sg[l] += apply_map<Bi, Di>(g8, c0 + l, va, vb, vd);
           }
         };
         std::int64_t i = i0;
@@ -567,7 +571,7 @@ void channel_sums(const char* label, const char* rows_label, Layout layout, std:
       plane_sums<16>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nhwc:
-      if (vectors_fit(B * hw * C, C, NoInput{}, NoInput{}, a, bi, di))
+      if (vectors_fit(B * hw * C, C, f, NoInput{}, a, bi, di) && op_aligned(g))
         plane_sums_nhwc_vectors(label, B, C, hw, partial, f, g, a, bi, di);
       else
         plane_sums_nhwc(label, B, C, hw, partial, f, g, a, bi, di);

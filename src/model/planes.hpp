@@ -461,7 +461,7 @@ void plane_sums_nhwc_vectors(const char* label, std::int64_t B, std::int64_t C, 
         const std::int64_t r = p / G8, c0 = (p - r * G8) * 8, b = r / runs, i0 = (r - b * runs) * kNhwcRun,
                            i1 = i0 + kNhwcRun < hw ? i0 + kNhwcRun : hw;
         double sf[8] = {}, sg[8] = {};
-        const auto f8 = channel_lanes(f, c0);  // their constants loaded once (map_vectors)
+        const auto f8 = channel_lanes(f, c0);  // their constants loaded once, as map_vectors does
         const auto g8 = channel_lanes(g, c0);
         const auto add = [&](const typename A::Pack& pa, const typename Bi::Pack& pb,
                              const typename Di::Pack& pd) {

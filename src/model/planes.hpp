@@ -571,7 +571,7 @@ void channel_sums(const char* label, const char* rows_label, Layout layout, std:
       plane_sums<16>(label, B, C, hw, partial, f, g, a, bi, di);
       break;
     case Layout::nhwc:
-      if (vectors_fit(B * hw * C, C, f, NoInput{}, a, bi, di) && op_aligned(g))
+      if (vectors_fit(B * hw * C, C, NoInput{}, NoInput{}, a, bi, di) && op_aligned(f) && op_aligned(g))
         plane_sums_nhwc_vectors(label, B, C, hw, partial, f, g, a, bi, di);
       else
         plane_sums_nhwc(label, B, C, hw, partial, f, g, a, bi, di);

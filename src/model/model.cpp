@@ -301,10 +301,15 @@ void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>
 void Model::zero_grad() { write_grads_ = true; }
 
 void Model::place_gradients(float* storage) {
+  if (storage == grads_.data() || (!storage && grads_.data() == own_grads_.data())) return;
+  // The model's own buffer is released while the gradients live elsewhere (one copy
+  // of them a rank, as the start-up memory line counts), and made again to take them back.
+  if (!storage)
+    own_grads_ = make_buffer("Model::gradients", std::int64_t(grads_.extent(0)), /*uninitialised=*/true);
   const View1 to = storage ? View1(storage, grads_.extent(0)) : own_grads_;
-  if (to.data() == grads_.data()) return;
   Kokkos::deep_copy(to, grads_);
   grads_ = to;
+  if (storage) own_grads_ = View1();
   for (std::size_t i = 0; i < layers_.size(); ++i)
     layers_[i]->bind(params_.data() + layer_offset_[i], grads_.data() + layer_offset_[i]);
 }

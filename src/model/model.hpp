@@ -32,7 +32,8 @@ class Model {
   // Moves the gradients into `storage` (num_parameters floats of the tensors' memory
   // space, kept alive by the caller until it calls this again) and binds the layers to
   // it: a shared-memory window that other ranks read in place (comm/shm_reducer.hpp).
-  // nullptr: back into the model's own buffer. The values move with them.
+  // nullptr: back into the model's own buffer. The values move with them. While they
+  // are elsewhere the model holds no buffer of its own for them.
   void place_gradients(float* storage);
 
   struct ParamEntry {
@@ -133,7 +134,7 @@ class Model {
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
   bool write_grads_ = true;    // zero_grad() since the last backward (and none before the first)
   View1 params_, grads_, buffers_;
-  View1 own_grads_;           // the model's gradient buffer; grads_ is elsewhere after place_gradients
+  View1 own_grads_;           // the model's gradient buffer, empty while place_gradients has them elsewhere
   Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)
   std::vector<Tensor> acts_;  // acts_[i]: output of layer i
   std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i

@@ -41,11 +41,17 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
              train.has_class_labels(), train.target_numel(),
              transform_ ? std::max(train.sample_numel(), val ? val->sample_numel() : 0) : 0) {
   const std::int64_t n_params = model_.num_parameters();
+  // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
+  if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
+  // The reducer before the optimizer's state: a shared-memory reducer takes the
+  // gradients into its window and the model releases its own buffer, so that the two
+  // copies are held at once while the optimizer's state is not yet (a rank's peak is
+  // then what the memory line counts, not a gradient buffer more).
+  if (cfg_.comm.overlap != "none" && comm_.size() > 1) make_reducer();
   make_optimizer_and_scaler();
   // Every rank starts from rank 0's weights, as DDP does at construction.
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
   model_.set_communicator(&comm_);  // SyncBatchNorm's statistics
-  if (cfg_.comm.overlap != "none" && comm_.size() > 1) make_reducer();
   graph_plan_ = collective_input(comm_.mpi_comm(), [&] {
     return plan_step_graphs(cfg_.train.cuda_graph, compute_backend().graphs_unsupported(),
                             model_.graph_obstacle(), cfg_.io.trace, comm_.captures_collectives());
@@ -91,8 +97,6 @@ void Trainer::make_optimizer_and_scaler() {
   if (!cfg_.train.decay_norm_and_bias)
     for (const Model::ParamEntry& e : model_.parameter_table())
       if (e.shape.size() == 1) no_decay.push_back({e.offset, e.size});
-  // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
-  if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
   const ParamRange owned = cfg_.comm.zero > 0
                                ? ParamRange{shares_.begin(comm_.rank()), shares_.size(comm_.rank())}
                                : ParamRange{0, -1};

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
 #endif
@@ -255,6 +256,46 @@ TEST(ModelGradients, PlacedInAnotherBuffer) {
   EXPECT_EQ(to_host(placed.gradients(), n), g);
   all = to_host(elsewhere, n + 16);
   EXPECT_EQ(std::count(all.begin(), all.end(), 0.0f), n + 16) << "a layer still writes to the old buffer";
+}
+
+// This process's resident memory, in bytes (Linux: VmRSS of /proc/self/status); -1
+// under AddressSanitizer, which keeps freed blocks mapped (its quarantine).
+std::int64_t resident_bytes() {
+#if defined(__SANITIZE_ADDRESS__)
+  return -1;
+#else
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return -1;
+#endif
+}
+
+// Placed elsewhere, the gradients are held once: the model releases its own buffer
+// (what the start-up memory line counts), and makes one again to take them back.
+TEST(ModelGradients, PlacedElsewhereReleasesTheModelsBuffer) {
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, View1::memory_space>::accessible)
+    GTEST_SKIP() << "the gradients are in device memory: no resident set to read";
+  Model m({"flatten", "linear(4096)"}, {1, 64, 64}, 5);  // 16.8 M parameters: 64 MiB of gradients
+  const std::int64_t n = m.num_parameters(), bytes = 4 * n;
+  Kokkos::deep_copy(m.gradients(), 3.0f);
+  View1 elsewhere("test::elsewhere", std::size_t(n));
+  Kokkos::deep_copy(elsewhere, 0.0f);  // touched: resident before the move
+  const std::int64_t before = resident_bytes();
+  m.place_gradients(elsewhere.data());
+  const std::int64_t placed = resident_bytes();
+  if (before >= 0) {
+    EXPECT_LT(placed, before - bytes * 3 / 4) << "resident " << before << " B before placing, " << placed
+                                              << " B after: the model's own gradient buffer was kept";
+  }
+  EXPECT_EQ(to_host(elsewhere, n), std::vector<float>(std::size_t(n), 3.0f));
+  m.place_gradients(nullptr);
+  EXPECT_NE(m.gradients().data(), elsewhere.data());
+  EXPECT_EQ(to_host(m.gradients(), n), std::vector<float>(std::size_t(n), 3.0f)) << "the values moved back";
+  if (before >= 0) {
+    EXPECT_GT(resident_bytes(), placed + bytes * 3 / 4) << "taken back into a buffer of the model's own";
+  }
 }
 
 // The fused model (conv2d -> relu post-op, relu -> maxpool backward mask, blocked

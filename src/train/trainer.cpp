@@ -45,8 +45,8 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
   // The reducer before the optimizer's state: a shared-memory reducer takes the
   // gradients into its window and the model releases its own buffer, so that the two
-  // copies are held at once while the optimizer's state is not yet (a rank's peak is
-  // then what the memory line counts, not a gradient buffer more).
+  // copies are held at once while the optimizer's state is not yet (with momentum or
+  // AdamW a rank's peak is then what the memory line counts, not a gradient buffer more).
   if (cfg_.comm.overlap != "none" && comm_.size() > 1) make_reducer();
   make_optimizer_and_scaler();
   // Every rank starts from rank 0's weights, as DDP does at construction.

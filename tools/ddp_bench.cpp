@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "comm/context.hpp"
+#include "comm/host_memory.hpp"
 #include "comm/log.hpp"
 #include "comm/watchdog.hpp"
 #include "io/metrics.hpp"
@@ -125,22 +126,6 @@ double allreduce_floor(Communicator& comm, const CommConfig& cc, MPI_Comm world,
     if (r >= 2) times.push_back(slowest);
   }
   return median(times);
-}
-
-// Host memory of this process from /proc/self/status, in bytes: {VmHWM (the peak
-// resident set), VmRSS (now)}; {-1, -1} where the file is missing.
-std::pair<std::int64_t, std::int64_t> host_memory() {
-  std::pair<std::int64_t, std::int64_t> kb{-1, -1};
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return kb;
-  char line[256];
-  long long v = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::sscanf(line, "VmHWM: %lld kB", &v) == 1) kb.first = v;
-    if (std::sscanf(line, "VmRSS: %lld kB", &v) == 1) kb.second = v;
-  }
-  std::fclose(f);
-  return {kb.first < 0 ? -1 : kb.first * 1024, kb.second < 0 ? -1 : kb.second * 1024};
 }
 
 // DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their
@@ -345,7 +330,7 @@ int main(int argc, char** argv) {
   // Memory per rank: the trainer's plan beside what the process holds. The largest
   // rank's, as with the kernels: a job fits when its fullest rank does.
   const MemoryPlan plan = trainer.memory_plan();
-  const auto [hwm, rss] = host_memory();
+  const auto [hwm, rss] = host_memory();  // bytes, -1 where unknown
   std::int64_t host[2] = {hwm, rss};
   MPI_Allreduce(MPI_IN_PLACE, host, 2, MPI_INT64_T, MPI_MAX, ctx.world());
   // The optimizer state each rank allocated (under ZeRO its share's): the largest and

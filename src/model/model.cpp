@@ -63,7 +63,7 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   buffers_ = make_buffer("Model::buffers", total_buffers);
 
   params_ = make_buffer("Model::parameters", total);
-  grads_ = own_grads_ = make_buffer("Model::gradients", total);  // zero-initialised
+  grads_ = make_buffer("Model::gradients", total);  // zero-initialised
   Rng rng(seed);
   first_trained_ = layers_.size();
   std::int64_t offset = 0, buffer_offset = 0;
@@ -301,15 +301,16 @@ void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>
 void Model::zero_grad() { write_grads_ = true; }
 
 void Model::place_gradients(float* storage) {
-  if (storage == grads_.data() || (!storage && grads_.data() == own_grads_.data())) return;
-  // The model's own buffer is released while the gradients live elsewhere (one copy
-  // of them a rank, as the start-up memory line counts), and made again to take them back.
-  if (!storage)
-    own_grads_ = make_buffer("Model::gradients", std::int64_t(grads_.extent(0)), /*uninitialised=*/true);
-  const View1 to = storage ? View1(storage, grads_.extent(0)) : own_grads_;
+  if (storage ? storage == grads_.data() : !grads_placed_) return;
+  // Placed elsewhere, the model's own buffer goes with the last View of it (a rank
+  // holds its gradients once, as the start-up memory line counts); taken back, the
+  // gradients get a buffer of the model's own again.
+  const View1 to =
+      storage ? View1(storage, grads_.extent(0))
+              : make_buffer("Model::gradients", std::int64_t(grads_.extent(0)), /*uninitialised=*/true);
   Kokkos::deep_copy(to, grads_);
   grads_ = to;
-  if (storage) own_grads_ = View1();
+  grads_placed_ = storage != nullptr;
   for (std::size_t i = 0; i < layers_.size(); ++i)
     layers_[i]->bind(params_.data() + layer_offset_[i], grads_.data() + layer_offset_[i]);
 }

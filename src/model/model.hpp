@@ -134,10 +134,10 @@ class Model {
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)
   bool write_grads_ = true;    // zero_grad() since the last backward (and none before the first)
   View1 params_, grads_, buffers_;
-  View1 own_grads_;           // the model's gradient buffer, empty while place_gradients has them elsewhere
-  Tensor input_;              // (B, sample...) the last forward's input (shares its buffer)
-  std::vector<Tensor> acts_;  // acts_[i]: output of layer i
-  std::vector<Tensor> grad_;  // grad_[i]: gradient w.r.t. the input of layer i
+  bool grads_placed_ = false;  // grads_ is place_gradients' storage, not a buffer of the model's own
+  Tensor input_;               // (B, sample...) the last forward's input (shares its buffer)
+  std::vector<Tensor> acts_;   // acts_[i]: output of layer i
+  std::vector<Tensor> grad_;   // grad_[i]: gradient w.r.t. the input of layer i
 };
 
 }  // namespace ddp

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #if DDP_WITH_ONEDNN
 #include <dnnl.hpp>
 #endif
@@ -17,6 +16,7 @@
 #include <sstream>
 
 #include "comm/check.hpp"
+#include "comm/host_memory.hpp"
 #include "grad_check.hpp"
 #include "model/loss.hpp"
 #include "model/resblock.hpp"
@@ -258,17 +258,13 @@ TEST(ModelGradients, PlacedInAnotherBuffer) {
   EXPECT_EQ(std::count(all.begin(), all.end(), 0.0f), n + 16) << "a layer still writes to the old buffer";
 }
 
-// This process's resident memory, in bytes (Linux: VmRSS of /proc/self/status); -1
-// under AddressSanitizer, which keeps freed blocks mapped (its quarantine).
+// This process's resident memory, in bytes; -1 under AddressSanitizer, which keeps
+// freed blocks mapped (its quarantine).
 std::int64_t resident_bytes() {
 #if defined(__SANITIZE_ADDRESS__)
   return -1;
 #else
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
-  return -1;
+  return host_memory().resident;
 #endif
 }
 

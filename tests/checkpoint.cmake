@@ -3,6 +3,8 @@ set(CKPT ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint)
 set(CKPT_MPIEXEC ${MPIEXEC_EXECUTABLE})
 
 ddp_add_test(test_checkpoint SOURCES checkpoint/test_checkpoint.cpp LABELS checkpoint)
+# The checkpoint a run starts from, received by every rank; under ZeRO each its share.
+ddp_add_mpi_test(test_start_checkpoint SOURCES checkpoint/test_start_checkpoint.cpp NP 1 2 3 LABELS checkpoint)
 
 # ddp_add_checkpoint_test(name FIXTURE f NP n TIMEOUT t COMMAND ...): a driver script.
 function(ddp_add_checkpoint_test name)

@@ -4,14 +4,40 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
-
-#include "comm/log.hpp"
-#if defined(KOKKOS_ENABLE_CUDA)
 #include <cstdio>
 #include <string>
 
+#include "comm/log.hpp"
+#if defined(KOKKOS_ENABLE_CUDA)
 #include "cuda/device.hpp"
 #endif
+
+namespace {
+
+// The printer of ranks other than 0: their failed assertions alone, each named with
+// the rank (rank 0 prints the progress; its own line for a test that failed only
+// elsewhere says OK, and the exit status, the same on every rank, fails it).
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  // The test's name kept here: UnitTest::current_test_info() would take the lock that
+  // gtest holds while it reports a result (a deadlock).
+  void OnTestStart(const ::testing::TestInfo& t) override {
+    test_ = std::string(t.test_suite_name()) + "." + t.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::printf("rank %d: %s:%d: failure in %s\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                r.line_number(), test_.c_str(), r.summary());
+    std::fflush(stdout);
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -33,14 +59,16 @@ int main(int argc, char** argv) {
 #endif
   Kokkos::initialize(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);
-  // Only rank 0 prints the progress; failures on any rank still print their messages.
+  // Only rank 0 prints the progress; the other ranks print their failures.
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
   MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && any_failed && !failed) std::printf("FAILED on another rank (its lines above)\n");
   Kokkos::finalize();
   MPI_Finalize();
   return any_failed;

@@ -96,7 +96,10 @@ struct Checkpoint {
   std::vector<float> buffers;     // (buffer block size)
   std::string optimizer;          // "SGD" | "AdamW"
   std::int64_t optimizer_steps = 0;
-  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;  // each (num_parameters)
+  // Each (num_parameters), or on a rank that asked for its share only (ZeRO, see
+  // find_start_checkpoint) the values [optimizer_offset, optimizer_offset + size).
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;
+  std::int64_t optimizer_offset = 0;
   std::string config;                   // resolved namelist of the run that wrote it
   std::optional<DataFingerprint> data;  // its training set; none before it was recorded
 };
@@ -125,10 +128,11 @@ struct OptimizerSnapshot {
 // checkpoints. Returns the path; CheckpointWriteError when it cannot (disk full, see
 // above). Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
 // the temp file (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill
-// the writer at that point. Takes hdf5_mutex().
+// the writer at that point. Takes hdf5_mutex(). `optimizer` is taken (moved in): its
+// state is released as the file takes it, not held beside the file's image.
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
-                            const OptimizerSnapshot& optimizer, const TrainingState& state,
-                            const RunInput& input, const DataFingerprint* data);
+                            OptimizerSnapshot optimizer, const TrainingState& state, const RunInput& input,
+                            const DataFingerprint* data);
 
 // Any process. Reads `path`, verifies format, checksum and finite values
 // (CheckpointError when the file is unusable) and its fit to `model` (InputError: the
@@ -161,14 +165,18 @@ struct ResumeOptions {
 // Collective. The checkpoint a run starts from, per io.resume ('auto': the newest
 // valid one of run_dir, each unusable newer one skipped with a warning; 'never';
 // a path: that file, an error when unusable), then io.init_from (weights only).
-// Rank 0 reads and checks; every rank receives the same Checkpoint. nullopt: a new
-// run. `weights_only` tells which of the two it came from. A resume also compares
-// the checkpoint's training data with `data` (this run's; null: not checked): another
-// sample count is a collective error unless io.allow_data_change (then a warning),
-// any other difference a warning.
+// Rank 0 reads and checks; every rank receives the same Checkpoint, but where
+// `shares` is given (ZeRO: W + 1 bounds of the ranks' shares of the flat parameter
+// buffer, comm/shares.hpp) rank r receives of each optimizer state only its share
+// [shares[r], shares[r + 1]) (rank 0 keeps the whole). No rank holds a second copy
+// of what it receives. nullopt: a new run. `weights_only` tells which of the two it
+// came from. A resume also compares the checkpoint's training data with `data` (this
+// run's; null: not checked): another sample count is a collective error unless
+// io.allow_data_change (then a warning), any other difference a warning.
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
                                                 const Model& model, const std::string& optimizer,
-                                                bool* weights_only, const DataFingerprint* data);
+                                                bool* weights_only, const DataFingerprint* data,
+                                                const std::vector<std::int64_t>* shares = nullptr);
 
 // How this run's training data differs from the one a checkpoint recorded, each a
 // list of what changed ("e2e/train_001.h5 (40 samples) is gone; ..."), or "":

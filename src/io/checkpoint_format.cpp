@@ -117,7 +117,8 @@ void add_fingerprint(Blobs& blobs, const DataFingerprint& data) {
 }
 
 // Everything a checkpoint holds, by path; the checksum covers it in path order.
-Blobs collect_blobs(const Model& model, const OptimizerSnapshot& optimizer, const TrainingState& state,
+// The optimizer's state vectors are released as their blobs are made.
+Blobs collect_blobs(const Model& model, OptimizerSnapshot& optimizer, const TrainingState& state,
                     const DataFingerprint* data) {
   Blobs blobs;
   auto add_table = [&](const std::vector<Model::ParamEntry>& table, const std::vector<float>& flat) {
@@ -127,11 +128,12 @@ Blobs collect_blobs(const Model& model, const OptimizerSnapshot& optimizer, cons
   };
   add_table(model.parameter_table(), to_host(model.parameters()));
   add_table(model.buffer_table(), to_host(model.buffers()));
-  for (const auto& [sname, v] : optimizer.state) {
+  for (auto& [sname, v] : optimizer.state) {
     if (std::int64_t(v.size()) != model.num_parameters())
       DDP_FATAL("checkpoint: /optimizer/" << sname << " of " << v.size() << " values for "
                                           << model.num_parameters() << " parameters");
     blobs["/optimizer/" + sname] = make_blob(Blob::F32, {hsize_t(v.size())}, v.data(), v.size());
+    std::vector<float>().swap(v);
   }
   blobs["/optimizer/steps"] = scalar(std::int64_t(optimizer.steps));
   add_state(blobs, state);
@@ -163,7 +165,7 @@ void write_attributes(hid_t file, const OptimizerSnapshot& optimizer, const Trai
 
 }  // namespace
 
-std::vector<char> file_image(const std::string& name, const Model& model, const OptimizerSnapshot& optimizer,
+std::vector<char> file_image(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
                              const TrainingState& state, const RunInput& input, const DataFingerprint* data) {
   Blobs blobs = collect_blobs(model, optimizer, state, data);
   const std::string checksum = checksum_text(checksum_of(blobs));

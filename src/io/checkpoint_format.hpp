@@ -38,8 +38,8 @@ std::vector<float> to_host(View1 v);
 std::string shape_text(const std::vector<hsize_t>& s);  // "(3,4)"
 
 // The bytes of the checkpoint file, made by HDF5 in memory. `name` only tells HDF5's
-// open files apart.
-std::vector<char> file_image(const std::string& name, const Model& model, const OptimizerSnapshot& optimizer,
+// open files apart. The optimizer's state is released as the file takes it.
+std::vector<char> file_image(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
                              const TrainingState& state, const RunInput& input, const DataFingerprint* data);
 
 // ---- reading (checkpoint_read.cpp; any process, every problem a CheckpointError)

@@ -121,8 +121,9 @@ double need_real(const Blobs& b, const std::string& path) {
   return v;
 }
 
-// The table's entries out of the blobs into `out` (flat, the model's layout).
-void unpack_table(const Blobs& blobs, const std::vector<Model::ParamEntry>& table, std::vector<float>& out,
+// The table's entries out of the blobs into `out` (flat, the model's layout), each
+// blob's values released once copied.
+void unpack_table(Blobs& blobs, const std::vector<Model::ParamEntry>& table, std::vector<float>& out,
                   const std::string& path) {
   for (const auto& e : table) {
     const std::string p = "/model/" + e.name;
@@ -135,6 +136,7 @@ void unpack_table(const Blobs& blobs, const std::vector<Model::ParamEntry>& tabl
       throw InputError("checkpoint " + path + " does not fit the model: " + p + " has shape " +
                        shape_text(it->second.shape) + ", the model's is " + shape_text(want));
     std::memcpy(out.data() + e.offset, it->second.bytes.data(), std::size_t(e.size) * sizeof(float));
+    std::vector<unsigned char>().swap(it->second.bytes);
   }
 }
 
@@ -256,15 +258,17 @@ TrainingState read_state(const Blobs& blobs) {
   return s;
 }
 
-// /optimizer/<state name> into ck.optimizer_state, each (num_parameters).
-void read_optimizer_state(const Blobs& blobs, const Model& model, const std::string& path, Checkpoint& ck) {
-  for (const auto& [p, b] : blobs) {
+// /optimizer/<state name> into ck.optimizer_state, each (num_parameters); each blob's
+// values released once copied.
+void read_optimizer_state(Blobs& blobs, const Model& model, const std::string& path, Checkpoint& ck) {
+  for (auto& [p, b] : blobs) {
     if (p.rfind("/optimizer/", 0) != 0 || p == "/optimizer/steps") continue;
     if (b.type != Blob::F32 || b.shape != std::vector<hsize_t>{hsize_t(model.num_parameters())})
       throw InputError("checkpoint " + path + " does not fit the model: " + p + " has shape " +
                        shape_text(b.shape));
     std::vector<float> v(std::size_t(model.num_parameters()));
     std::memcpy(v.data(), b.bytes.data(), b.bytes.size());
+    std::vector<unsigned char>().swap(b.bytes);
     ck.optimizer_state.emplace_back(p.substr(std::strlen("/optimizer/")), std::move(v));
   }
 }
@@ -274,7 +278,8 @@ void read_optimizer_state(const Blobs& blobs, const Model& model, const std::str
 
 Checkpoint load_checkpoint(const std::string& path, const Model& model, const std::string& optimizer) {
   using namespace ckpt;
-  const FileContents c = read_verified(path, optimizer.empty());
+  // The file's values are held once: each blob goes as it is copied into `ck`.
+  FileContents c = read_verified(path, optimizer.empty());
   Checkpoint ck;
   ck.path = path;
   ck.config = c.config;

@@ -67,12 +67,15 @@ struct Packer {
   }
 };
 
+// The Checkpoint's fields but the large ones, whose sizes alone go in the buffer
+// (into `sizes` on both sides, in order: parameters, buffers, each optimizer state;
+// their values are sent into place afterwards, broadcast_values and scatter_values).
 template <class P, class C>
 void fields(P& p, C& c) {
   p.put_or_get(c.path);
   p.put_or_get(c.state);
-  p.put_or_get(c.parameters);
-  p.put_or_get(c.buffers);
+  p.put_or_get_size(c.parameters);
+  p.put_or_get_size(c.buffers);
   p.put_or_get(c.optimizer);
   p.put_or_get(c.optimizer_steps);
   std::uint64_t n = c.optimizer_state.size();
@@ -80,7 +83,7 @@ void fields(P& p, C& c) {
   c.optimizer_state.resize(n);
   for (auto& [name, v] : c.optimizer_state) {
     p.put_or_get(name);
-    p.put_or_get(v);
+    p.put_or_get_size(v);
   }
   p.put_or_get(c.config);
   std::uint8_t has_data = c.data.has_value();
@@ -99,30 +102,94 @@ struct Put : Packer {
   void put_or_get(const T& v) {
     put(v);
   }
+  void put_or_get_size(const std::vector<float>& v) {
+    sizes.push_back(v.size());
+    put(sizes.back());
+  }
+  std::vector<std::uint64_t> sizes;
 };
 struct Get : Packer {
   template <class T>
   void put_or_get(T& v) {
     get(v);
   }
+  void put_or_get_size(const std::vector<float>&) {  // sized by the receiver, to what it receives
+    sizes.emplace_back();
+    get(sizes.back());
+  }
+  std::vector<std::uint64_t> sizes;
 };
 
-void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck) {
+// MPI counts are ints: values go in pieces of at most 2^30.
+constexpr std::int64_t kPiece = std::int64_t(1) << 30;
+
+// Rank 0's `v` (n values) into every rank's.
+void broadcast_values(MPI_Comm comm, int rank, std::uint64_t n, std::vector<float>& v) {
+  if (rank != 0) v.resize(n);
+  for (std::int64_t at = 0; at < std::int64_t(v.size()); at += kPiece) {
+    const int len = int(std::min<std::int64_t>(std::int64_t(v.size()) - at, kPiece));
+    MPI_CHECK(MPI_Bcast(v.data() + at, len, MPI_FLOAT, 0, comm));
+  }
+}
+
+// Rank 0's whole `v` (shares.back() values); rank r > 0 receives [shares[r],
+// shares[r + 1]) into its `v`, sized to that. Rank 0 keeps the whole. Point to point
+// from rank 0, in pieces: MPI_Scatterv's int displacements end at 2^31 values.
+void scatter_values(MPI_Comm comm, int rank, const std::vector<std::int64_t>& shares, std::vector<float>& v) {
+  const int world = int(shares.size()) - 1;
+  auto begin = [&](int r) { return shares[std::size_t(r)]; };
+  auto size = [&](int r) { return shares[std::size_t(r) + 1] - shares[std::size_t(r)]; };
+  if (rank != 0) {
+    v.resize(std::size_t(size(rank)));
+    for (std::int64_t at = 0; at < size(rank); at += kPiece)
+      MPI_CHECK(MPI_Recv(v.data() + at, int(std::min(size(rank) - at, kPiece)), MPI_FLOAT, 0, 0, comm,
+                         MPI_STATUS_IGNORE));
+    return;
+  }
+  std::vector<MPI_Request> sends;
+  for (int r = 1; r < world; ++r)
+    for (std::int64_t at = 0; at < size(r); at += kPiece) {
+      sends.emplace_back();
+      MPI_CHECK(MPI_Isend(v.data() + begin(r) + at, int(std::min(size(r) - at, kPiece)), MPI_FLOAT, r, 0,
+                          comm, &sends.back()));
+    }
+  MPI_CHECK(MPI_Waitall(int(sends.size()), sends.data(), MPI_STATUSES_IGNORE));
+}
+
+// Rank 0's Checkpoint on every rank: the small fields packed into one buffer, the
+// values sent straight into their vectors (no rank holds them twice), each rank's
+// share alone of the optimizer state where `shares` is given.
+void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::vector<std::int64_t>* shares) {
   Put out;
   if (rank == 0) fields(out, ck);
   long long n = (long long)out.buf.size();
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
   out.buf.resize(std::size_t(n));
-  // In pieces below 2^31 bytes: MPI counts are ints.
-  for (long long at = 0; at < n; at += (1ll << 30)) {
-    const int len = int(std::min<long long>(n - at, 1ll << 30));
-    MPI_CHECK(MPI_Bcast(out.buf.data() + at, len, MPI_CHAR, 0, comm));
-  }
+  MPI_CHECK(MPI_Bcast(out.buf.data(), int(n), MPI_CHAR, 0, comm));
+  std::vector<std::uint64_t> sizes = std::move(out.sizes);
   if (rank != 0) {
     Get in;
     in.buf = std::move(out.buf);
     fields(in, ck);
+    sizes = std::move(in.sizes);
   }
+  broadcast_values(comm, rank, sizes[0], ck.parameters);
+  broadcast_values(comm, rank, sizes[1], ck.buffers);
+  for (std::size_t i = 0; i < ck.optimizer_state.size(); ++i) {
+    auto& [name, v] = ck.optimizer_state[i];
+    const std::uint64_t whole = sizes[2 + i];
+    if (!shares) {
+      broadcast_values(comm, rank, whole, v);
+      continue;
+    }
+    // Decided alike on every rank (the sizes came in the buffer): a state that is
+    // not of the shares' length cannot be cut into them.
+    DDP_REQUIRE(std::int64_t(whole) == shares->back(),
+                "checkpoint " << ck.path << ": /optimizer/" << name << " holds " << whole
+                              << " values, the shares " << shares->back());
+    scatter_values(comm, rank, *shares, v);
+  }
+  if (shares && rank != 0) ck.optimizer_offset = (*shares)[std::size_t(rank)];
 }
 
 // ---- rank 0's choice
@@ -193,7 +260,8 @@ std::vector<std::string> checkpoint_candidates(const std::string& run_dir) {
 
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
                                                 const Model& model, const std::string& optimizer,
-                                                bool* weights_only, const DataFingerprint* data) {
+                                                bool* weights_only, const DataFingerprint* data,
+                                                const std::vector<std::int64_t>* shares) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   Checkpoint ck;
@@ -205,7 +273,7 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptio
   if (status[1]) fatal_all(comm, problem);
   if (weights_only) *weights_only = status[0] == kInitFrom;
   if (status[0] == kNone) return std::nullopt;
-  broadcast_checkpoint(comm, rank, ck);
+  broadcast_checkpoint(comm, rank, ck, shares);
   return ck;
 }
 

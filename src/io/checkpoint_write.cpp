@@ -214,14 +214,14 @@ std::string checkpoint_name(std::int64_t step) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
-                            const OptimizerSnapshot& optimizer, const TrainingState& state,
-                            const RunInput& input, const DataFingerprint* data) {
+                            OptimizerSnapshot optimizer, const TrainingState& state, const RunInput& input,
+                            const DataFingerprint* data) {
   using namespace ckpt;
   const std::string dir = checkpoint_dir(run_dir);
   const std::string name = checkpoint_name(state.step);
   const std::string path = dir + "/" + name;
   prepare_dir(dir, path);
-  const std::vector<char> image = file_image(path, model, optimizer, state, input, data);
+  const std::vector<char> image = file_image(path, model, std::move(optimizer), state, input, data);
   const long long block = block_size(dir);
   // The file in whole blocks, and a block for `latest`.
   const long long need = ((long long)image.size() + block - 1) / block * block + block;

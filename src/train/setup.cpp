@@ -214,8 +214,8 @@ void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& m
                            Trainer& trainer) {
   bool weights_only = false;
   const std::string optimizer = make_optimizer(cfg.train, 0)->name();
-  const auto ck =
-      find_start_checkpoint(ctx.world(), cfg, model, optimizer, &weights_only, &data.train->fingerprint());
+  const auto ck = find_start_checkpoint(ctx.world(), cfg, model, optimizer, &weights_only,
+                                        &data.train->fingerprint(), trainer.optimizer_shares());
   if (ck) trainer.restore(*ck, weights_only);
 }
 

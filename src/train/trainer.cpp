@@ -243,12 +243,15 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     auto it = std::find_if(ck.optimizer_state.begin(), ck.optimizer_state.end(),
                            [&](const auto& e) { return e.first == name; });
     if (it == ck.optimizer_state.end()) DDP_FATAL("checkpoint " << ck.path << " has no /optimizer/" << name);
-    // The file holds the whole state; under ZeRO this rank takes its share of it.
+    // The file holds the whole state; under ZeRO this rank takes its share of it (`ck`
+    // may have been sent that share alone, from ck.optimizer_offset).
     const Optimizer::Range owned = optimizer_->owned();
-    DDP_REQUIRE(
-        std::int64_t(it->second.size()) >= owned.offset + owned.size,
-        "checkpoint " << ck.path << ": /optimizer/" << name << " holds " << it->second.size() << " values");
-    Kokkos::deep_copy(state.second, HostIn(it->second.data() + owned.offset, std::size_t(owned.size)));
+    const std::int64_t from = owned.offset - ck.optimizer_offset;
+    DDP_REQUIRE(from >= 0 && std::int64_t(it->second.size()) >= from + owned.size,
+                "checkpoint " << ck.path << ": /optimizer/" << name << " holds " << it->second.size()
+                              << " values from " << ck.optimizer_offset << ", this rank needs " << owned.size
+                              << " from " << owned.offset);
+    Kokkos::deep_copy(state.second, HostIn(it->second.data() + from, std::size_t(owned.size)));
   }
   optimizer_->set_steps(ck.optimizer_steps);
   if (scaler_ && ck.state.loss_scale > 0)
@@ -311,10 +314,10 @@ std::string Trainer::checkpoint() {
   watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 in the agreement below
   // The file holds the whole optimizer state whatever the stage: under ZeRO rank 0
   // gathers the shares first (io/checkpoint.hpp, OptimizerSnapshot).
-  const OptimizerSnapshot snapshot = optimizer_snapshot();
+  OptimizerSnapshot snapshot = optimizer_snapshot();
   if (comm_.rank() == 0) {
     try {
-      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, snapshot, pos_,
+      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, std::move(snapshot), pos_,
                              run_input(cfg_), &train_.fingerprint());
     } catch (const CheckpointWriteError& e) {
       error = e.what();

@@ -81,8 +81,14 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Continue from a checkpoint: its weights, and unless `weights_only` (init_from)
-  // its optimizer state and training position. Same on every rank.
+  // its optimizer state and training position. Same on every rank, but `ck` may hold
+  // only this rank's share of the optimizer state (optimizer_shares).
   void restore(const Checkpoint& ck, bool weights_only);
+  // Under ZeRO (comm.zero >= 1) the W + 1 bounds of the ranks' shares of the optimizer
+  // state, else null: what find_start_checkpoint needs to send each rank its share only.
+  const std::vector<std::int64_t>* optimizer_shares() const {
+    return shares_.bounds.empty() ? nullptr : &shares_.bounds;
+  }
 
   // The remaining epochs of cfg.train, from where restore() left off: one line per
   // epoch on rank 0, one metrics record, checkpoints at the io.checkpoint_* cadence

@@ -12,3 +12,17 @@ ddp_add_test(test_progress SOURCES train/test_progress.cpp LABELS train)
 # train.cuda_graph without a GPU: the start-up plan, the model's obstacles, and the
 # capture-and-replay bookkeeping on a recording backend (src/train/step_graph.hpp).
 ddp_add_test(test_step_graph SOURCES train/test_step_graph.cpp LABELS train)
+# The test main prints a failure on a rank other than 0 (the planted one of the last
+# rank; the executable exits 1, the test passes on its lines). A GPU build without a
+# device skips it, as every test of its main.
+# The ranks' lines reach mpiexec in either order.
+set(_planted "rank 1: [^\n]*failure in TestMain[.]AFailureOnAnotherRankIsPrinted\n[^\n]*\nthe planted failure of rank 1")
+add_executable(test_main_reports unit/test_main_reports.cpp)
+target_link_libraries(test_main_reports PRIVATE ddp_test_main)
+ddp_reuse_pch(test_main_reports ddp_test_main)
+add_test(NAME test_main_reports_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:test_main_reports> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(test_main_reports_np2 PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "mpi;${DDP_GPU_LABEL}train"
+  PROCESSORS 2 SKIP_REGULAR_EXPRESSION "skipped: no CUDA device"
+  PASS_REGULAR_EXPRESSION "${_planted}.*FAILED on another rank|FAILED on another rank.*${_planted}")

@@ -157,10 +157,10 @@ set_tests_properties(e2e_memory_line_np2 PROPERTIES FIXTURES_REQUIRED e2e_data L
 # is named with the tensor, at the next check (every 2 steps here) or, with the
 # periodic check off, at the next checkpoint (the epoch's end, step 5 on 2 ranks).
 ddp_add_error_test(params_differ_np3 NP 3 ENV DDP_INJECT_FAULT=perturb@rank1:step3
-                   REGEX "^error: parameters differ between ranks at step 4: layers.2.bias \\(the only one of 4 tensors that differs\\) on rank 1 differs from ranks 0,2;"
+                   REGEX "^error: parameters differ between ranks at step 4: layers.2.bias \\(the only one of 4 tensors that differs\\) on rank 1 differs from ranks 0,2[;]"
                    ARGS ${TINY} io.run_dir=runs/params_differ comm.check_every=2)
 ddp_add_error_test(params_differ_at_checkpoint NP 2 ENV DDP_INJECT_FAULT=perturb@rank0:step2
-                   REGEX "^error: parameters differ between ranks at step 5: layers.2.bias .* differs with no majority: rank 0 vs rank 1;"
+                   REGEX "^error: parameters differ between ranks at step 5: layers.2.bias .* differs with no majority: rank 0 vs rank 1[;]"
                    ARGS ${TINY} io.run_dir=runs/params_differ_ckpt comm.check_every=0)
 
 # One per failure class, each on one rank of 2 while the other waits in the step's
@@ -403,7 +403,7 @@ ddp_add_image_error_test(crop_too_large NP 2
                          REGEX "data.image_size = 13 is larger than the stored images of data.train_files"
                          ARGS ${IMAGES} "data.augment=crop(pad=4)" data.image_size=13)
 ddp_add_image_error_test(normalize_channels NP 2
-                         REGEX "data.normalize: 4 values for images of 3 channels; expected 6 [(]3 means, then 3 stds[)]"
+                         REGEX "data.normalize: 4 values for images of 3 channels[;] expected 6 [(]3 means, then 3 stds[)]"
                          ARGS ${IMAGES} data.normalize=0.5,0.5,0.25,0.25)
 ddp_add_image_error_test(normalize_std NP 2 REGEX "data.normalize=0.5,0.5,0.5,0.25,0,0.25: std 0 [(]value 5[)] must be > 0"
                          ARGS ${IMAGES} data.normalize=0.5,0.5,0.5,0.25,0,0.25)

@@ -2,9 +2,12 @@
 // failure count all-reduced so every rank exits with the same code.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <Kokkos_Core.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 #include "comm/log.hpp"
@@ -25,11 +28,23 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   void OnTestStart(const ::testing::TestInfo& t) override {
     test_ = std::string(t.test_suite_name()) + "." + t.name();
   }
+  // The report goes out in one write(), every line named with the rank: mpiexec gives
+  // a rank's stdout a terminal, line-buffered, and another rank's line landed between
+  // the lines of a report printed with printf.
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    std::printf("rank %d: %s:%d: failure in %s\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                r.line_number(), test_.c_str(), r.summary());
+    const std::string prefix = "rank " + std::to_string(rank_) + ": ";
+    std::string report = prefix + (r.file_name() ? r.file_name() : "?") + ":" +
+                         std::to_string(r.line_number()) + ": failure in " + test_ + "\n";
+    std::istringstream summary(r.summary());
+    for (std::string line; std::getline(summary, line);) report += prefix + line + "\n";
     std::fflush(stdout);
+    for (std::size_t done = 0; done < report.size();) {
+      ssize_t n = ::write(STDOUT_FILENO, report.data() + done, report.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += std::size_t(n);
+    }
   }
 
  private:

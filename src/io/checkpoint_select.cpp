@@ -7,7 +7,9 @@
 #include <fstream>
 
 #include "comm/check.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/log.hpp"
+#include "comm/watchdog.hpp"
 #include "io/checkpoint_format.hpp"
 
 namespace ddp {
@@ -19,6 +21,7 @@ namespace {
 struct Packer {
   std::vector<char> buf;
   std::size_t at = 0;
+  std::vector<std::uint64_t> sizes;  // of the large vectors, sent apart (fields below)
   template <class T>
   void put(const T& v) {
     const char* p = reinterpret_cast<const char*>(&v);
@@ -106,7 +109,6 @@ struct Put : Packer {
     sizes.push_back(v.size());
     put(sizes.back());
   }
-  std::vector<std::uint64_t> sizes;
 };
 struct Get : Packer {
   template <class T>
@@ -117,18 +119,18 @@ struct Get : Packer {
     sizes.emplace_back();
     get(sizes.back());
   }
-  std::vector<std::uint64_t> sizes;
 };
 
 // MPI counts are ints: values go in pieces of at most 2^30.
 constexpr std::int64_t kPiece = std::int64_t(1) << 30;
 
-// Rank 0's `v` (n values) into every rank's.
-void broadcast_values(MPI_Comm comm, int rank, std::uint64_t n, std::vector<float>& v) {
+// Rank 0's `v` (n values: MPI_FLOAT, or MPI_CHAR for bytes) into every rank's.
+template <class T>
+void broadcast_values(MPI_Comm comm, int rank, std::uint64_t n, std::vector<T>& v, MPI_Datatype type) {
   if (rank != 0) v.resize(n);
   for (std::int64_t at = 0; at < std::int64_t(v.size()); at += kPiece) {
     const int len = int(std::min<std::int64_t>(std::int64_t(v.size()) - at, kPiece));
-    MPI_CHECK(MPI_Bcast(v.data() + at, len, MPI_FLOAT, 0, comm));
+    MPI_CHECK(MPI_Bcast(v.data() + at, len, type, 0, comm));
   }
 }
 
@@ -164,8 +166,7 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::ve
   if (rank == 0) fields(out, ck);
   long long n = (long long)out.buf.size();
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
-  out.buf.resize(std::size_t(n));
-  MPI_CHECK(MPI_Bcast(out.buf.data(), int(n), MPI_CHAR, 0, comm));
+  broadcast_values(comm, rank, std::uint64_t(n), out.buf, MPI_CHAR);
   std::vector<std::uint64_t> sizes = std::move(out.sizes);
   if (rank != 0) {
     Get in;
@@ -173,13 +174,13 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::ve
     fields(in, ck);
     sizes = std::move(in.sizes);
   }
-  broadcast_values(comm, rank, sizes[0], ck.parameters);
-  broadcast_values(comm, rank, sizes[1], ck.buffers);
+  broadcast_values(comm, rank, sizes[0], ck.parameters, MPI_FLOAT);
+  broadcast_values(comm, rank, sizes[1], ck.buffers, MPI_FLOAT);
   for (std::size_t i = 0; i < ck.optimizer_state.size(); ++i) {
     auto& [name, v] = ck.optimizer_state[i];
     const std::uint64_t whole = sizes[2 + i];
     if (!shares) {
-      broadcast_values(comm, rank, whole, v);
+      broadcast_values(comm, rank, whole, v, MPI_FLOAT);
       continue;
     }
     // Decided alike on every rank (the sizes came in the buffer): a state that is
@@ -267,13 +268,23 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptio
   Checkpoint ck;
   int found = kNone;
   std::string problem;
-  if (rank == 0) found = choose(options, model, optimizer, data, ck, problem);
+  if (rank == 0) {
+    const watchdog::During reading(Phase::checkpoint);
+    inject_fault(FaultSite::start_checkpoint, 0);
+    found = choose(options, model, optimizer, data, ck, problem);
+  }
   int status[2] = {found, problem.empty() ? 0 : 1};
-  MPI_CHECK(MPI_Bcast(status, 2, MPI_INT, 0, comm));
+  {
+    const watchdog::Collective guard("the choice of the checkpoint to start from (MPI_Bcast)");
+    MPI_CHECK(MPI_Bcast(status, 2, MPI_INT, 0, comm));
+  }
   if (status[1]) fatal_all(comm, problem);
   if (weights_only) *weights_only = status[0] == kInitFrom;
   if (status[0] == kNone) return std::nullopt;
-  broadcast_checkpoint(comm, rank, ck, shares);
+  {
+    const watchdog::Collective guard("the broadcast of the checkpoint to start from");
+    broadcast_checkpoint(comm, rank, ck, shares);
+  }
   return ck;
 }
 

@@ -44,7 +44,15 @@ while IFS=$'\t' read -r packed origin; do
   grep -qxF "$(basename "$packed")" <<<"$keep" || hidden_libs+=("$(readlink -f "$origin")")
 done <"$checkout/ddp_bundle/MANIFEST"
 for must in libmpi.so libhdf5_openmpi.so libopen-pal.so libpmix.so; do
-  printf '%s\n' "${hidden_libs[@]}" | grep -q "/$must" || { echo "FAILED: $must would not be hidden" >&2; exit 1; }
+  if ! printf '%s\n' "${hidden_libs[@]}" | grep -q "/$must"; then
+    # What was packed, and from what: a library missing from the bundle, or kept
+    # back as one the tools below need.
+    echo "--- MANIFEST ($(wc -l <"$checkout/ddp_bundle/MANIFEST") libraries)"; cat "$checkout/ddp_bundle/MANIFEST"
+    echo "--- ldd $build/ddp_train"; ldd "$build/ddp_train"
+    echo "--- kept (needed by this script's tools)"; echo "$keep"
+    echo "FAILED: $must would not be hidden" >&2
+    exit 1
+  fi
 done
 ompi() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1://p"; }
 hidden_dirs=("$(ompi pkglibdir)" "$(ompi pkgdatadir)" "$(ompi sysconfdir)"

@@ -183,6 +183,21 @@ ddp_add_fault_test(view_alloc NP 2 FAULT view_alloc@rank1:step1
 ddp_add_fault_test(loader_exception NP 2 FAULT loader_exception@rank1:step2
                    REGEX "^rank 1 \\([^)]*\\): uncaught std::out_of_range: injected fault .* reading batch 2$"
                    ARGS ${TINY} io.run_dir=runs/fault_loader data.mode=stream data.prefetch_batches=2)
+# Rank 0 stops at start-up while it reads what the other ranks wait for (the shards'
+# layout; the checkpoint to start from, written by a run before), as on a file system
+# that stopped answering: the watchdog (comm.timeout_s = 5) of the waiting rank names
+# it and the job ends.
+ddp_add_fault_test(stall_shards NP 2 FAULT stall_shards@rank0
+                   REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the agreement on the data files \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in data reading at step 0\\)[;] waiting: rank 1$"
+                   ARGS ${TINY} io.run_dir=runs/fault_stall_shards comm.timeout_s=5)
+add_test(NAME e2e_stall_checkpoint_source
+         COMMAND ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_checkpoint)
+set_tests_properties(e2e_stall_checkpoint_source PROPERTIES FIXTURES_REQUIRED e2e_data
+                     FIXTURES_SETUP stall_checkpoint LABELS "e2e;faults" TIMEOUT 120 PROCESSORS 2)
+ddp_add_fault_test(stall_checkpoint NP 2 FAULT stall_checkpoint@rank0
+                   REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the choice of the checkpoint to start from \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in a checkpoint at step 0\\)[;] waiting: rank 1$"
+                   ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_checkpoint comm.timeout_s=5)
+set_tests_properties(e2e_fault_stall_checkpoint PROPERTIES FIXTURES_REQUIRED "e2e_data;stall_checkpoint")
 
 # Successful runs, checked through their metrics.jsonl.
 # ENV: extra VAR=value settings for the run (set by env(1), not cmake: a GPU node that

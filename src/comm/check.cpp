@@ -177,7 +177,10 @@ void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   int mine = failed ? rank : size, first = size;
-  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  {
+    const watchdog::Collective guard("the agreement that no rank failed (MPI_Allreduce)");
+    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  }
   if (first == size) return;
   if (rank == first) {
     std::fprintf(stderr, "error: %s%s\n", size > 1 ? ("rank " + std::to_string(rank) + ": ").c_str() : "",

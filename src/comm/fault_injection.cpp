@@ -43,7 +43,18 @@ bool read_word(const std::string& s, std::size_t* at, const char* word) {
   return true;
 }
 
-enum class Kind { none, exception, dnnl, bad_alloc, view_alloc, loader_exception, perturb, nan_gradient };
+enum class Kind {
+  none,
+  exception,
+  dnnl,
+  bad_alloc,
+  view_alloc,
+  loader_exception,
+  perturb,
+  nan_gradient,
+  stall_shards,
+  stall_checkpoint
+};
 
 struct Plan {
   Kind kind = Kind::none;
@@ -65,7 +76,9 @@ Plan read_plan() {
       {"view_alloc", Kind::view_alloc},
       {"loader_exception", Kind::loader_exception},
       {"perturb", Kind::perturb},
-      {"nan_gradient", Kind::nan_gradient}};
+      {"nan_gradient", Kind::nan_gradient},
+      {"stall_shards", Kind::stall_shards},
+      {"stall_checkpoint", Kind::stall_checkpoint}};
   // <kind>@rank<r>[:step<s>]
   const std::string& s = p.spec;
   std::size_t at = s.find('@');
@@ -148,10 +161,12 @@ long long step_delay_us() {
 bool inject_fault(FaultSite site, std::int64_t step) {
   const Plan& plan = ddp::plan();
   if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return false;
-  const FaultSite home = plan.kind == Kind::loader_exception ? FaultSite::prefetch
-                         : plan.kind == Kind::perturb        ? FaultSite::parameters
-                         : plan.kind == Kind::nan_gradient   ? FaultSite::loss_gradient
-                                                             : FaultSite::train_step;
+  const FaultSite home = plan.kind == Kind::loader_exception   ? FaultSite::prefetch
+                         : plan.kind == Kind::perturb          ? FaultSite::parameters
+                         : plan.kind == Kind::nan_gradient     ? FaultSite::loss_gradient
+                         : plan.kind == Kind::stall_shards     ? FaultSite::shard_layout
+                         : plan.kind == Kind::stall_checkpoint ? FaultSite::start_checkpoint
+                                                               : FaultSite::train_step;
   if (site != home) return false;
   if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient) return true;
   const std::string what = "injected fault (DDP_INJECT_FAULT=" + plan.spec + ")";
@@ -171,6 +186,9 @@ bool inject_fault(FaultSite site, std::int64_t step) {
     }
     case Kind::loader_exception:
       throw std::out_of_range(what + " reading batch " + std::to_string(step));
+    case Kind::stall_shards:
+    case Kind::stall_checkpoint:
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until the job is ended
     case Kind::perturb:
     case Kind::nan_gradient:
     case Kind::none:
@@ -184,7 +202,7 @@ void check_test_variables(MPI_Comm world) {
     fatal_all(world,
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
-                  "loader_exception, perturb or nan_gradient");
+                  "loader_exception, perturb, nan_gradient, stall_shards or stall_checkpoint");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

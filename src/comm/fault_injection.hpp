@@ -16,6 +16,10 @@
 //   nan_gradient      not a failure: in step s the loss gradient of rank r's first
 //                     sample is NaN (a finite loss, non-finite gradients: the guard's
 //                     and clip_grad_norm's non-finite norm path)
+//   stall_shards      at start-up rank r (0: the one that reads) stops for ever while
+//                     it reads the shards' layout, as on a file system that stopped
+//                     answering; the other ranks wait for it (s: 0)
+//   stall_checkpoint  the same while it reads the checkpoint to start from
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -27,10 +31,12 @@
 namespace ddp {
 
 enum class FaultSite {
-  train_step,     // before the forward pass of each micro-batch; `step` = optimizer steps taken
-  prefetch,       // on the prefetch thread before reading a batch; `step` = the batch's number
-  parameters,     // after an optimizer step; `step` = optimizer steps taken
-  loss_gradient,  // after the loss gradient of each micro-batch; `step` = optimizer steps taken
+  train_step,        // before the forward pass of each micro-batch; `step` = optimizer steps taken
+  prefetch,          // on the prefetch thread before reading a batch; `step` = the batch's number
+  parameters,        // after an optimizer step; `step` = optimizer steps taken
+  loss_gradient,     // after the loss gradient of each micro-batch; `step` = optimizer steps taken
+  shard_layout,      // rank 0 reads the data files' layout at start-up; `step` = 0
+  start_checkpoint,  // rank 0 reads the checkpoint to start from; `step` = 0
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its

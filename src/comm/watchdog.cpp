@@ -244,6 +244,10 @@ void stop() {
 void set_step(std::int64_t step) { store(kStep, step); }
 void set_phase(Phase phase) { store(kPhase, std::int64_t(phase)); }
 
+During::During(Phase phase) : before_(Phase(load(kPhase))) { store(kPhase, std::int64_t(phase)); }
+
+During::~During() { store(kPhase, std::int64_t(before_)); }
+
 Collective::Collective(const char* what) : before_(Phase(load(kPhase))) {
   store(kEntered, load(kEntered) + 1);  // only this thread writes it
   store(kPhase, std::int64_t(Phase::collective));

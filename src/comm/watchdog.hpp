@@ -49,6 +49,19 @@ void set_phase(Phase phase);
 // loaded 2-core machine). Local, not collective; a no-op without a Watchdog.
 void stop();
 
+// This rank does `phase` from construction to destruction (rank 0 reading what the
+// others wait for); the phase before it is restored.
+class During {
+ public:
+  explicit During(Phase phase);
+  ~During();
+  During(const During&) = delete;
+  During& operator=(const During&) = delete;
+
+ private:
+  Phase before_;
+};
+
 // This rank waits in the collective `what` (a string literal: "the gradient
 // all-reduce") from construction to destruction; the phase before it is restored.
 class Collective {

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "comm/check.hpp"
+#include "comm/fault_injection.hpp"
+#include "comm/watchdog.hpp"
 #include "io/shard_check.hpp"
 
 namespace ddp {
@@ -23,8 +25,10 @@ std::int64_t DataFingerprint::samples() const {
 
 namespace {
 
-// Rank 0's string to every rank (a message or a packed layout).
-std::string bcast_string(MPI_Comm comm, std::string s) {
+// Rank 0's string to every rank (a message or a packed layout); `what` names the
+// collective to the watchdog (the other ranks wait in it while rank 0 reads).
+std::string bcast_string(MPI_Comm comm, std::string s, const char* what) {
+  const watchdog::Collective guard(what);
   long long n = static_cast<long long>(s.size());
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
   s.resize(static_cast<std::size_t>(n));
@@ -34,6 +38,7 @@ std::string bcast_string(MPI_Comm comm, std::string s) {
 
 // MPI counts are int: large buffers go in pieces.
 void bcast_bytes(MPI_Comm comm, void* data, std::size_t n) {
+  const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
   auto* p = static_cast<char*>(data);
   constexpr std::size_t piece = std::size_t{1} << 30;
   for (std::size_t off = 0; off < n; off += piece)
@@ -42,7 +47,7 @@ void bcast_bytes(MPI_Comm comm, void* data, std::size_t n) {
 
 // Every rank throws the same InputError when rank 0 sends a non-empty message.
 void agree_or_throw(MPI_Comm comm, const std::string& msg_on_root) {
-  const std::string msg = bcast_string(comm, msg_on_root);
+  const std::string msg = bcast_string(comm, msg_on_root, "the agreement on the data files (MPI_Bcast)");
   if (!msg.empty()) throw InputError(msg);
 }
 
@@ -134,6 +139,8 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   std::string error, packed;
   if (rank == 0) {
+    const watchdog::During reading(Phase::data);
+    inject_fault(FaultSite::shard_layout, 0);
     try {
       std::lock_guard<std::mutex> lock(hdf5_mutex());
       packed = shard::pack(shard::inspect(patterns, what));
@@ -142,7 +149,8 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
     }
   }
   agree_or_throw(comm, error);  // before the dup: nothing to free on the way out
-  const shard::Layout l = shard::unpack(bcast_string(comm, packed));
+  const shard::Layout l =
+      shard::unpack(bcast_string(comm, packed, "the broadcast of the data files' layout (MPI_Bcast)"));
 
   files_ = l.files;
   sample_shape_ = l.sample_shape;
@@ -205,6 +213,7 @@ void ShardDataset::check_labels(std::int64_t n_classes) {
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
   std::string error;
   if (rank == 0) {
+    const watchdog::During reading(Phase::data);
     // In pieces, so a huge shard's labels need not fit in memory at once.
     constexpr std::int64_t piece = 1 << 20;
     std::vector<std::int64_t> y;
@@ -244,6 +253,7 @@ void ShardDataset::preload() {
   // One reader and a broadcast: W ranks reading the same bytes would hit the file
   // system W times.
   if (rank == 0) {
+    const watchdog::During reading(Phase::data);
     std::lock_guard<std::mutex> lock(hdf5_mutex());
     for (const auto& s : shards_) {
       if (s.count == 0) continue;  // an empty hyperslab is an HDF5 error

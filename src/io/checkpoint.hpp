@@ -169,14 +169,17 @@ struct ResumeOptions {
 // `shares` is given (ZeRO: W + 1 bounds of the ranks' shares of the flat parameter
 // buffer, comm/shares.hpp) rank r receives of each optimizer state only its share
 // [shares[r], shares[r + 1]) (rank 0 keeps the whole). No rank holds a second copy
-// of what it receives. nullopt: a new run. `weights_only` tells which of the two it
+// of what it receives. With `values` false, ranks other than 0 receive the fields
+// alone (path, state, names, sizes: what `ddp_train --check` says), no values.
+// nullopt: a new run. `weights_only` tells which of the two it
 // came from. A resume also compares the checkpoint's training data with `data` (this
 // run's; null: not checked): another sample count is a collective error unless
 // io.allow_data_change (then a warning), any other difference a warning.
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
                                                 const Model& model, const std::string& optimizer,
                                                 bool* weights_only, const DataFingerprint* data,
-                                                const std::vector<std::int64_t>* shares = nullptr);
+                                                const std::vector<std::int64_t>* shares = nullptr,
+                                                bool values = true);
 
 // How this run's training data differs from the one a checkpoint recorded, each a
 // list of what changed ("e2e/train_001.h5 (40 samples) is gone; ..."), or "":

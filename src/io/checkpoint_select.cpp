@@ -160,8 +160,10 @@ void scatter_values(MPI_Comm comm, int rank, const std::vector<std::int64_t>& sh
 
 // Rank 0's Checkpoint on every rank: the small fields packed into one buffer, the
 // values sent straight into their vectors (no rank holds them twice), each rank's
-// share alone of the optimizer state where `shares` is given.
-void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::vector<std::int64_t>* shares) {
+// share alone of the optimizer state where `shares` is given; no values where
+// `values` is false.
+void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::vector<std::int64_t>* shares,
+                          bool values) {
   Put out;
   if (rank == 0) fields(out, ck);
   long long n = (long long)out.buf.size();
@@ -174,6 +176,7 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::ve
     fields(in, ck);
     sizes = std::move(in.sizes);
   }
+  if (!values) return;
   broadcast_values(comm, rank, sizes[0], ck.parameters, MPI_FLOAT);
   broadcast_values(comm, rank, sizes[1], ck.buffers, MPI_FLOAT);
   for (std::size_t i = 0; i < ck.optimizer_state.size(); ++i) {
@@ -262,7 +265,7 @@ std::vector<std::string> checkpoint_candidates(const std::string& run_dir) {
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptions& options,
                                                 const Model& model, const std::string& optimizer,
                                                 bool* weights_only, const DataFingerprint* data,
-                                                const std::vector<std::int64_t>* shares) {
+                                                const std::vector<std::int64_t>* shares, bool values) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   Checkpoint ck;
@@ -283,7 +286,7 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptio
   if (status[0] == kNone) return std::nullopt;
   {
     const watchdog::Collective guard("the broadcast of the checkpoint to start from");
-    broadcast_checkpoint(comm, rank, ck, shares);
+    broadcast_checkpoint(comm, rank, ck, shares, values);
   }
   return ck;
 }

@@ -29,8 +29,9 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
                                                 const std::string& optimizer, bool* weights_only,
                                                 const DataFingerprint* data,
-                                                const std::vector<std::int64_t>* shares) {
-  return find_start_checkpoint(comm, resume_options(cfg.io), model, optimizer, weights_only, data, shares);
+                                                const std::vector<std::int64_t>* shares, bool values) {
+  return find_start_checkpoint(comm, resume_options(cfg.io), model, optimizer, weights_only, data, shares,
+                               values);
 }
 
 }  // namespace ddp

@@ -30,10 +30,11 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data);
 
 // find_start_checkpoint of io/checkpoint.hpp, per cfg.io (resume, run_dir, init_from,
-// allow_data_change). Collective. `shares`: see there.
+// allow_data_change). Collective. `shares`, `values`: see there.
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,
                                                 const std::string& optimizer, bool* weights_only,
                                                 const DataFingerprint* data,
-                                                const std::vector<std::int64_t>* shares = nullptr);
+                                                const std::vector<std::int64_t>* shares = nullptr,
+                                                bool values = true);
 
 }  // namespace ddp

@@ -229,8 +229,9 @@ int check_run(const Context& ctx, const Config& cfg) {
   ModelSetup net = build_model(ctx, cfg, data);
   bool weights_only = false;
   const std::string optimizer = make_optimizer(cfg.train, 0)->name();
+  // Rank 0 says what it found: the other ranks need not hold the checkpoint.
   const auto ck = find_start_checkpoint(ctx.world(), cfg, *net.model, optimizer, &weights_only,
-                                        &data.train->fingerprint());
+                                        &data.train->fingerprint(), nullptr, false);
   if (ck && weights_only)
     log::info("checkpoint: a new run from the weights of " + ck->path);
   else if (ck)

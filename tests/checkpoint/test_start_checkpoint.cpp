@@ -97,11 +97,12 @@ struct Saved {
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank_of() == 0) std::system(("rm -rf " + run_dir).c_str());
   }
-  std::optional<Checkpoint> start(const std::vector<std::int64_t>* shares) {
+  std::optional<Checkpoint> start(const std::vector<std::int64_t>* shares, bool values = true) {
     ResumeOptions o;
     o.run_dir = run_dir;
     bool weights_only = true;
-    auto ck = find_start_checkpoint(MPI_COMM_WORLD, o, model, "AdamW", &weights_only, nullptr, shares);
+    auto ck =
+        find_start_checkpoint(MPI_COMM_WORLD, o, model, "AdamW", &weights_only, nullptr, shares, values);
     EXPECT_FALSE(weights_only);
     return ck;
   }
@@ -133,6 +134,29 @@ TEST(StartCheckpoint, EachRankReceivesTheWholeWithoutShares) {
   EXPECT_EQ(ck->state.step, 7);
   EXPECT_EQ(ck->parameters, to_host(saved.model.parameters()));
   expect_state(*ck, saved.state_names, 0, saved.model.num_parameters());
+}
+
+// ddp_train --check: the ranks other than 0 receive the fields alone (what rank 0
+// says of the checkpoint), no parameters and no optimizer state.
+TEST(StartCheckpoint, WithoutValuesTheOtherRanksReceiveTheFieldsAlone) {
+  Saved saved;
+  const auto ck = saved.start(nullptr, false);
+  ASSERT_TRUE(ck.has_value());
+  EXPECT_EQ(ck->state.step, 7);
+  EXPECT_EQ(ck->optimizer, "AdamW");
+  EXPECT_NE(ck->path.find(saved.run_dir), std::string::npos) << ck->path;
+  ASSERT_EQ(ck->optimizer_state.size(), saved.state_names.size());
+  if (rank_of() == 0) {
+    EXPECT_EQ(ck->parameters, to_host(saved.model.parameters()));
+    expect_state(*ck, saved.state_names, 0, saved.model.num_parameters());
+    return;
+  }
+  EXPECT_TRUE(ck->parameters.empty()) << ck->parameters.size() << " parameters on rank " << rank_of();
+  for (std::size_t k = 0; k < saved.state_names.size(); ++k) {
+    const auto& [name, v] = ck->optimizer_state[k];
+    EXPECT_EQ(name, saved.state_names[k]);
+    EXPECT_TRUE(v.empty()) << v.size() << " values of " << name << " on rank " << rank_of();
+  }
 }
 
 // Under ZeRO each rank receives its share of the optimizer state alone (rank 0, which

@@ -1,5 +1,6 @@
 #include "comm/backend.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 
@@ -77,8 +78,10 @@ DeviceChoice pick_device(int device_count, int local_rank, const char* slurm_loc
 }
 
 void broadcast_bytes(MPI_Comm comm, void* data, std::size_t n, int root) {
-  DDP_REQUIRE(n <= std::size_t(INT_MAX), "broadcast of " << n << " bytes");
-  MPI_CHECK(MPI_Bcast(data, int(n), MPI_BYTE, root, comm));
+  constexpr std::size_t piece = std::size_t(1) << 30;
+  auto* p = static_cast<char*>(data);
+  for (std::size_t off = 0; off < n; off += piece)
+    MPI_CHECK(MPI_Bcast(p + off, int(std::min(piece, n - off)), MPI_BYTE, root, comm));
 }
 
 void bootstrap_id(MPI_Comm comm, void* id, std::size_t n, const std::function<void(void*)>& make_id) {

@@ -49,7 +49,7 @@ struct DeviceChoice {
 };
 DeviceChoice pick_device(int device_count, int local_rank, const char* slurm_localid);
 
-// Broadcast n bytes from `root` (n < 2^31).
+// Broadcast n bytes from `root`, any n (MPI's int counts: in pieces of 2^30).
 void broadcast_bytes(MPI_Comm comm, void* data, std::size_t n, int root);
 // The NCCL bootstrap without NCCL: rank 0 fills the n bytes at `id` with make_id
 // (ncclGetUniqueId), and every rank returns with rank 0's bytes. Collective.

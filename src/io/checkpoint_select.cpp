@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "comm/backend.hpp"
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/log.hpp"
@@ -121,17 +122,14 @@ struct Get : Packer {
   }
 };
 
-// MPI counts are ints: values go in pieces of at most 2^30.
+// MPI counts are ints: point-to-point values go in pieces of at most 2^30.
 constexpr std::int64_t kPiece = std::int64_t(1) << 30;
 
-// Rank 0's `v` (n values: MPI_FLOAT, or MPI_CHAR for bytes) into every rank's.
+// Rank 0's `v` (n numbers or bytes) into every rank's.
 template <class T>
-void broadcast_values(MPI_Comm comm, int rank, std::uint64_t n, std::vector<T>& v, MPI_Datatype type) {
+void broadcast_values(MPI_Comm comm, int rank, std::uint64_t n, std::vector<T>& v) {
   if (rank != 0) v.resize(n);
-  for (std::int64_t at = 0; at < std::int64_t(v.size()); at += kPiece) {
-    const int len = int(std::min<std::int64_t>(std::int64_t(v.size()) - at, kPiece));
-    MPI_CHECK(MPI_Bcast(v.data() + at, len, type, 0, comm));
-  }
+  broadcast_bytes(comm, v.data(), v.size() * sizeof(T), 0);
 }
 
 // Rank 0's whole `v` (shares.back() values); rank r > 0 receives [shares[r],
@@ -168,7 +166,7 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::ve
   if (rank == 0) fields(out, ck);
   long long n = (long long)out.buf.size();
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
-  broadcast_values(comm, rank, std::uint64_t(n), out.buf, MPI_CHAR);
+  broadcast_values(comm, rank, std::uint64_t(n), out.buf);
   std::vector<std::uint64_t> sizes = std::move(out.sizes);
   if (rank != 0) {
     Get in;
@@ -177,13 +175,13 @@ void broadcast_checkpoint(MPI_Comm comm, int rank, Checkpoint& ck, const std::ve
     sizes = std::move(in.sizes);
   }
   if (!values) return;
-  broadcast_values(comm, rank, sizes[0], ck.parameters, MPI_FLOAT);
-  broadcast_values(comm, rank, sizes[1], ck.buffers, MPI_FLOAT);
+  broadcast_values(comm, rank, sizes[0], ck.parameters);
+  broadcast_values(comm, rank, sizes[1], ck.buffers);
   for (std::size_t i = 0; i < ck.optimizer_state.size(); ++i) {
     auto& [name, v] = ck.optimizer_state[i];
     const std::uint64_t whole = sizes[2 + i];
     if (!shares) {
-      broadcast_values(comm, rank, whole, v, MPI_FLOAT);
+      broadcast_values(comm, rank, whole, v);
       continue;
     }
     // Decided alike on every rank (the sizes came in the buffer): a state that is

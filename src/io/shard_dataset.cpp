@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "comm/backend.hpp"
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
@@ -32,17 +33,8 @@ std::string bcast_string(MPI_Comm comm, std::string s, const char* what) {
   long long n = static_cast<long long>(s.size());
   MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
   s.resize(static_cast<std::size_t>(n));
-  MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, 0, comm));
+  broadcast_bytes(comm, s.data(), s.size(), 0);
   return s;
-}
-
-// MPI counts are int: large buffers go in pieces.
-void bcast_bytes(MPI_Comm comm, void* data, std::size_t n) {
-  const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
-  auto* p = static_cast<char*>(data);
-  constexpr std::size_t piece = std::size_t{1} << 30;
-  for (std::size_t off = 0; off < n; off += piece)
-    MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(piece, n - off)), MPI_BYTE, 0, comm));
 }
 
 // Every rank throws the same InputError when rank 0 sends a non-empty message.
@@ -266,9 +258,10 @@ void ShardDataset::preload() {
         read_runs(s.y, H5T_NATIVE_FLOAT, all, targets_mem_.data() + o * target_numel_);
     }
   }
-  bcast_bytes(comm_, x_mem_.data(), x_mem_.size());
-  bcast_bytes(comm_, labels_mem_.data(), labels_mem_.size() * sizeof(std::int32_t));
-  bcast_bytes(comm_, targets_mem_.data(), targets_mem_.size() * sizeof(float));
+  const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
+  broadcast_bytes(comm_, x_mem_.data(), x_mem_.size(), 0);
+  broadcast_bytes(comm_, labels_mem_.data(), labels_mem_.size() * sizeof(std::int32_t), 0);
+  broadcast_bytes(comm_, targets_mem_.data(), targets_mem_.size() * sizeof(float), 0);
   preloaded_ = true;
 }
 

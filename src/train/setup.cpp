@@ -48,7 +48,7 @@ Config load_config(const Context& ctx, const CommandLine& cli) {
   MPI_CHECK(MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, ctx.world()));
   if (len < 0) fatal_all(ctx.world(), problem);
   text.resize(std::size_t(len));
-  MPI_CHECK(MPI_Bcast(text.data(), int(len), MPI_CHAR, 0, ctx.world()));
+  broadcast_bytes(ctx.world(), text.data(), text.size(), 0);
   return collective_input(ctx.world(), [&] { return parse_config(text, cli.input_file, cli.overrides); });
 }
 

@@ -28,5 +28,7 @@ int main(int argc, char** argv) {
   ddp::start_from_checkpoint(ctx, cfg, *net.model, data, trainer);
   ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);
   ddp::TensorBoardWriter tb(cfg.io.run_dir, ctx.rank() == 0 && cfg.io.tensorboard);
-  return trainer.fit(&metrics, &tb);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
+  const int code = trainer.fit(&metrics, &tb);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
+  ddp::watchdog::set_phase(ddp::Phase::done);   // what is left: closing the data files, freeing
+  return code;
 }

@@ -85,12 +85,23 @@ ddp_add_error_test(bn_relu_mask_malformed NP 2
 # with DDP_INJECT_FAULT=spec (src/comm/fault_injection.hpp): one rank fails alone,
 # and the job must end within seconds in one line `rank N (host): ...` matching re,
 # with no `terminate called` and no stack dump.
+# SOURCE: a run directory that a run of one epoch without the fault (the test
+# e2e_fault_<name>_source) fills with a checkpoint first.
 function(ddp_add_fault_test name)
-  cmake_parse_arguments(T "" "NP;FAULT;REGEX" "ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "NP;FAULT;REGEX;SOURCE" "ARGS" ${ARGN})
   add_test(NAME e2e_fault_${name}
            COMMAND ${E2E}/expect_error.sh --one-rank "${T_REGEX}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
-  set_tests_properties(e2e_fault_${name} PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
+  set(fixtures e2e_data)
+  if(T_SOURCE)
+    add_test(NAME e2e_fault_${name}_source
+             COMMAND ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${TINY} train.epochs=1 io.run_dir=${T_SOURCE}
+                     io.resume=never)
+    set_tests_properties(e2e_fault_${name}_source PROPERTIES FIXTURES_REQUIRED e2e_data
+                         FIXTURES_SETUP fault_${name} LABELS "e2e;faults" TIMEOUT 120 PROCESSORS ${T_NP})
+    list(APPEND fixtures fault_${name})
+  endif()
+  set_tests_properties(e2e_fault_${name} PROPERTIES FIXTURES_REQUIRED "${fixtures}" LABELS "e2e;errors;faults"
                        ENVIRONMENT DDP_INJECT_FAULT=${T_FAULT} TIMEOUT 90 PROCESSORS ${T_NP})
 endfunction()
 
@@ -190,14 +201,21 @@ ddp_add_fault_test(loader_exception NP 2 FAULT loader_exception@rank1:step2
 ddp_add_fault_test(stall_shards NP 2 FAULT stall_shards@rank0
                    REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the agreement on the data files \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in data reading at step 0\\)[;] waiting: rank 1$"
                    ARGS ${TINY} io.run_dir=runs/fault_stall_shards comm.timeout_s=5)
-add_test(NAME e2e_stall_checkpoint_source
-         COMMAND ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_checkpoint)
-set_tests_properties(e2e_stall_checkpoint_source PROPERTIES FIXTURES_REQUIRED e2e_data
-                     FIXTURES_SETUP stall_checkpoint LABELS "e2e;faults" TIMEOUT 120 PROCESSORS 2)
-ddp_add_fault_test(stall_checkpoint NP 2 FAULT stall_checkpoint@rank0
+ddp_add_fault_test(stall_checkpoint NP 2 FAULT stall_checkpoint@rank0 SOURCE runs/fault_stall_checkpoint
                    REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the choice of the checkpoint to start from \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in a checkpoint at step 0\\)[;] waiting: rank 1$"
                    ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_checkpoint comm.timeout_s=5)
-set_tests_properties(e2e_fault_stall_checkpoint PROPERTIES FIXTURES_REQUIRED "e2e_data;stall_checkpoint")
+# Rank 0's collective opening of the data files (HDF5 through MPI-IO) does not return,
+# as a file system call that stopped answering; rank 1 waits inside HDF5 for it. Both
+# are in the collective, so no rank can be named: the line says where they wait.
+set(FILE_SYSTEM_HANG "every rank is running and waits in it: on some rank a call to the file system inside it has not returned \\(a file system that stopped answering\\)[;] waiting: ranks 0,1$")
+ddp_add_fault_test(stall_open NP 2 FAULT stall_open@rank0
+                   REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the opening of the data files \\(HDF5 through MPI-IO\\) \\(during setup\\) at step 0[;] ${FILE_SYSTEM_HANG}"
+                   ARGS ${TINY} io.run_dir=runs/fault_stall_open comm.timeout_s=5)
+# The same in the collective closing of the data files, at the end of a run resumed
+# from its finished checkpoint (the line names the checkpoint's step, 5).
+ddp_add_fault_test(stall_close NP 2 FAULT stall_close@rank1 SOURCE runs/fault_stall_close
+                   REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the closing of the data files \\(HDF5 through MPI-IO\\) \\(during the end of the run\\) at step 5[;] ${FILE_SYSTEM_HANG}"
+                   ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_close comm.timeout_s=5)
 
 # Successful runs, checked through their metrics.jsonl.
 # ENV: extra VAR=value settings for the run (set by env(1), not cmake: a GPU node that

@@ -53,7 +53,9 @@ enum class Kind {
   perturb,
   nan_gradient,
   stall_shards,
-  stall_checkpoint
+  stall_checkpoint,
+  stall_open,
+  stall_close
 };
 
 struct Plan {
@@ -78,7 +80,9 @@ Plan read_plan() {
       {"perturb", Kind::perturb},
       {"nan_gradient", Kind::nan_gradient},
       {"stall_shards", Kind::stall_shards},
-      {"stall_checkpoint", Kind::stall_checkpoint}};
+      {"stall_checkpoint", Kind::stall_checkpoint},
+      {"stall_open", Kind::stall_open},
+      {"stall_close", Kind::stall_close}};
   // <kind>@rank<r>[:step<s>]
   const std::string& s = p.spec;
   std::size_t at = s.find('@');
@@ -166,6 +170,8 @@ bool inject_fault(FaultSite site, std::int64_t step) {
                          : plan.kind == Kind::nan_gradient     ? FaultSite::loss_gradient
                          : plan.kind == Kind::stall_shards     ? FaultSite::shard_layout
                          : plan.kind == Kind::stall_checkpoint ? FaultSite::start_checkpoint
+                         : plan.kind == Kind::stall_open       ? FaultSite::shard_open
+                         : plan.kind == Kind::stall_close      ? FaultSite::shard_close
                                                                : FaultSite::train_step;
   if (site != home) return false;
   if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient) return true;
@@ -188,6 +194,8 @@ bool inject_fault(FaultSite site, std::int64_t step) {
       throw std::out_of_range(what + " reading batch " + std::to_string(step));
     case Kind::stall_shards:
     case Kind::stall_checkpoint:
+    case Kind::stall_open:
+    case Kind::stall_close:
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until the job is ended
     case Kind::perturb:
     case Kind::nan_gradient:
@@ -202,7 +210,8 @@ void check_test_variables(MPI_Comm world) {
     fatal_all(world,
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
-                  "loader_exception, perturb, nan_gradient, stall_shards or stall_checkpoint");
+                  "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open or "
+                  "stall_close");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

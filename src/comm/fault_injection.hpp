@@ -20,6 +20,11 @@
 //                     it reads the shards' layout, as on a file system that stopped
 //                     answering; the other ranks wait for it (s: 0)
 //   stall_checkpoint  the same while it reads the checkpoint to start from
+//   stall_open        at start-up rank r's collective opening of the data files
+//                     (HDF5 through MPI-IO) does not return, as a file system call
+//                     that stopped answering; the other ranks wait inside it (s: 0)
+//   stall_close       the same in the collective closing of the data files at the
+//                     end of the run (s: 0)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -37,6 +42,8 @@ enum class FaultSite {
   loss_gradient,     // after the loss gradient of each micro-batch; `step` = optimizer steps taken
   shard_layout,      // rank 0 reads the data files' layout at start-up; `step` = 0
   start_checkpoint,  // rank 0 reads the checkpoint to start from; `step` = 0
+  shard_open,        // every rank opens the data files (collective) at start-up; `step` = 0
+  shard_close,       // every rank closes the data files (collective) at the end; `step` = 0
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its

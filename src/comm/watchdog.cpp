@@ -32,6 +32,7 @@ std::int64_t g_fallback[kFields] = {0, 0, 0};
 std::atomic<std::int64_t*> g_slot{g_fallback};
 std::atomic<const char*> g_what{""};
 std::atomic<std::int64_t> g_during{0};    // the phase the collective was entered from
+std::atomic<bool> g_file_system{false};   // the collective waits on the file system too
 std::atomic<std::int64_t> g_since_ns{0};  // Clock time of entering the collective; 0: in none
 
 std::int64_t load(int field) { return __atomic_load_n(&g_slot.load(std::memory_order_relaxed)[field], __ATOMIC_RELAXED); }
@@ -150,7 +151,11 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
   if (!waiting.empty() && waiting.front() != s.rank && waited_s < s.timeout_s + grace_s) return;
   if (g_since_ns.load(std::memory_order_relaxed) != entered_ns) return;  // it completed meanwhile: slow, not hung
   std::string msg = head;
-  if (missing.empty())
+  if (missing.empty() && g_file_system.load(std::memory_order_relaxed))
+    msg +=
+        "; every rank is running and waits in it: on some rank a call to the file system inside it has not "
+        "returned (a file system that stopped answering)";
+  else if (missing.empty())
     msg += "; every rank is running and waits in a collective: the collectives do not match, or the network "
            "does not deliver";
   else
@@ -248,10 +253,11 @@ During::During(Phase phase) : before_(Phase(load(kPhase))) { store(kPhase, std::
 
 During::~During() { store(kPhase, std::int64_t(before_)); }
 
-Collective::Collective(const char* what) : before_(Phase(load(kPhase))) {
+Collective::Collective(const char* what, Through through) : before_(Phase(load(kPhase))) {
   store(kEntered, load(kEntered) + 1);  // only this thread writes it
   store(kPhase, std::int64_t(Phase::collective));
   g_what.store(what, std::memory_order_relaxed);
+  g_file_system.store(through == Through::file_system, std::memory_order_relaxed);
   g_during.store(std::int64_t(before_), std::memory_order_relaxed);
   g_since_ns.store(now_ns(), std::memory_order_relaxed);
 }

@@ -62,11 +62,16 @@ class During {
   Phase before_;
 };
 
+// What a collective waits on besides the other ranks: the network alone, or also
+// the file system (a collective open or close of MPI-IO, inside HDF5), whose call on
+// one rank may not return while the others wait for it inside the same collective.
+enum class Through { network, file_system };
+
 // This rank waits in the collective `what` (a string literal: "the gradient
 // all-reduce") from construction to destruction; the phase before it is restored.
 class Collective {
  public:
-  explicit Collective(const char* what);
+  explicit Collective(const char* what, Through through = Through::network);
   ~Collective();
   Collective(const Collective&) = delete;
   Collective& operator=(const Collective&) = delete;

@@ -169,8 +169,14 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   open_all();
 }
 
+// Opening and closing a file through MPI-IO are collective (MPI_File_open and
+// MPI_File_close wait for every rank): a rank whose file system stops answering there
+// leaves the others waiting inside HDF5, so the watchdog guards both.
 void ShardDataset::open_all() {
+  const watchdog::Collective opening("the opening of the data files (HDF5 through MPI-IO)",
+                                     watchdog::Through::file_system);
   std::lock_guard<std::mutex> lock(hdf5_mutex());
+  inject_fault(FaultSite::shard_open, 0);
   for (auto& s : shards_) {
     const hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
     H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
@@ -183,11 +189,14 @@ void ShardDataset::open_all() {
 
 ShardDataset::~ShardDataset() {
   {
+    const watchdog::Collective closing("the closing of the data files (HDF5 through MPI-IO)",
+                                       watchdog::Through::file_system);
     std::lock_guard<std::mutex> lock(hdf5_mutex());
+    inject_fault(FaultSite::shard_close, 0);
     for (auto& s : shards_) {
       H5_CHECK(H5Dclose(s.x));
       H5_CHECK(H5Dclose(s.y));
-      H5_CHECK(H5Fclose(s.file));  // collective with the MPI-IO driver
+      H5_CHECK(H5Fclose(s.file));
     }
   }
   MPI_Comm_free(&comm_);

@@ -257,6 +257,7 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
   if (scaler_ && ck.state.loss_scale > 0)
     scaler_->restore(ck.state.loss_scale, int(ck.state.loss_scale_clean_steps));
   step_ = ck.state.step;
+  watchdog::set_step(step_);  // a hang before the first step names the resumed one
   pos_ = ck.state;
   pos_.world_size = comm_.size();
   if (ck.state.world_size != comm_.size()) {

@@ -165,31 +165,59 @@ void write_attributes(hid_t file, const OptimizerSnapshot& optimizer, const Trai
 
 }  // namespace
 
-std::vector<char> file_image(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
-                             const TrainingState& state, const RunInput& input, const DataFingerprint* data) {
+FileImage::FileImage(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
+                     const TrainingState& state, const RunInput& input, const DataFingerprint* data) {
   Blobs blobs = collect_blobs(model, optimizer, state, data);
   const std::string checksum = checksum_text(checksum_of(blobs));
   std::size_t payload = 0;
   for (const auto& [p, b] : blobs) payload += b.bytes.size();
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   const hid_t fapl = H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
-  // Grown in steps of the payload: one allocation, or two with the metadata.
-  H5_CHECK(H5Pset_fapl_core(fapl, payload + (1u << 20), /*backing_store=*/0));
-  const hid_t file = H5_CHECK(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+  // The driver grows its buffer in steps of the increment and writes zeros over each
+  // step at once: a step of the whole payload made the file's memory resident beside
+  // every blob not yet written (twice the file, for a moment). In steps of a
+  // sixteenth, the file is resident as it is written, the blobs released as they go.
+  const std::size_t step = std::max(payload / 16, std::size_t(16) << 20);
+  H5_CHECK(H5Pset_fapl_core(fapl, step, /*backing_store=*/0));
+  file_ = H5_CHECK(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
   H5Pclose(fapl);
   std::vector<const char*> groups = {"/model", "/optimizer", "/state"};
   if (data) groups.insert(groups.end(), {"/data", "/data/train"});
-  for (const char* g : groups) H5Gclose(H5_CHECK(H5Gcreate2(file, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
+  for (const char* g : groups)
+    H5Gclose(H5_CHECK(H5Gcreate2(file_, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)));
   for (auto& [p, b] : blobs) {
-    write_blob(file, p, b);
+    write_blob(file_, p, b);
     std::vector<unsigned char>().swap(b.bytes);  // the image has it now: one copy at a time
   }
-  write_attributes(file, optimizer, state, input, data, checksum);
-  H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL));
-  std::vector<char> image(std::size_t(H5_CHECK(H5Fget_file_image(file, nullptr, 0))));
-  H5_CHECK(H5Fget_file_image(file, image.data(), image.size()));
-  H5_CHECK(H5Fclose(file));
-  return image;
+  write_attributes(file_, optimizer, state, input, data, checksum);
+  H5_CHECK(H5Fflush(file_, H5F_SCOPE_GLOBAL));
+  size_ = std::size_t(H5_CHECK(H5Fget_file_image(file_, nullptr, 0)));  // the size alone: no copy
+  void* handle = nullptr;  // the core driver's: the address of its buffer
+  H5_CHECK(H5Fget_vfd_handle(file_, H5P_DEFAULT, &handle));
+  mem_ = *static_cast<const char* const*>(handle);
+  // While the file is open for writing, its superblock's status flags say so; a
+  // closed file, and H5Fget_file_image's copy, have them cleared. They are bytes
+  // 20-23 of a version 0 or 1 superblock (HDF5's default, which this file has),
+  // byte 11 of a version 2 or 3.
+  static const char signature[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
+  DDP_REQUIRE(size_ >= 24 && std::equal(signature, signature + 8, mem_),
+              "checkpoint " << name << ": no HDF5 superblock at the start of the file made in memory");
+  const int version = mem_[8];
+  DDP_REQUIRE(version >= 0 && version <= 3, "checkpoint " << name << ": superblock version " << version);
+  head_.assign(mem_, mem_ + 24);
+  if (version <= 1)
+    std::fill(head_.begin() + 20, head_.begin() + 24, 0);
+  else
+    head_[11] = 0;
+}
+
+FileImage::~FileImage() {
+  std::lock_guard<std::mutex> lock(hdf5_mutex());
+  H5Fclose(file_);
+}
+
+std::vector<FileImage::Piece> FileImage::pieces() const {
+  return {{head_.data(), head_.size()}, {mem_ + head_.size(), size_ - head_.size()}};
 }
 
 }  // namespace ddp::ckpt

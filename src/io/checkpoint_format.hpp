@@ -37,10 +37,33 @@ hid_t native(Blob::Type t);
 std::vector<float> to_host(View1 v);
 std::string shape_text(const std::vector<hsize_t>& s);  // "(3,4)"
 
-// The bytes of the checkpoint file, made by HDF5 in memory. `name` only tells HDF5's
-// open files apart. The optimizer's state is released as the file takes it.
-std::vector<char> file_image(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
-                             const TrainingState& state, const RunInput& input, const DataFingerprint* data);
+// The checkpoint file made by HDF5 in memory (the core driver), open until destroyed.
+// Its bytes are the driver's own buffer, not a copy (H5Fget_file_image's copy had
+// put the file in memory twice): the superblock's first bytes as a closed file has
+// them, then the rest straight from the buffer.
+class FileImage {
+ public:
+  // `name` only tells HDF5's open files apart. The optimizer's state is released as
+  // the file takes it.
+  FileImage(const std::string& name, const Model& model, OptimizerSnapshot optimizer,
+            const TrainingState& state, const RunInput& input, const DataFingerprint* data);
+  ~FileImage();
+  FileImage(const FileImage&) = delete;
+  FileImage& operator=(const FileImage&) = delete;
+
+  struct Piece {
+    const char* data;
+    std::size_t size;
+  };
+  std::vector<Piece> pieces() const;  // the file's bytes, in order
+  std::size_t size() const { return size_; }
+
+ private:
+  hid_t file_ = -1;
+  std::size_t size_ = 0;
+  const char* mem_ = nullptr;  // the core driver's buffer
+  std::vector<char> head_;     // its first bytes, the superblock's flags cleared
+};
 
 // ---- reading (checkpoint_read.cpp; any process, every problem a CheckpointError)
 

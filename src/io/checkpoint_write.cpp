@@ -50,21 +50,22 @@ struct WriteFailure : std::runtime_error {
   throw WriteFailure(what.empty() ? std::strerror(errno) : what + ": " + std::strerror(errno));
 }
 
-// Writes `n` bytes to a new file `path` and fsyncs it.
-void write_file(const std::string& path, const char* data, std::size_t n) {
+// Writes `pieces` one after the other to a new file `path` and fsyncs it.
+void write_file(const std::string& path, const std::vector<FileImage::Piece>& pieces) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno("");
-  for (std::size_t done = 0; done < n;) {
-    const ssize_t w = write(fd, data + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int e = errno;
-      close(fd);
-      errno = e;
-      throw_errno("");
+  for (const auto& [data, n] : pieces)
+    for (std::size_t done = 0; done < n;) {
+      const ssize_t w = write(fd, data + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        const int e = errno;
+        close(fd);
+        errno = e;
+        throw_errno("");
+      }
+      done += std::size_t(w);
     }
-    done += std::size_t(w);
-  }
   // A file system that allocates late (NFS, XFS) reports a full disk here or at close.
   if (fsync(fd) != 0) {
     const int e = errno;
@@ -162,7 +163,7 @@ void prepare_dir(const std::string& dir, const std::string& path) {
 // `image` as dir/name through a temp file, then `latest` naming it. A failure leaves
 // the directory as it was (no temp file to fill the disk for the next attempt, no
 // checkpoint that `latest` does not name) and throws CheckpointWriteError.
-void put_on_disk(const std::string& dir, const std::string& name, const std::vector<char>& image) {
+void put_on_disk(const std::string& dir, const std::string& name, const FileImage& image) {
   const std::string path = dir + "/" + name;
   std::string previous;  // what `latest` names now: it stays so if this write fails
   {
@@ -173,14 +174,14 @@ void put_on_disk(const std::string& dir, const std::string& name, const std::vec
   const std::string latest_tmp = dir + "/latest.tmp." + std::to_string(getpid());
   bool renamed = false;
   try {
-    write_file(tmp, image.data(), image.size());
+    write_file(tmp, image.pieces());
     if (const char* delay = std::getenv("DDP_TEST_CHECKPOINT_DELAY_MS"))  // test hook, see the header
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(delay)));
     rename_durably(tmp, path, dir);
     renamed = true;
     // The pointer, the same way: a reader sees the old name or the new one, never a torn one.
     const std::string line = name + "\n";
-    write_file(latest_tmp, line.data(), line.size());
+    write_file(latest_tmp, {{line.data(), line.size()}});
     rename_durably(latest_tmp, dir + "/latest", dir);
   } catch (const WriteFailure& e) {
     std::remove(tmp.c_str());
@@ -221,7 +222,7 @@ std::string save_checkpoint(const std::string& run_dir, int keep, const Model& m
   const std::string name = checkpoint_name(state.step);
   const std::string path = dir + "/" + name;
   prepare_dir(dir, path);
-  const std::vector<char> image = file_image(path, model, std::move(optimizer), state, input, data);
+  const FileImage image(path, model, std::move(optimizer), state, input, data);
   const long long block = block_size(dir);
   // The file in whole blocks, and a block for `latest`.
   const long long need = ((long long)image.size() + block - 1) / block * block + block;

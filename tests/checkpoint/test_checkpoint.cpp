@@ -1,12 +1,15 @@
 // Checkpoint files and the resumed sample order, on one process.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "comm/check.hpp"
 #include "io/checkpoint.hpp"
@@ -156,6 +159,30 @@ struct SmallRun {
     return save_checkpoint(dir, 5, model, *opt, ts, cfg, data);
   }
 };
+
+// The file on disk is written from HDF5's memory (the core driver's buffer) with the
+// superblock's flags as a closed file has them: byte for byte the image HDF5 gives of
+// the file it reads back (H5Fget_file_image, which clears those flags in its copy).
+TEST(Checkpoint, FileOnDiskIsHdf5sImageOfIt) {
+  SmallRun run(0.9);
+  const std::string path = run.save(3);
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> on_disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_core(fapl, 1 << 20, /*backing_store=*/0);
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  ASSERT_GE(file, 0) << path << " does not open";
+  std::vector<char> image(std::size_t(H5Fget_file_image(file, nullptr, 0)));
+  H5Fget_file_image(file, image.data(), image.size());
+  H5Fclose(file);
+  ASSERT_EQ(on_disk.size(), image.size());
+  std::size_t differ = 0, first = 0;
+  for (std::size_t i = 0; i < image.size(); ++i)
+    if (on_disk[i] != image[i] && !differ++) first = i;
+  EXPECT_EQ(differ, 0u) << differ << " bytes differ, the first at " << first;
+}
 
 // NaN or Inf in the weights makes a checkpoint unusable; in the optimizer state too,
 // unless only the weights are wanted (init_from).

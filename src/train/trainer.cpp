@@ -58,7 +58,9 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   });
   if (!graph_plan_.line.empty()) log::info(graph_plan_.line);
   if (graph_plan_.on) watch_device_memory();
-  log::info("memory per rank: " + memory_plan().text(cfg_.train.batch_size));
+  const MemoryPlan plan = memory_plan();
+  log::info("memory per rank: " + plan.text(cfg_.train.batch_size));
+  log::info("checkpoints: " + plan.checkpoint_text());
   if (cfg_.comm.zero > 0) {
     char line[320];
     std::snprintf(line, sizeof line,
@@ -136,16 +138,24 @@ void Trainer::make_reducer() {
   log::info(line);
 }
 
+namespace {
+std::string mb_and_bytes(std::int64_t b) {
+  char t[64];
+  std::snprintf(t, sizeof t, "%.2f MB (%lld B)", double(b) / (1024.0 * 1024.0), (long long)b);
+  return t;
+}
+}  // namespace
+
+std::string MemoryPlan::checkpoint_text() const {
+  return "rank 0 holds each checkpoint file in host memory while it writes it, besides the above: about " +
+         mb_and_bytes(checkpoint) + ", the parameters, buffers and whole optimizer state";
+}
+
 std::string MemoryPlan::text(std::int64_t batch) const {
-  const auto bytes = [](std::int64_t b) {
-    char t[64];
-    std::snprintf(t, sizeof t, "%.2f MB (%lld B)", double(b) / (1024.0 * 1024.0), (long long)b);
-    return std::string(t);
-  };
-  return "parameters " + bytes(parameters) + ", gradients " + bytes(gradients) + ", optimizer state " +
-         bytes(optimizer_state) + ", activations " + bytes(activations) + " (planned at batch " +
-         std::to_string(batch) + ": layer outputs and the gradients between layers), in all " +
-         bytes(total());
+  return "parameters " + mb_and_bytes(parameters) + ", gradients " + mb_and_bytes(gradients) +
+         ", optimizer state " + mb_and_bytes(optimizer_state) + ", activations " + mb_and_bytes(activations) +
+         " (planned at batch " + std::to_string(batch) +
+         ": layer outputs and the gradients between layers), in all " + mb_and_bytes(total());
 }
 
 MemoryPlan Trainer::memory_plan() const {
@@ -153,6 +163,8 @@ MemoryPlan Trainer::memory_plan() const {
   m.parameters = m.gradients = 4 * model_.num_parameters();
   for (const auto& state : optimizer_->state()) m.optimizer_state += 4 * std::int64_t(state.second.extent(0));
   m.activations = 4 * model_.activation_floats(cfg_.train.batch_size);
+  const auto states = std::int64_t(optimizer_->state().size());
+  m.checkpoint = 4 * ((1 + states) * model_.num_parameters() + std::int64_t(model_.buffers().extent(0)));
   return m;
 }
 

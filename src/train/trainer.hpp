@@ -67,9 +67,14 @@ struct ValStats {
 // buffers, and the activations Model::activation_floats plans for one batch.
 struct MemoryPlan {
   std::int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0;
+  // Not in the total: rank 0's checkpoint file, made in host memory while it writes
+  // one (the parameters, the buffers and the whole optimizer state, under ZeRO too).
+  std::int64_t checkpoint = 0;
   std::int64_t total() const { return parameters + gradients + optimizer_state + activations; }
   // "parameters 1.02 MB (1069140 B), gradients ..., in all ...": rank 0's start-up line.
   std::string text(std::int64_t batch) const;
+  // "rank 0 makes each checkpoint file in host memory ...": the line after it.
+  std::string checkpoint_text() const;
 };
 
 class Trainer {

@@ -251,6 +251,12 @@ add_test(NAME e2e_progress_eta_np2
 set_tests_properties(e2e_progress_eta_np2 PROPERTIES FIXTURES_REQUIRED fashion LABELS e2e TIMEOUT 300
                      PROCESSORS 2)
 # Streaming (prefetch thread, reads per batch) and preloading give the same run.
+# Rank 0 reads the shards' layout slowly, in 5 pieces of 1 s, saying it moves on after
+# each (DDP_INJECT_FAULT=slow_shards): rank 1 waits 5 s for it with comm.timeout_s = 2,
+# and the run trains to its end, where a watchdog that counted only the time would
+# name rank 0 after 2 s.
+ddp_add_train_test(slow_shards_np2 NP 2 RUN_DIR runs/slow_shards FIXTURE e2e_data CHECK "--epochs 2"
+                   ENV DDP_INJECT_FAULT=slow_shards@rank0 ARGS ${TINY} comm.timeout_s=2)
 ddp_add_train_test(tiny_stream NP 2 RUN_DIR runs/tiny_stream FIXTURE e2e_data CHECK "--epochs 2"
                    ARGS ${TINY} data.mode=stream data.prefetch_batches=2)
 ddp_add_train_test(tiny_preload NP 2 RUN_DIR runs/tiny_preload FIXTURE e2e_data CHECK "--epochs 2"

@@ -18,6 +18,7 @@
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
+#include "comm/watchdog.hpp"
 
 namespace ddp {
 
@@ -55,7 +56,8 @@ enum class Kind {
   stall_shards,
   stall_checkpoint,
   stall_open,
-  stall_close
+  stall_close,
+  slow_shards
 };
 
 struct Plan {
@@ -82,7 +84,8 @@ Plan read_plan() {
       {"stall_shards", Kind::stall_shards},
       {"stall_checkpoint", Kind::stall_checkpoint},
       {"stall_open", Kind::stall_open},
-      {"stall_close", Kind::stall_close}};
+      {"stall_close", Kind::stall_close},
+      {"slow_shards", Kind::slow_shards}};
   // <kind>@rank<r>[:step<s>]
   const std::string& s = p.spec;
   std::size_t at = s.find('@');
@@ -169,12 +172,20 @@ bool inject_fault(FaultSite site, std::int64_t step) {
                          : plan.kind == Kind::perturb          ? FaultSite::parameters
                          : plan.kind == Kind::nan_gradient     ? FaultSite::loss_gradient
                          : plan.kind == Kind::stall_shards     ? FaultSite::shard_layout
+                         : plan.kind == Kind::slow_shards      ? FaultSite::shard_layout
                          : plan.kind == Kind::stall_checkpoint ? FaultSite::start_checkpoint
                          : plan.kind == Kind::stall_open       ? FaultSite::shard_open
                          : plan.kind == Kind::stall_close      ? FaultSite::shard_close
                                                                : FaultSite::train_step;
   if (site != home) return false;
   if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient) return true;
+  if (plan.kind == Kind::slow_shards) {  // not a failure: reading that moves on, slowly
+    for (int piece = 0; piece < 5; ++piece) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      watchdog::progress();
+    }
+    return false;
+  }
   const std::string what = "injected fault (DDP_INJECT_FAULT=" + plan.spec + ")";
   switch (plan.kind) {
     case Kind::exception:
@@ -199,6 +210,7 @@ bool inject_fault(FaultSite site, std::int64_t step) {
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until the job is ended
     case Kind::perturb:
     case Kind::nan_gradient:
+    case Kind::slow_shards:
     case Kind::none:
       break;
   }
@@ -210,8 +222,8 @@ void check_test_variables(MPI_Comm world) {
     fatal_all(world,
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
-                  "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open or "
-                  "stall_close");
+                  "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open, "
+                  "stall_close or slow_shards");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

@@ -25,6 +25,9 @@
 //                     that stopped answering; the other ranks wait inside it (s: 0)
 //   stall_close       the same in the collective closing of the data files at the
 //                     end of the run (s: 0)
+//   slow_shards       not a failure: rank r reads the shards' layout at start-up in
+//                     5 pieces of 1 s each, saying it moves on after each
+//                     (watchdog::progress), as on a slow file system (s: 0)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.

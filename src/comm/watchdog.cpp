@@ -22,13 +22,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A rank's heartbeat, four int64 in its own memory of the window: collectives
-// entered, step, phase (the training thread writes them) and a tick that the rank's
-// watchdog thread advances every 100 ms, which tells a waiting rank from a stopped one.
-enum Field { kEntered = 0, kStep = 1, kPhase = 2, kTick = 3, kFields = 4 };
+// A rank's heartbeat, five int64 in its own memory of the window: collectives
+// entered, step, phase (the training thread writes them), a tick that the rank's
+// watchdog thread advances every 100 ms, which tells a waiting rank from a stopped one,
+// and the milliseconds since the training thread last moved on (progress(), a phase
+// entered), which the watchdog thread writes with each tick.
+enum Field { kEntered = 0, kStep = 1, kPhase = 2, kTick = 3, kIdleMs = 4, kFields = 5 };
 
 // Where set_step/set_phase/Collective write: the window once a Watchdog runs.
-std::int64_t g_fallback[kFields] = {0, 0, 0};
+std::int64_t g_fallback[kFields] = {0, 0, 0, 0, 0};
+std::atomic<std::int64_t> g_progress{0};  // progress() calls and phases entered, counted
 std::atomic<std::int64_t*> g_slot{g_fallback};
 std::atomic<const char*> g_what{""};
 std::atomic<std::int64_t> g_during{0};    // the phase the collective was entered from
@@ -102,16 +105,25 @@ std::vector<bool> read_heartbeats(State& s, std::vector<std::int64_t>& beats, do
   return answered;  // requests still pending are left: the job is about to end
 }
 
+// Data reading and a checkpoint are where a rank reads or writes what the others
+// wait for, and says so as it moves on (progress()).
+bool moves_on_in(std::int64_t phase) {
+  return Phase(phase) == Phase::data || Phase(phase) == Phase::checkpoint;
+}
+
 // This rank has waited `waited_s` in the collective it entered at `entered_ns`. Ends
 // the job, or returns when another waiting rank is the one to end it or the
-// collective has completed meanwhile.
+// collective has completed meanwhile (0), or when every rank not arrived is reading
+// or writing and has moved on within comm.timeout_s: then the seconds after which
+// the first of them will not have moved for that long, to look again.
 //
 // Who is to blame is read from the heartbeats twice, a second apart: a rank that does
 // not answer, or whose tick does not move, is not running (stopped, or its node is
 // gone); a running rank outside any collective is stuck where it is (compute, data
-// reading, a checkpoint). Running ranks inside a collective wait, like this one: a
-// rank may wait in an earlier collective than this one's, for the same culprit.
-void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s) {
+// reading, a checkpoint), unless it is moving on. Running ranks inside a collective
+// wait, like this one: a rank may wait in an earlier collective than this one's, for
+// the same culprit.
+double on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s) {
   const std::int64_t step = load(kStep);
   char head[512];
   std::snprintf(head, sizeof head, "waited %.0f s (comm.timeout_s = %g) in %s (during %s) at step %lld", waited_s,
@@ -131,6 +143,8 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
   const std::vector<bool> answered = read_heartbeats(s, beats, 2.0);
   std::vector<int> waiting;
   std::string missing;
+  bool all_moving_on = true;  // every rank not arrived is reading or writing, and moves on
+  double look_again_s = s.timeout_s;
   for (int r = 0; r < s.size; ++r) {
     const std::int64_t* b = &beats[std::size_t(r * kFields)];
     const bool running = r == s.rank || (answered[std::size_t(r)] && answered_first[std::size_t(r)] &&
@@ -145,11 +159,19 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
       std::snprintf(one, sizeof one, "rank %d (in %s at step %lld)", r, phase_name(b[kPhase]), (long long)b[kStep]);
     else
       waiting.push_back(r);
-    if (one[0]) missing += (missing.empty() ? "" : ", ") + std::string(one);
+    if (!one[0]) continue;
+    missing += (missing.empty() ? "" : ", ") + std::string(one);
+    const double idle_s = double(b[kIdleMs]) * 1e-3;
+    if (running && moves_on_in(b[kPhase]) && idle_s < s.timeout_s)
+      look_again_s = std::min(look_again_s, s.timeout_s - idle_s);
+    else
+      all_moving_on = false;
   }
+  if (!missing.empty() && all_moving_on) return std::max(look_again_s, 0.1);  // slow, not stuck
   // The lowest waiting rank reports at once; the others give it `grace_s`.
-  if (!waiting.empty() && waiting.front() != s.rank && waited_s < s.timeout_s + grace_s) return;
-  if (g_since_ns.load(std::memory_order_relaxed) != entered_ns) return;  // it completed meanwhile: slow, not hung
+  if (!waiting.empty() && waiting.front() != s.rank && waited_s < s.timeout_s + grace_s) return 0;
+  if (g_since_ns.load(std::memory_order_relaxed) != entered_ns)
+    return 0;  // it completed meanwhile: slow, not hung
   std::string msg = head;
   if (missing.empty() && g_file_system.load(std::memory_order_relaxed))
     msg +=
@@ -162,24 +184,35 @@ void on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_s)
     msg += "; not arrived: " + missing;
   msg += "; waiting: " + std::string(waiting.size() > 1 ? "ranks " : "rank ") + log::ranks_text(waiting);
   fatal_as("hang", msg);
+  return 0;
 }
 
 void watch(State& s) {
   const double grace_s = 5.0;
   std::int64_t last = now_ns(), resumed = 0;
+  std::int64_t progress = g_progress.load(std::memory_order_relaxed), moved_on = last;
+  std::int64_t looked_in = 0, look_again = 0;  // the collective a look was put off in, and until when
   std::unique_lock<std::mutex> lock(s.mutex);
   while (!s.stop) {
     s.wake.wait_for(lock, std::chrono::milliseconds(100));
     tick();
     const std::int64_t t = now_ns();
+    if (const std::int64_t p = g_progress.load(std::memory_order_relaxed); p != progress) {
+      progress = p;
+      moved_on = t;
+    }
+    store(kIdleMs, (t - moved_on) / 1'000'000);
     // A gap of seconds between ticks: this process was stopped (or starved), and a
     // launcher that resumes it to kill it must not hear it report its own stop.
     if (t - last > 2'000'000'000) resumed = t;
     last = t;
     const std::int64_t entered = g_since_ns.load(std::memory_order_relaxed);  // read once: it changes under us
-    if (s.stop || entered == 0) continue;
+    if (s.stop || entered == 0 || (entered == looked_in && t < look_again)) continue;
     const double waited_s = double(t - std::max(entered, resumed)) * 1e-9;
-    if (waited_s >= s.timeout_s) on_hang(s, entered, waited_s, grace_s);
+    if (waited_s < s.timeout_s) continue;
+    const double later_s = on_hang(s, entered, waited_s, grace_s);
+    looked_in = entered;
+    look_again = now_ns() + std::int64_t(later_s * 1e9);
   }
 }
 
@@ -247,9 +280,13 @@ void stop() {
 }
 
 void set_step(std::int64_t step) { store(kStep, step); }
-void set_phase(Phase phase) { store(kPhase, std::int64_t(phase)); }
+void set_phase(Phase phase) {
+  store(kPhase, std::int64_t(phase));
+  progress();
+}
+void progress() { g_progress.fetch_add(1, std::memory_order_relaxed); }
 
-During::During(Phase phase) : before_(Phase(load(kPhase))) { store(kPhase, std::int64_t(phase)); }
+During::During(Phase phase) : before_(Phase(load(kPhase))) { set_phase(phase); }
 
 During::~During() { store(kPhase, std::int64_t(before_)); }
 

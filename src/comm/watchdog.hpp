@@ -14,6 +14,11 @@
 // or whose node is gone is found too ("no answer"). Ranks run the same collectives in
 // the same order, so a rank that has entered fewer collectives has not arrived.
 //
+// A rank that reads or writes what the others wait for (data reading, a checkpoint)
+// and says it moves on (watchdog::progress) at least every comm.timeout_s is slow,
+// not stuck: the others keep waiting while it does, and name it once it has not moved
+// for comm.timeout_s.
+//
 // The lowest waiting rank reports; another waiting rank reports only if that one has
 // not ended the job a few seconds later. Without MPI_THREAD_MULTIPLE, or where MPI
 // cannot make the window (Open MPI 4.1 across nodes over TCP), the watchdog still
@@ -41,6 +46,10 @@ namespace watchdog {
 // Watchdog runs.
 void set_step(std::int64_t step);
 void set_phase(Phase phase);
+// This rank's reading or writing moved on (a piece of a file done): while it is in
+// data reading or a checkpoint, the ranks waiting for it wait on as long as it calls
+// this at least every comm.timeout_s. Entering a phase counts as a call.
+void progress();
 
 // Stops this rank's watchdog thread and takes its heartbeat out of the window, before
 // an MPI_Finalize that the Watchdog's destructor does not precede: the fatal path's

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "comm/check.hpp"
+#include "comm/watchdog.hpp"
 #include "io/fnv1a.hpp"
 
 namespace ddp::ckpt {
@@ -188,6 +189,7 @@ FileImage::FileImage(const std::string& name, const Model& model, OptimizerSnaps
   for (auto& [p, b] : blobs) {
     write_blob(file_, p, b);
     std::vector<unsigned char>().swap(b.bytes);  // the image has it now: one copy at a time
+    watchdog::progress();                        // for the ranks waiting for this checkpoint
   }
   write_attributes(file_, optimizer, state, input, data, checksum);
   H5_CHECK(H5Fflush(file_, H5F_SCOPE_GLOBAL));

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "comm/log.hpp"
+#include "comm/watchdog.hpp"
 #include "io/checkpoint_format.hpp"
 #include "io/metrics.hpp"
 
@@ -50,13 +51,14 @@ struct WriteFailure : std::runtime_error {
   throw WriteFailure(what.empty() ? std::strerror(errno) : what + ": " + std::strerror(errno));
 }
 
-// Writes `pieces` one after the other to a new file `path` and fsyncs it.
+// Writes `pieces` one after the other to a new file `path` and fsyncs it; 64 MiB
+// a write(2) at most, each one progress for the ranks waiting for this checkpoint.
 void write_file(const std::string& path, const std::vector<FileImage::Piece>& pieces) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno("");
   for (const auto& [data, n] : pieces)
     for (std::size_t done = 0; done < n;) {
-      const ssize_t w = write(fd, data + done, n - done);
+      const ssize_t w = write(fd, data + done, std::min(n - done, std::size_t(64) << 20));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) {
         const int e = errno;
@@ -65,6 +67,7 @@ void write_file(const std::string& path, const std::vector<FileImage::Piece>& pi
         throw_errno("");
       }
       done += std::size_t(w);
+      watchdog::progress();
     }
   // A file system that allocates late (NFS, XFS) reports a full disk here or at close.
   if (fsync(fd) != 0) {

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "comm/check.hpp"
+#include "comm/watchdog.hpp"
 #include "io/fnv1a.hpp"
 #include "io/glob.hpp"
 
@@ -264,6 +265,7 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
     l.counts.push_back(fi.x.dims[0]);
     l.hashes.push_back(fi.hash);
     total += fi.x.dims[0];
+    watchdog::progress();  // the ranks waiting for the layout wait on while files are read
   }
   if (total == 0) throw InputError(what + ": the files hold no samples");
   return l;

@@ -226,6 +226,7 @@ void ShardDataset::check_labels(std::int64_t n_classes) {
           std::lock_guard<std::mutex> lock(hdf5_mutex());
           read_runs(s.y, H5T_NATIVE_INT64, {{hsize_t(start), hsize_t(m)}}, y.data());
         }
+        watchdog::progress();
         for (std::int64_t i = 0; i < m; ++i)
           if (y[i] < 0 || y[i] >= n_classes) {
             error = s.path + ": label /y[" + std::to_string(start + i) + "] = " + std::to_string(y[i]) +
@@ -256,16 +257,20 @@ void ShardDataset::preload() {
   if (rank == 0) {
     const watchdog::During reading(Phase::data);
     std::lock_guard<std::mutex> lock(hdf5_mutex());
-    for (const auto& s : shards_) {
-      if (s.count == 0) continue;  // an empty hyperslab is an HDF5 error
-      const std::vector<std::pair<hsize_t, hsize_t>> all{{0, hsize_t(s.count)}};
-      const auto o = static_cast<std::size_t>(s.offset);
-      read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, all, x_mem_.data() + o * row);
-      if (labels_)
-        read_runs(s.y, H5T_NATIVE_INT32, all, labels_mem_.data() + o);
-      else
-        read_runs(s.y, H5T_NATIVE_FLOAT, all, targets_mem_.data() + o * target_numel_);
-    }
+    // In pieces of about 64 MiB, each one progress for the ranks waiting for it.
+    const std::int64_t piece = std::max<std::int64_t>(1, (std::int64_t(64) << 20) / std::int64_t(row));
+    for (const auto& s : shards_)
+      for (std::int64_t start = 0; start < s.count; start += piece) {  // none for an empty shard
+        const std::int64_t m = std::min(piece, s.count - start);
+        const std::vector<std::pair<hsize_t, hsize_t>> rows{{hsize_t(start), hsize_t(m)}};
+        const auto o = static_cast<std::size_t>(s.offset + start);
+        read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, rows, x_mem_.data() + o * row);
+        if (labels_)
+          read_runs(s.y, H5T_NATIVE_INT32, rows, labels_mem_.data() + o);
+        else
+          read_runs(s.y, H5T_NATIVE_FLOAT, rows, targets_mem_.data() + o * target_numel_);
+        watchdog::progress();
+      }
   }
   const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
   broadcast_bytes(comm_, x_mem_.data(), x_mem_.size(), 0);

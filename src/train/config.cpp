@@ -205,7 +205,8 @@ const std::vector<Key>& keys() {
       {"comm", "first_bucket_mb", field<&C::comm, &K::first_bucket_mb>, above(0), false,
        "size of the first bucket (the last layers), in MB"},
       {"comm", "timeout_s", field<&C::comm, &K::timeout_s>, at_least(0), false,
-       "seconds in one collective before the watchdog names the missing ranks and aborts; 0: no watchdog"},
+       "seconds in one collective before the watchdog names the missing ranks and aborts (a rank reading or "
+       "writing files is waited for while it moves on); 0: no watchdog"},
       {"comm", "check_every", field<&C::comm, &K::check_every>, at_least(0), false,
        "steps between checks that every rank holds the same parameters (also before every checkpoint); 0: "
        "only at checkpoints"},

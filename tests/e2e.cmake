@@ -86,9 +86,9 @@ ddp_add_error_test(bn_relu_mask_malformed NP 2
 # and the job must end within seconds in one line `rank N (host): ...` matching re,
 # with no `terminate called` and no stack dump.
 # SOURCE: a run directory that a run of one epoch without the fault (the test
-# e2e_fault_<name>_source) fills with a checkpoint first.
+# e2e_fault_<name>_source) fills with a checkpoint first. ENV: more VAR=value.
 function(ddp_add_fault_test name)
-  cmake_parse_arguments(T "" "NP;FAULT;REGEX;SOURCE" "ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "NP;FAULT;REGEX;SOURCE" "ARGS;ENV" ${ARGN})
   add_test(NAME e2e_fault_${name}
            COMMAND ${E2E}/expect_error.sh --one-rank "${T_REGEX}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
@@ -102,7 +102,7 @@ function(ddp_add_fault_test name)
     list(APPEND fixtures fault_${name})
   endif()
   set_tests_properties(e2e_fault_${name} PROPERTIES FIXTURES_REQUIRED "${fixtures}" LABELS "e2e;errors;faults"
-                       ENVIRONMENT DDP_INJECT_FAULT=${T_FAULT} TIMEOUT 90 PROCESSORS ${T_NP})
+                       ENVIRONMENT "DDP_INJECT_FAULT=${T_FAULT};${T_ENV}" TIMEOUT 90 PROCESSORS ${T_NP})
 endfunction()
 
 # A rank stopped with SIGSTOP mid-run: the hang watchdog (comm.timeout_s = 5) of a
@@ -211,6 +211,11 @@ set(FILE_SYSTEM_HANG "every rank is running and waits in it: on some rank a call
 ddp_add_fault_test(stall_open NP 2 FAULT stall_open@rank0
                    REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the opening of the data files \\(HDF5 through MPI-IO\\) \\(during setup\\) at step 0[;] ${FILE_SYSTEM_HANG}"
                    ARGS ${TINY} io.run_dir=runs/fault_stall_open comm.timeout_s=5)
+# The same, rank 0 slow to end the job after its line (3 s before its MPI_Abort): rank
+# 1, which waits too, sees rank 0 stop ticking and must not report it again.
+ddp_add_fault_test(stall_open_slow_abort NP 2 FAULT stall_open@rank0 ENV DDP_TEST_EXIT_DELAY_MS=3000@rank0
+                   REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the opening of the data files \\(HDF5 through MPI-IO\\) \\(during setup\\) at step 0[;] ${FILE_SYSTEM_HANG}"
+                   ARGS ${TINY} io.run_dir=runs/fault_stall_open_slow_abort comm.timeout_s=5)
 # The same in the collective closing of the data files, at the end of a run resumed
 # from its finished checkpoint (the line names the checkpoint's step, 5).
 ddp_add_fault_test(stall_close NP 2 FAULT stall_close@rank1 SOURCE runs/fault_stall_close

@@ -12,6 +12,7 @@
 #include <thread>
 #include <typeinfo>
 
+#include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
 
 namespace ddp {
@@ -77,6 +78,8 @@ thread_local bool t_capturing = false;
   gethostname(host, sizeof(host) - 1);
   std::fprintf(stderr, "rank %d (%s): %s: %s\n", world_rank(), host, what.c_str(), one_line(msg).c_str());
   std::fflush(stderr);
+  watchdog::set_phase(Phase::failing);  // the other ranks' watchdogs: this line is the job's
+  inject_abort_delay();                 // tests only: a slow end
   abort_all(1);
 }
 

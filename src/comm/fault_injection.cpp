@@ -241,6 +241,11 @@ void inject_exit_delay() {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+void inject_abort_delay() {
+  const auto& [ms, rank] = exit_delay();
+  if (rank == log::rank() && ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 void inject_step_delay() {
   if (step_delay_us() > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us()));
 }

@@ -64,14 +64,19 @@ void check_test_variables(MPI_Comm world);
 //
 //   DDP_TEST_EXIT_DELAY_MS=<ms>@rank<r>
 //
-// makes rank r sleep <ms> after MPI_Finalize, before the process exits. It stands for
-// what a rank does after the last synchronisation (library destructors at exit, a
+// makes rank r sleep <ms> after MPI_Finalize, before the process exits (and before
+// MPI_Abort where it ends the job with an error line: inject_abort_delay below). It
+// stands for what a rank does after the last synchronisation (library destructors at exit, a
 // GPU context's teardown, the MPI runtime's own cleanup), the part of a shutdown no
 // barrier covers and in which a launcher that reacts to another rank's exit reaches
 // it. The sleeping rank first prints `rank <r> (pid <pid>): DDP_TEST_EXIT_DELAY_MS:
 // <ms> ms after MPI_Finalize` to stderr. inject_exit_delay() sleeps; Context calls
 // it.
 void inject_exit_delay();
+// The same delay before MPI_Abort on rank r's fatal path, after its error line and
+// with no line of its own: a job slow to end, in which the other ranks' watchdogs
+// must not report it again. fail() (comm/check.cpp) calls it.
+void inject_abort_delay();
 
 // A paced run, for tests that must act on a job while it trains (the Slurm requeue
 // test signals it once it has trained some epochs):

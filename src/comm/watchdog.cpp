@@ -55,6 +55,7 @@ const char* phase_name(std::int64_t p) {
     case Phase::checkpoint: return "a checkpoint";
     case Phase::validation: return "validation";
     case Phase::done: return "the end of the run";
+    case Phase::failing: return "ending the job";
   }
   return "an unknown phase";
 }
@@ -144,9 +145,11 @@ double on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_
   std::vector<int> waiting;
   std::string missing;
   bool all_moving_on = true;  // every rank not arrived is reading or writing, and moves on
+  bool ending = false;        // another rank has printed its line and is ending the job
   double look_again_s = s.timeout_s;
   for (int r = 0; r < s.size; ++r) {
     const std::int64_t* b = &beats[std::size_t(r * kFields)];
+    if (r != s.rank && answered[std::size_t(r)] && Phase(b[kPhase]) == Phase::failing) ending = true;
     const bool running = r == s.rank || (answered[std::size_t(r)] && answered_first[std::size_t(r)] &&
                                          b[kTick] != first[std::size_t(r * kFields + kTick)]);
     char one[200] = "";
@@ -167,6 +170,9 @@ double on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_
     else
       all_moving_on = false;
   }
+  // A rank that reported (this hang, or an error of its own) stops ticking while its
+  // MPI_Abort ends the job: not a second line for it, unless the job outlives that.
+  if (ending && waited_s < s.timeout_s + 2 * grace_s) return 1.0;
   if (!missing.empty() && all_moving_on) return std::max(look_again_s, 0.1);  // slow, not stuck
   // The lowest waiting rank reports at once; the others give it `grace_s`.
   if (!waiting.empty() && waiting.front() != s.rank && waited_s < s.timeout_s + grace_s) return 0;

@@ -30,7 +30,8 @@
 
 namespace ddp {
 
-enum class Phase : std::int64_t { setup, data, compute, collective, checkpoint, validation, done };
+// failing: this rank has printed its error line and is ending the job (MPI_Abort).
+enum class Phase : std::int64_t { setup, data, compute, collective, checkpoint, validation, done, failing };
 
 class Watchdog {
  public:

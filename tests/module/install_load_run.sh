@@ -55,12 +55,13 @@ env -i HOME="$tmp" PATH=/usr/local/bin:/usr/bin:/bin TERM=dumb \
     INIT="$init" SYSTEM="$system" PREFIX="$prefix" WORK="$tmp/work" VERSION="$version" MPIEXEC="$mpiexec" PYTHON="$python" \
     bash --noprofile --norc -euo pipefail -c '
 fail() { echo "FAIL: $*"; exit 1; }
-shows() { tr -s " \n" " " <out.txt | grep -qF "$1"; }  # Lmod wraps long lines
+# Here-strings, not `... | grep -q`: under pipefail grep leaving early fails the pipeline.
+shows() { grep -qF "$1" <<<"$(tr -s " \n" " " <out.txt)"; }  # Lmod wraps long lines
 source "$INIT"
 echo "== $INIT: $(module --version 2>&1 | grep -m1 .)"
 # Lmod, and not an Environment Modules function that came along some other way.
 if [ "$SYSTEM" = lmod ]; then
-  module --version 2>&1 | grep -q "Modules based on Lua" || fail "module is not Lmod after sourcing $INIT"
+  grep -q "Modules based on Lua" <<<"$(module --version 2>&1)" || fail "module is not Lmod after sourcing $INIT"
 fi
 module use "$PREFIX/share/modulefiles"
 # Both systems list names in avail, and show the whatis line in whatis and keyword

@@ -44,7 +44,9 @@ while IFS=$'\t' read -r packed origin; do
   grep -qxF "$(basename "$packed")" <<<"$keep" || hidden_libs+=("$(readlink -f "$origin")")
 done <"$checkout/ddp_bundle/MANIFEST"
 for must in libmpi.so libhdf5_openmpi.so libopen-pal.so libpmix.so; do
-  if ! printf '%s\n' "${hidden_libs[@]}" | grep -q "/$must"; then
+  # A here-string, not a pipe: under pipefail, grep -q leaving early made printf's
+  # SIGPIPE the pipeline's status, and a library present was reported missing.
+  if ! grep -q "/$must" <<<"$(printf '%s\n' "${hidden_libs[@]}")"; then
     # What was packed, and from what: a library missing from the bundle, or kept
     # back as one the tools below need.
     echo "--- MANIFEST ($(wc -l <"$checkout/ddp_bundle/MANIFEST") libraries)"; cat "$checkout/ddp_bundle/MANIFEST"

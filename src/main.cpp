@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   const ddp::Config cfg = ddp::load_config(ctx, cli);
   if (cli.check) return ddp::check_run(ctx, cfg);
   ddp::Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // names a rank that hangs
-  ddp::prepare_run_dir(ctx, cfg);
+  const ddp::RunDirLock run_dir_lock = ddp::prepare_run_dir(ctx, cfg);             // one run at a time in it
   ddp::Data data = ddp::open_data(ctx, cfg);
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);
   auto comm = ddp::make_communicator(ctx, cfg);

@@ -2,7 +2,8 @@
 set(CKPT ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint)
 set(CKPT_MPIEXEC ${MPIEXEC_EXECUTABLE})
 
-ddp_add_test(test_checkpoint SOURCES checkpoint/test_checkpoint.cpp LABELS checkpoint)
+ddp_add_test(test_checkpoint SOURCES checkpoint/test_checkpoint.cpp checkpoint/test_run_dir_lock.cpp
+             LABELS checkpoint)
 # The checkpoint a run starts from, received by every rank; under ZeRO each its share.
 ddp_add_mpi_test(test_start_checkpoint SOURCES checkpoint/test_start_checkpoint.cpp NP 1 2 3 LABELS checkpoint)
 

@@ -21,6 +21,11 @@ set_tests_properties(e2e_make_regression_data PROPERTIES FIXTURES_SETUP regressi
 # n ranks must fail fast with one clear error line matching re.
 function(ddp_add_error_test name)
   cmake_parse_arguments(T "" "NP;REGEX" "ARGS;ENV" ${ARGN})
+  # A run directory of its own, where the run reads an input file and names none: a
+  # run holds its directory's lock (io/run_dir_lock.hpp), and tests run side by side.
+  if(T_ARGS MATCHES "\\.nml" AND NOT T_ARGS MATCHES "io\\.run_dir=")
+    list(APPEND T_ARGS io.run_dir=runs/error_${name})
+  endif()
   add_test(NAME e2e_error_${name}
            COMMAND ${E2E}/expect_error.sh "${T_REGEX}" --
                    ${DDP_RUN} ${T_NP} $<TARGET_FILE:ddp_train> ${T_ARGS})
@@ -221,6 +226,15 @@ ddp_add_fault_test(stall_open_slow_abort NP 2 FAULT stall_open@rank0 ENV DDP_TES
 ddp_add_fault_test(stall_close NP 2 FAULT stall_close@rank1 SOURCE runs/fault_stall_close
                    REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the closing of the data files \\(HDF5 through MPI-IO\\) \\(during the end of the run\\) at step 5[;] ${FILE_SYSTEM_HANG}"
                    ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_close comm.timeout_s=5)
+
+# One run at a time in a run directory: a second run started in it ends at once in one
+# line naming the first (which goes on to its end); a run whose rank 0 was killed
+# leaves no stale lock; a file system without locks is a warning.
+add_test(NAME e2e_run_dir_in_use_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/run_dir_in_use.py ${E2E}/expect_error.sh ${MPIEXEC_EXECUTABLE}
+                 $<TARGET_FILE:ddp_train> ${TINY} runs/run_dir)
+set_tests_properties(e2e_run_dir_in_use_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors;faults"
+                     TIMEOUT 240 PROCESSORS 4)
 
 # Successful runs, checked through their metrics.jsonl.
 # ENV: extra VAR=value settings for the run (set by env(1), not cmake: a GPU node that

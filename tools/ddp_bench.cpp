@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
                                                "train.log_every=0", "io.run_dir=runs/bench"});
   const Config cfg = load_config(ctx, cli);
   Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // as ddp_train runs
-  prepare_run_dir(ctx, cfg);
+  const RunDirLock run_dir_lock = prepare_run_dir(ctx, cfg);
   Data data = open_data(ctx, cfg);
   ModelSetup net = build_model(ctx, cfg, data);
   auto comm = make_communicator(ctx, cfg);

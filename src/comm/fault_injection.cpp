@@ -57,7 +57,8 @@ enum class Kind {
   stall_checkpoint,
   stall_open,
   stall_close,
-  slow_shards
+  slow_shards,
+  no_locks
 };
 
 struct Plan {
@@ -85,7 +86,8 @@ Plan read_plan() {
       {"stall_checkpoint", Kind::stall_checkpoint},
       {"stall_open", Kind::stall_open},
       {"stall_close", Kind::stall_close},
-      {"slow_shards", Kind::slow_shards}};
+      {"slow_shards", Kind::slow_shards},
+      {"no_locks", Kind::no_locks}};
   // <kind>@rank<r>[:step<s>]
   const std::string& s = p.spec;
   std::size_t at = s.find('@');
@@ -176,9 +178,11 @@ bool inject_fault(FaultSite site, std::int64_t step) {
                          : plan.kind == Kind::stall_checkpoint ? FaultSite::start_checkpoint
                          : plan.kind == Kind::stall_open       ? FaultSite::shard_open
                          : plan.kind == Kind::stall_close      ? FaultSite::shard_close
+                         : plan.kind == Kind::no_locks         ? FaultSite::run_dir_lock
                                                                : FaultSite::train_step;
   if (site != home) return false;
-  if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient) return true;
+  if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient || plan.kind == Kind::no_locks)
+    return true;
   if (plan.kind == Kind::slow_shards) {  // not a failure: reading that moves on, slowly
     for (int piece = 0; piece < 5; ++piece) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -211,6 +215,7 @@ bool inject_fault(FaultSite site, std::int64_t step) {
     case Kind::perturb:
     case Kind::nan_gradient:
     case Kind::slow_shards:
+    case Kind::no_locks:
     case Kind::none:
       break;
   }
@@ -223,7 +228,7 @@ void check_test_variables(MPI_Comm world) {
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
                   "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open, "
-                  "stall_close or slow_shards");
+                  "stall_close, slow_shards or no_locks");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

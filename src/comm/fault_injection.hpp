@@ -28,6 +28,9 @@
 //   slow_shards       not a failure: rank r reads the shards' layout at start-up in
 //                     5 pieces of 1 s each, saying it moves on after each
 //                     (watchdog::progress), as on a slow file system (s: 0)
+//   no_locks          not a failure: rank r (0: the one that locks the run directory)
+//                     finds that the run directory's file system keeps no file locks,
+//                     as fcntl says on one mounted without them (ENOLCK) (s: 0)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -47,12 +50,13 @@ enum class FaultSite {
   start_checkpoint,  // rank 0 reads the checkpoint to start from; `step` = 0
   shard_open,        // every rank opens the data files (collective) at start-up; `step` = 0
   shard_close,       // every rank closes the data files (collective) at the end; `step` = 0
+  run_dir_lock,      // rank 0 locks the run directory at start-up; `step` = 0
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its
 // rank and step match; returns false otherwise (and for a malformed value, which
 // check_test_variables ends the run on). True: a fault the caller carries out itself
-// is due here (perturb, nan_gradient).
+// is due here (perturb, nan_gradient, no_locks).
 bool inject_fault(FaultSite site, std::int64_t step);
 
 // Reads DDP_INJECT_FAULT, DDP_TEST_EXIT_DELAY_MS and DDP_TEST_STEP_DELAY_US (below);

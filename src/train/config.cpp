@@ -168,7 +168,7 @@ const std::vector<Key>& keys() {
        "GPU build: the step's forward, loss, backward and NCCL buckets as one CUDA graph, replayed; "
        "auto: where it can; on: an error where it cannot"},
       {"io", "run_dir", field<&C::io, &I::run_dir>, any(), false,
-       "directory of metrics.jsonl and checkpoints/"},
+       "directory of metrics.jsonl and checkpoints/, held by one run at a time (its ddp_train.lock)"},
       {"io", "checkpoint_every", field<&C::io, &I::checkpoint_every>, at_least(0), false,
        "epochs between checkpoints; 0: none by epoch"},
       {"io", "checkpoint_every_steps", field<&C::io, &I::checkpoint_every_steps>, at_least(0), false,

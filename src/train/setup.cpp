@@ -15,6 +15,7 @@
 #include "comm/log.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
+#include "io/run_dir_lock.hpp"
 #include "io/sampler.hpp"
 #include "model/backend.hpp"
 #include "model/planes.hpp"
@@ -198,16 +199,21 @@ std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config
   return comm;
 }
 
-void prepare_run_dir(const Context& ctx, const Config& cfg) {
+RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg) {
   std::string problem;
   if (ctx.rank() == 0) problem = make_directories(cfg.io.run_dir);
   fatal_if_any(ctx.world(), !problem.empty(), "io.run_dir: " + problem);
+  RunDirLock lock;
+  if (ctx.rank() == 0) lock = RunDirLock(cfg.io.run_dir, cfg.source_path);
+  fatal_if_any(ctx.world(), !lock.problem().empty(), lock.problem());
+  if (!lock.warning().empty()) log::warn(lock.warning());
   std::ostringstream os;
   os << "ddp_train " << DDP_VERSION << ": " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
      << (ctx.device().empty() ? "" : ", rank 0 on GPU " + ctx.device()) << ", input " << cfg.source_path
      << "\n--- resolved input ---\n"
      << cfg.to_namelist() << "----------------------";
   log::info(os.str());
+  return lock;
 }
 
 void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, const Data& data,

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/context.hpp"
+#include "io/run_dir_lock.hpp"
 #include "io/shard_dataset.hpp"
 #include "model/loss.hpp"
 #include "model/model.hpp"
@@ -46,8 +47,10 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data);
 // buffers in the CUDA build.
 std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config& cfg);
 
-// Creates <run_dir> (rank 0) and prints the resolved configuration and the plan.
-void prepare_run_dir(const Context& ctx, const Config& cfg);
+// Creates <run_dir> and locks it for this run (rank 0; a run that holds it already is
+// an error, io/run_dir_lock.hpp), and prints the resolved configuration and the plan.
+// The run keeps the lock while it holds what this returns.
+[[nodiscard]] RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg);
 
 // Resume (io.resume) or initialise (io.init_from) the trainer from a checkpoint,
 // when there is one: rank 0 reads and checks it (a resume against the training

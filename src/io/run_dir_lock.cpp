@@ -1,0 +1,124 @@
+#include "io/run_dir_lock.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <utility>
+
+#include "comm/fault_injection.hpp"
+
+namespace ddp {
+
+namespace {
+
+// Who holds the lock, as its file says it: "pid 4242 on node12, Slurm job 17, since
+// 2026-11-29 01:23:45 UTC, input inputs/resnet50.nml".
+std::string holder_text(const std::string& input) {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  std::string s = "pid " + std::to_string(getpid()) + " on " + host;
+  const char* array = std::getenv("SLURM_ARRAY_JOB_ID");
+  const char* task = std::getenv("SLURM_ARRAY_TASK_ID");
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (array && task && *array && *task)
+    s += std::string(", Slurm job ") + array + "_" + task;
+  else if (job && *job)
+    s += std::string(", Slurm job ") + job;
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  return s + ", since " + when + ", input " + input;
+}
+
+// The first line of the lock file: what its holder wrote; "" when it wrote nothing yet.
+std::string read_holder(int fd) {
+  char buf[1024];
+  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "";
+  std::string s(buf, std::size_t(n));
+  return s.substr(0, s.find('\n'));
+}
+
+// A write lock on the whole file, not waiting: 0, or -1 with errno. An open file
+// description's lock (F_OFD_SETLK, Linux 3.15) belongs to this descriptor, so no other
+// open and close of the file in this process drops it (as close drops a process's
+// F_SETLK locks); a kernel without them (EINVAL) gets the process's lock.
+int lock_whole(int fd) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
+  if (errno != EINVAL) return -1;
+  fl = {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  return fcntl(fd, F_SETLK, &fl);
+}
+
+}  // namespace
+
+std::string RunDirLock::file_of(const std::string& run_dir) { return run_dir + "/ddp_train.lock"; }
+
+RunDirLock::RunDirLock(const std::string& run_dir, const std::string& input) {
+  const std::string path = file_of(run_dir);
+  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    problem_ = "io.run_dir: cannot open " + path +
+               " (the lock that keeps a second run out): " + std::strerror(errno);
+    return;
+  }
+  int rc = -1;
+  if (inject_fault(FaultSite::run_dir_lock, 0))  // tests: a file system that keeps no locks
+    errno = ENOLCK;
+  else
+    rc = lock_whole(fd_);
+  if (rc == 0) {
+    const std::string line = holder_text(input) + "\n";
+    // Who holds it, for the run that finds it held; the lock does not depend on it.
+    if (ftruncate(fd_, 0) == 0 && pwrite(fd_, line.data(), line.size(), 0) == ssize_t(line.size()))
+      fsync(fd_);
+    return;
+  }
+  const int e = errno;
+  const std::string holder = read_holder(fd_);
+  close(fd_);
+  fd_ = -1;
+  if (e == EAGAIN || e == EACCES) {
+    problem_ = "io.run_dir '" + run_dir + "' is in use by another run of ddp_train (" +
+               (holder.empty() ? "it has not written who it is yet" : holder) + "; it holds the lock on " +
+               path +
+               "): two runs in one directory would write over each other's checkpoints and metrics; give "
+               "this run an io.run_dir of its own, or start it when that run has ended";
+    return;
+  }
+  warning_ = "io.run_dir: the file system of '" + run_dir + "' keeps no file locks (fcntl on " + path + ": " +
+             std::strerror(e) +
+             "): nothing stops a second run from starting in this directory while this one runs";
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) close(fd_);
+}
+
+RunDirLock::RunDirLock(RunDirLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      problem_(std::move(other.problem_)),
+      warning_(std::move(other.warning_)) {}
+
+RunDirLock& RunDirLock::operator=(RunDirLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    problem_ = std::move(other.problem_);
+    warning_ = std::move(other.warning_);
+  }
+  return *this;
+}
+
+}  // namespace ddp

@@ -4,3 +4,5 @@ ddp_add_mpi_test(test_gradient_reducer SOURCES comm/test_gradient_reducer.cpp NP
 ddp_add_mpi_test(test_watchdog SOURCES comm/test_watchdog.cpp NP 1 2 3 LABELS comm)
 # The timeline recorder: its window of steps and its JSON (the timeline itself: e2e_trace_np2).
 ddp_add_mpi_test(test_trace SOURCES comm/test_trace.cpp NP 1 2 LABELS comm)
+# The launcher's word on its tasks, and the line for tasks MPI made separate jobs.
+ddp_add_test(test_launch SOURCES comm/test_launch.cpp LABELS comm)

@@ -227,6 +227,20 @@ ddp_add_fault_test(stall_close NP 2 FAULT stall_close@rank1 SOURCE runs/fault_st
                    REGEX "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the closing of the data files \\(HDF5 through MPI-IO\\) \\(during the end of the run\\) at step 5[;] ${FILE_SYSTEM_HANG}"
                    ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_close comm.timeout_s=5)
 
+# Started by another MPI's launcher (MPICH's mpiexec.hydra, which says PMI_SIZE=2), each
+# Open MPI process is a job of 1 rank: one line from the launcher's task 0, before any
+# data is read, and every task exits 1 (they trained side by side in one run directory).
+find_program(DDP_HYDRA mpiexec.hydra)
+if(DDP_HYDRA)
+  add_test(NAME e2e_error_separate_jobs_np2
+           COMMAND ${E2E}/expect_error.sh "^error: an MPICH-style launcher \\(MPICH's or Intel MPI's mpiexec, srun --mpi=pmi2\\) started 2 tasks \\(PMI_SIZE=2\\), but MPI made each of them a job of 1 rank, so each would train a run of its own: ddp_train was built with another MPI than that launcher's: start it with the mpirun of the MPI it was built with \\(ddp_train --version names it\\), or with srun$"
+                   -- ${DDP_HYDRA} -n 2 $<TARGET_FILE:ddp_train> ${TINY} io.run_dir=runs/error_separate_jobs)
+else()
+  add_test(NAME e2e_error_separate_jobs_np2 COMMAND sh -c "echo 'mpiexec.hydra not found (apt-get install mpich): skipping'; exit 77")
+endif()
+set_tests_properties(e2e_error_separate_jobs_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;errors"
+                     TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77)
+
 # One run at a time in a run directory: a second run started in it ends at once in one
 # line naming the first (which goes on to its end); a run whose rank 0 was killed
 # leaves no stale lock; a file system without locks is a warning.

@@ -165,10 +165,10 @@ void install_terminate_handler() {
   std::set_terminate(on_terminate);
 }
 
-void fatal_all(MPI_Comm comm, const std::string& msg) {
+void fatal_all(MPI_Comm comm, const std::string& msg, bool say) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  if (rank == 0) {
+  if (rank == 0 && say) {
     std::fprintf(stderr, "error: %s\n", msg.c_str());
     std::fflush(stderr);
   }

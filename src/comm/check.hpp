@@ -40,8 +40,9 @@ void install_terminate_handler();
 // For errors every rank of `comm` (all of MPI_COMM_WORLD) detects identically (a
 // bad input file, a missing shard): rank 0 prints the one line `error: msg`, then
 // every rank calls MPI_Finalize and exits with status 1, so the user sees the
-// message once and no abort banner. Collective.
-[[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg);
+// message once and no abort banner. Collective. `say` false: rank 0 prints nothing
+// either (where another job prints the same line: Context's separate jobs).
+[[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg, bool say = true);
 
 // While one lives on a thread, a failure there (a check, an uncaught exception)
 // adds that the training step was being captured as a CUDA graph, and that

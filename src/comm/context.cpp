@@ -13,10 +13,49 @@
 
 namespace ddp {
 
+Launch launch_from_environment(const char* (*getenv)(const char*)) {
+  static const struct {
+    const char *size, *rank, *launcher;
+  } kinds[] = {
+      {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "Open MPI's mpirun"},
+      {"PMI_SIZE", "PMI_RANK", "an MPICH-style launcher (MPICH's or Intel MPI's mpiexec, srun --mpi=pmi2)"},
+      {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "srun"}};
+  for (const auto& k : kinds) {
+    const char* size = getenv(k.size);
+    if (!size || !*size) continue;
+    const char* rank = getenv(k.rank);
+    Launch l;
+    l.tasks = std::atoi(size);
+    l.task = rank ? std::atoi(rank) : 0;
+    l.variable = k.size;
+    l.launcher = k.launcher;
+    return l;
+  }
+  return {};
+}
+
+std::string separate_jobs_problem(const Launch& launch, int world_size) {
+  if (world_size != 1 || launch.tasks <= 1) return "";
+  const std::string n = std::to_string(launch.tasks);
+  const std::string what =
+      launch.variable == "SLURM_STEP_NUM_TASKS"
+          ? "srun did not give MPI the ranks: Open MPI needs srun --mpi=pmix (or export "
+            "SLURM_MPI_TYPE=pmix), "
+            "MPICH and Intel MPI --mpi=pmi2; `srun --mpi=list` shows what this Slurm has. Or start ddp_train "
+            "with the mpirun of the MPI it was built with"
+          : "ddp_train was built with another MPI than that launcher's: start it with the mpirun of the MPI "
+            "it "
+            "was built with (ddp_train --version names it), or with srun";
+  return launch.launcher + " started " + n + " tasks (" + launch.variable + "=" + n +
+         "), but MPI made each of them a job of 1 rank, so each would train a run of its own: " + what;
+}
+
 Context::Context(int& argc, char**& argv, Start start) {
   // From here on an exception nobody catches, on any thread, is one line and an
   // MPI_Abort (see check.hpp), not `terminate called` and a stack dump.
   install_terminate_handler();
+  // Before MPI_Init, which may set such variables of its own.
+  const Launch launch = launch_from_environment([](const char* v) -> const char* { return std::getenv(v); });
   MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &thread_level_));
   // Errors come back as codes and go through MPI_CHECK, which names the call.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -24,6 +63,9 @@ Context::Context(int& argc, char**& argv, Start start) {
   MPI_CHECK(MPI_Comm_rank(world_, &rank_));
   MPI_CHECK(MPI_Comm_size(world_, &size_));
   log::set_rank(rank_);
+  // Every task is rank 0 of a job of its own: the launcher's first one says why.
+  if (const std::string problem = separate_jobs_problem(launch, size_); !problem.empty())
+    fatal_all(world_, problem, /*say=*/launch.task == 0);
   check_test_variables(world_);  // tests only
 
   MPI_Comm node = MPI_COMM_NULL;

@@ -12,6 +12,25 @@
 
 namespace ddp {
 
+// What the launcher says of the tasks it started, read from the environment it gives
+// each (before MPI starts): Open MPI's mpirun (OMPI_COMM_WORLD_SIZE, _RANK), an
+// MPICH-style one (PMI_SIZE, PMI_RANK: MPICH's and Intel MPI's mpiexec, srun
+// --mpi=pmi2), else srun's own (SLURM_STEP_NUM_TASKS, SLURM_PROCID). tasks 0: none
+// said. `getenv` is std::getenv but in tests.
+struct Launch {
+  int tasks = 0;
+  int task = 0;
+  std::string variable;  // "SLURM_STEP_NUM_TASKS"
+  std::string launcher;  // "srun"
+};
+Launch launch_from_environment(const char* (*getenv)(const char*));
+
+// Where the launcher started several tasks and MPI made each a job of one rank (MPI
+// did not get the ranks from the launcher: srun without the MPI's PMI plugin, or
+// another MPI's mpirun), the line that says so and what to do; else "". Each task
+// would train a run of its own, all in one run directory.
+std::string separate_jobs_problem(const Launch& launch, int world_size);
+
 class Context {
  public:
   // What the constructor starts. ddp_train starts MPI alone, reads its command line

@@ -36,29 +36,29 @@ std::string holder_text(const std::string& input) {
   return s + ", since " + when + ", input " + input;
 }
 
-// The first line of the lock file: what its holder wrote; "" when it wrote nothing yet.
+// The first line of the lock file: what its holder wrote.
 std::string read_holder(int fd) {
   char buf[1024];
   const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  if (n <= 0) return "";
-  std::string s(buf, std::size_t(n));
-  return s.substr(0, s.find('\n'));
+  const std::string s = n > 0 ? std::string(buf, std::size_t(n)) : "";
+  return s.empty() || s[0] == '\n' ? "it has not written who it is yet" : s.substr(0, s.find('\n'));
 }
 
-// A write lock on the whole file, not waiting: 0, or -1 with errno. An open file
-// description's lock (F_OFD_SETLK, Linux 3.15) belongs to this descriptor, so no other
-// open and close of the file in this process drops it (as close drops a process's
-// F_SETLK locks); a kernel without them (EINVAL) gets the process's lock.
-int lock_whole(int fd) {
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  if (fcntl(fd, F_OFD_SETLK, &fl) == 0) return 0;
+// fcntl's `ofd` command on a write lock of the whole file (F_OFD_SETLK: take it, not
+// waiting; F_OFD_GETLK: whether another holds it, in fl), else `process` where the
+// kernel has no open file description locks (EINVAL, before Linux 3.15). An open
+// file description's lock belongs to this descriptor, so no other open and close of
+// the file in this process drops it, as close drops a process's F_SETLK locks.
+int whole_file(int fd, int ofd, int process, struct flock* fl) {
+  *fl = {};
+  fl->l_type = F_WRLCK;
+  fl->l_whence = SEEK_SET;
+  if (fcntl(fd, ofd, fl) == 0) return 0;
   if (errno != EINVAL) return -1;
-  fl = {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  return fcntl(fd, F_SETLK, &fl);
+  *fl = {};
+  fl->l_type = F_WRLCK;
+  fl->l_whence = SEEK_SET;
+  return fcntl(fd, process, fl);
 }
 
 }  // namespace
@@ -74,10 +74,11 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& input) {
     return;
   }
   int rc = -1;
+  struct flock fl {};
   if (inject_fault(FaultSite::run_dir_lock, 0))  // tests: a file system that keeps no locks
     errno = ENOLCK;
   else
-    rc = lock_whole(fd_);
+    rc = whole_file(fd_, F_OFD_SETLK, F_SETLK, &fl);
   if (rc == 0) {
     const std::string line = holder_text(input) + "\n";
     // Who holds it, for the run that finds it held; the lock does not depend on it.
@@ -90,9 +91,8 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& input) {
   close(fd_);
   fd_ = -1;
   if (e == EAGAIN || e == EACCES) {
-    problem_ = "io.run_dir '" + run_dir + "' is in use by another run of ddp_train (" +
-               (holder.empty() ? "it has not written who it is yet" : holder) + "; it holds the lock on " +
-               path +
+    problem_ = "io.run_dir '" + run_dir + "' is in use by another run of ddp_train (" + holder +
+               "; it holds the lock on " + path +
                "): two runs in one directory would write over each other's checkpoints and metrics; give "
                "this run an io.run_dir of its own, or start it when that run has ended";
     return;
@@ -100,6 +100,16 @@ RunDirLock::RunDirLock(const std::string& run_dir, const std::string& input) {
   warning_ = "io.run_dir: the file system of '" + run_dir + "' keeps no file locks (fcntl on " + path + ": " +
              std::strerror(e) +
              "): nothing stops a second run from starting in this directory while this one runs";
+}
+
+std::string RunDirLock::holder(const std::string& run_dir) {
+  const int fd = open(file_of(run_dir).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct flock fl {};
+  const bool held = whole_file(fd, F_OFD_GETLK, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+  const std::string who = held ? read_holder(fd) : "";
+  close(fd);
+  return who;
 }
 
 RunDirLock::~RunDirLock() {

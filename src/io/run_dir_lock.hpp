@@ -33,6 +33,9 @@ class RunDirLock {
   const std::string& warning() const { return warning_; }
 
   static std::string file_of(const std::string& run_dir);  // <run_dir>/ddp_train.lock
+  // Who holds the lock of run_dir now, as its file says ("pid ... on ..."), without
+  // taking it; "" when no one does (or the file system keeps no locks).
+  static std::string holder(const std::string& run_dir);
 
  private:
   int fd_ = -1;

@@ -245,6 +245,12 @@ int check_run(const Context& ctx, const Config& cfg) {
               ", step " + std::to_string(ck->state.step) + ")");
   else
     log::info("checkpoint: none; a new run");
+  if (ctx.rank() == 0) {
+    const std::string holder = RunDirLock::holder(cfg.io.run_dir);
+    if (!holder.empty())
+      log::warn("io.run_dir '" + cfg.io.run_dir + "' is in use by another run of ddp_train now (" + holder +
+                "): this run would stop at start-up until that one has ended");
+  }
   log::info("check passed");
   return 0;
 }

@@ -40,6 +40,7 @@ std::string host_name() {
 }
 
 TEST_F(RunDir, SecondRunIsToldWhoHoldsIt) {
+  EXPECT_EQ(RunDirLock::holder(dir), "") << "no lock file yet";
   const RunDirLock first(dir, "inputs/a.nml");
   ASSERT_TRUE(first.held()) << first.problem() << first.warning();
   EXPECT_EQ(first.problem(), "");
@@ -59,6 +60,7 @@ TEST_F(RunDir, SecondRunIsToldWhoHoldsIt) {
                 "when that run has ended");
   EXPECT_EQ(file_text().rfind(holder, 0), 0u)
       << "the second run wrote over the holder's line: " << file_text();
+  EXPECT_EQ(RunDirLock::holder(dir), file_text()) << "asked without taking it (ddp_train --check)";
 }
 
 TEST_F(RunDir, FreeOnceTheHolderLetsGo) {
@@ -70,6 +72,7 @@ TEST_F(RunDir, FreeOnceTheHolderLetsGo) {
     EXPECT_FALSE(first.held());
     EXPECT_FALSE(RunDirLock(dir, "inputs/b.nml").held());
   }
+  EXPECT_EQ(RunDirLock::holder(dir), "") << "the file is left, the lock is not";
   const RunDirLock next(dir, "inputs/c.nml");
   EXPECT_TRUE(next.held()) << next.problem();
   EXPECT_NE(file_text().find("input inputs/c.nml"), std::string::npos) << file_text();

@@ -3,8 +3,9 @@
 
 1. in use: run A (NP ranks, slowed down) trains in RUN_PREFIX_in_use; run B, started
    in the same directory while A runs, ends within seconds in one line (expect_error.sh)
-   naming A's rank 0 by pid, host and input. A goes on to its end, exit 0, its
-   metrics.jsonl one line an epoch and its checkpoints its own.
+   naming A's rank 0 by pid, host and input, and `ddp_train --check` there passes
+   with a warning naming A. A goes on to its end, exit 0, its metrics.jsonl one line
+   an epoch and its checkpoints its own.
 2. killed: run A2's rank 0 is killed with SIGKILL mid-run (as a crash, or an OOM
    kill); once A2's job has ended, run C starts in the same directory and trains to
    its end: no stale lock.
@@ -99,6 +100,15 @@ def in_use(args):
     if b.returncode != 0:
         a.kill()
         fail("run B, in A's directory, did not end as it should (above)")
+    # ddp_train --check reads the directory, takes no lock, and says who holds it.
+    check = subprocess.run(command(args, run_dir, "train.epochs=4", "--check"), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    said = (f"rank 0: warning: io.run_dir '{run_dir}' is in use by another run of ddp_train now ({line}): this run "
+            f"would stop at start-up until that one has ended")
+    if check.returncode != 0 or said not in check.stderr.splitlines():
+        a.kill()
+        fail(f"--check in A's directory: exit {check.returncode}, expected 0 and the line {said!r}:\n"
+             f"{check.stdout[-2000:]}{check.stderr[-2000:]}")
     if a.poll() is not None:
         fail(f"run A ended (exit {a.returncode}) before run B was refused: the lock was not shown to be held")
     rc, out = finish(a, "run A")

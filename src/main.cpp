@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
   auto comm = ddp::make_communicator(ctx, cfg);
   ddp::Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, data.val.get(), data.prefetch_batches);
   ddp::start_from_checkpoint(ctx, cfg, *net.model, data, trainer);
-  ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0);
-  ddp::TensorBoardWriter tb(cfg.io.run_dir, ctx.rank() == 0 && cfg.io.tensorboard);
+  ddp::MetricsWriter metrics(cfg.io.run_dir, ctx.rank() == 0, trainer.step());  // records after it set aside
+  ddp::TensorBoardWriter tb(cfg.io.run_dir, ctx.rank() == 0 && cfg.io.tensorboard, trainer.step());
   const int code = trainer.fit(&metrics, &tb);  // 0, or 75 (EX_TEMPFAIL) after a preemption: requeue
   ddp::watchdog::set_phase(ddp::Phase::done);   // what is left: closing the data files, freeing
   return code;

@@ -27,3 +27,5 @@ add_test(NAME test_main_reports_np2
 set_tests_properties(test_main_reports_np2 PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "mpi;${DDP_GPU_LABEL}train"
   PROCESSORS 2 SKIP_REGULAR_EXPRESSION "skipped: no CUDA device"
   PASS_REGULAR_EXPRESSION "${_planted}.*FAILED on another rank|FAILED on another rank.*${_planted}")
+# metrics.jsonl at start-up: the records of steps a run trains again set aside.
+ddp_add_test(test_metrics SOURCES unit/test_metrics.cpp LABELS train)

@@ -21,7 +21,7 @@ double wall_time() {
 }
 }  // namespace
 
-TensorBoardWriter::TensorBoardWriter(const std::string& run_dir, bool enabled) {
+TensorBoardWriter::TensorBoardWriter(const std::string& run_dir, bool enabled, std::int64_t start_step) {
   if (!enabled || !kTensorBoardBuilt) return;
   const std::string dir = run_dir + "/tb";
   char host[256] = {};
@@ -40,7 +40,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& run_dir, bool enabled) {
     return;
   }
 #if DDP_WITH_TENSORBOARD
-  pending_ = tfrecord(tb::version_event(t));
+  pending_ = tfrecord(tb::version_event(t)) + tfrecord(tb::session_start_event(t, start_step + 1));
+#else
+  (void)start_step;
 #endif
   flush();
 }

@@ -2,7 +2,9 @@
 // Rank 0 writes TensorBoard scalars to <run_dir>/tb/events.out.tfevents.<unix time>.<host>
 // (`tensorboard --logdir runs/`): TFRecord-framed Event messages (io/tfrecord.hpp,
 // io/tensorboard/events.hpp). A resumed run starts a new file beside the old ones;
-// TensorBoard merges the files of a directory.
+// TensorBoard merges the files of a directory. Each file says at which step its run
+// starts, so TensorBoard drops what the files before it hold of later steps: the
+// steps a run before this one trained and this one trains again (metrics.hpp).
 //
 // Scalars are buffered in memory and written at flush(): the trainer flushes at its
 // progress lines and epoch ends, never inside a step. A failure to create or write
@@ -25,7 +27,8 @@ constexpr bool kTensorBoardBuilt = DDP_WITH_TENSORBOARD != 0;
 class TensorBoardWriter {
  public:
   // Only the rank that passes enabled=true writes; `run_dir` must exist.
-  TensorBoardWriter(const std::string& run_dir, bool enabled);
+  // `start_step`: the optimizer step this run starts from (0 for a new run).
+  TensorBoardWriter(const std::string& run_dir, bool enabled, std::int64_t start_step = 0);
   ~TensorBoardWriter();  // flushes
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;

@@ -8,7 +8,12 @@
    val_acc, samples_per_s, lr) at its steps; step_time/* are metrics' phase seconds
    divided by the epoch's steps;
 2. the run extended to 3 epochs (resumed) adds a second file; the directory then
-   holds every epoch of metrics.jsonl once.
+   holds every epoch of metrics.jsonl once;
+3. the run started again from epoch 1's checkpoint (io.resume = its path) trains
+   epochs 2 and 3 again: their first records move to metrics_replaced.jsonl, with
+   one line saying so, and TensorBoard, reading the three files, shows each epoch
+   and each step once, the new run's (its file starts with a session start at step
+   6, after which TensorBoard drops the older files' later steps).
 
 usage: tensorboard_check.py MPIEXEC DDP_TRAIN INPUT RUN_DIR   (exit 77: no tensorboard)
 """
@@ -41,9 +46,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def run(epochs):
+def run(epochs, *more):
     cmd = [mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", binary, nml, "train.log_every=1",
-           f"train.epochs={epochs}", f"io.run_dir={run_dir}"]
+           f"train.epochs={epochs}", f"io.run_dir={run_dir}", *more]
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     sys.stdout.write(p.stdout + p.stderr)
@@ -122,6 +127,28 @@ if len(files) != 2:
 records = [json.loads(line) for line in open(run_dir + "/metrics.jsonl")]
 _, tb = scalars(run_dir + "/tb")
 check_epochs(tb, records)
+
+time.sleep(1.1)
+first = records[0]["step"]
+before = records
+out = run(3, f"io.resume={run_dir}/checkpoints/ckpt_{first:09d}.h5")
+records = [json.loads(line) for line in open(run_dir + "/metrics.jsonl")]
+replaced = [json.loads(line) for line in open(run_dir + "/metrics_replaced.jsonl")]
+if [r["step"] for r in records] != [r["step"] for r in before] or records[0] != before[0]:
+    errors.append(f"metrics.jsonl after the run from step {first}: steps {[r['step'] for r in records]}, "
+                  f"expected {[r['step'] for r in before]} with the first record kept")
+if replaced != before[1:]:
+    errors.append(f"metrics_replaced.jsonl holds {replaced}, expected the records after step {first}: {before[1:]}")
+said = (f"metrics: {len(before) - 1} records of {run_dir}/metrics.jsonl after step {first}, where this run starts, "
+        f"moved to {run_dir}/metrics_replaced.jsonl: a run before this one trained those steps, and this one "
+        f"trains them again")
+if said not in out.splitlines():
+    errors.append(f"no line {said!r}")
+_, tb = scalars(run_dir + "/tb")
+check_epochs(tb, records)
+losses = [s for s, _ in tb.get("train/loss", [])]
+if losses != list(range(1, records[-1]["step"] + 1)):
+    errors.append(f"train/loss at steps {losses}, expected each of 1..{records[-1]['step']} once")
 
 if errors:
     fail("\n  ".join(errors))

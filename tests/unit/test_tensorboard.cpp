@@ -66,7 +66,8 @@ TEST(TensorBoardWriter, WritesFramedRecordsUnderRunDirTb) {
   }  // flushed at destruction
   std::ifstream in(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  // Walk the records: two (the version event, the scalar), each with valid CRCs.
+  // Walk the records: three (the version event, the session's start, the scalar),
+  // each with valid CRCs.
   std::size_t at = 0, records = 0;
   while (at < bytes.size()) {
     ASSERT_LE(at + 12, bytes.size());
@@ -77,7 +78,7 @@ TEST(TensorBoardWriter, WritesFramedRecordsUnderRunDirTb) {
     at += framed.size();
     ++records;
   }
-  EXPECT_EQ(records, 2u);
+  EXPECT_EQ(records, 3u);
   EXPECT_NE(bytes.find("brain.Event:2"), std::string::npos);
   EXPECT_NE(bytes.find("train/loss"), std::string::npos);
   std::remove(path.c_str());

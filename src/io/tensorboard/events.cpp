@@ -11,6 +11,14 @@ std::string version_event(double wall_time) {
   return e.SerializeAsString();
 }
 
+std::string session_start_event(double wall_time, std::int64_t step) {
+  Event e;
+  e.set_wall_time(wall_time);
+  e.set_step(step);
+  e.mutable_session_log()->set_status(SessionLog::START);
+  return e.SerializeAsString();
+}
+
 std::string scalar_event(double wall_time, std::int64_t step, const std::string& tag, float value) {
   Event e;
   e.set_wall_time(wall_time);

@@ -32,3 +32,6 @@ ddp_add_slurm_test(requeue requeue.sh 600)
 # srun ends the step at the first exit 75 (SIGTERM, SIGKILL KillWait later); the
 # slow task answers the SIGTERM with 75, and the checkpoint loads.
 ddp_add_slurm_test(exit75 exit75.sh 180)
+# A job array whose two tasks were given one input file: one trains, the other ends at
+# start-up in one line naming the first's Slurm job <array>_<task> (the run directory's lock).
+ddp_add_slurm_test(array_run_dir array_run_dir.sh 240)

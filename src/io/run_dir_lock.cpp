@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <thread>
 #include <utility>
 
 #include "comm/fault_injection.hpp"
@@ -36,12 +38,18 @@ std::string holder_text(const std::string& input) {
   return s + ", since " + when + ", input " + input;
 }
 
-// The first line of the lock file: what its holder wrote.
+// The first line of the lock file: what its holder wrote. A holder writes it just
+// after it takes the lock, so a run that finds the lock taken and the file empty
+// (two tasks of a job array that start together) looks again for up to 2 s.
 std::string read_holder(int fd) {
-  char buf[1024];
-  const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-  const std::string s = n > 0 ? std::string(buf, std::size_t(n)) : "";
-  return s.empty() || s[0] == '\n' ? "it has not written who it is yet" : s.substr(0, s.find('\n'));
+  for (int look = 0; look < 40; ++look) {
+    char buf[1024];
+    const ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    const std::string s = n > 0 ? std::string(buf, std::size_t(n)) : "";
+    if (s.find('\n') != std::string::npos && s[0] != '\n') return s.substr(0, s.find('\n'));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return "it has not written who it is yet";
 }
 
 // fcntl's `ofd` command on a write lock of the whole file (F_OFD_SETLK: take it, not

@@ -37,6 +37,41 @@ std::vector<float> to_host(View1 v) {
   return std::vector<float>(h.data(), h.data() + h.extent(0));
 }
 
+bool read_in_pieces(hid_t d, hid_t mem_type, std::size_t elem_bytes, const std::vector<hsize_t>& shape,
+                    void* out) {
+  std::size_t n = 1, row = 1;  // elements in all, and in one row (the first index fixed)
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    n *= shape[i];
+    if (i > 0) row *= shape[i];
+  }
+  if (n == 0) return true;
+  const hsize_t rows = shape.empty() ? 1 : shape[0];
+  const hsize_t per_piece =
+      std::max<hsize_t>(1, kReadPieceBytes / std::max<std::size_t>(1, row * elem_bytes));
+  if (shape.empty() || per_piece >= rows) {
+    const bool ok = H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0;
+    watchdog::progress();
+    return ok;
+  }
+  const hid_t file_space = H5Dget_space(d);
+  bool ok = file_space >= 0;
+  std::vector<hsize_t> start(shape.size(), 0), count = shape;
+  for (hsize_t r = 0; ok && r < rows; r += per_piece) {
+    start[0] = r;
+    count[0] = std::min(per_piece, rows - r);
+    const hsize_t elems = count[0] * row;
+    const hid_t mem_space = H5Screate_simple(1, &elems, nullptr);
+    ok = mem_space >= 0 &&
+         H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) >= 0 &&
+         H5Dread(d, mem_type, mem_space, file_space, H5P_DEFAULT,
+                 static_cast<unsigned char*>(out) + r * row * elem_bytes) >= 0;
+    if (mem_space >= 0) H5Sclose(mem_space);
+    watchdog::progress();
+  }
+  if (file_space >= 0) H5Sclose(file_space);
+  return ok;
+}
+
 std::string shape_text(const std::vector<hsize_t>& s) {
   std::string t = "(";
   for (std::size_t i = 0; i < s.size(); ++i) t += (i ? "," : "") + std::to_string(s[i]);

@@ -37,6 +37,16 @@ hid_t native(Blob::Type t);
 std::vector<float> to_host(View1 v);
 std::string shape_text(const std::vector<hsize_t>& s);  // "(3,4)"
 
+// Dataset `d` of `shape` whole into `out`, as `mem_type` of `elem_bytes` each, in
+// blocks of rows of about kReadPieceBytes, each one progress for the ranks waiting
+// for this read (rank 0 reads a checkpoint or weights at start-up). One H5Dread of a
+// large dataset (a 2048x2048 layer is 16 MiB, a flat optimizer state hundreds) on a
+// file system slow to read would say nothing for longer than comm.timeout_s
+// (tests/checkpoint/slow_disk.py). False where HDF5 fails.
+constexpr std::size_t kReadPieceBytes = std::size_t(4) << 20;
+bool read_in_pieces(hid_t d, hid_t mem_type, std::size_t elem_bytes, const std::vector<hsize_t>& shape,
+                    void* out);
+
 // The checkpoint file made by HDF5 in memory (the core driver), open until destroyed.
 // Its bytes are the driver's own buffer, not a copy (H5Fget_file_image's copy had
 // put the file in memory twice): the superblock's first bytes as a closed file has

@@ -9,7 +9,6 @@
 #include <mutex>
 
 #include "comm/check.hpp"
-#include "comm/watchdog.hpp"
 #include "io/checkpoint_format.hpp"
 
 namespace ddp {
@@ -64,10 +63,8 @@ struct Reader {
     std::size_t n = 1;
     for (auto e : b.shape) n *= e;
     b.bytes.resize(n * (b.type == Blob::F32 ? 4 : 8));
-    const bool ok = rank >= 0 && (n == 0 || H5Dread(d, native(b.type), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                                    b.bytes.data()) >= 0);
-    watchdog::progress();  // a dataset read: the ranks waiting for this checkpoint wait on
-    return ok;
+    return rank >= 0 &&
+           read_in_pieces(d, native(b.type), b.type == Blob::F32 ? 4 : 8, b.shape, b.bytes.data());
   }
   int fail(const std::string& why) {
     error = why;

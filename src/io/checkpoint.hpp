@@ -49,6 +49,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -121,6 +122,38 @@ struct OptimizerSnapshot {
   std::string name;
   std::int64_t steps = 0;
   std::vector<std::pair<std::string, std::vector<float>>> state;
+};
+
+namespace ckpt {
+class FileImage;
+}
+
+// A checkpoint made in memory by rank 0, put on disk by write(): save_checkpoint in
+// two halves, so that the second can run on a thread of its own while the ranks
+// train on (io.checkpoint_async). Construction calls HDF5 (it takes hdf5_mutex()),
+// removes the temp files of earlier attempts and makes room on a full disk (as
+// save_checkpoint, below); write() makes system calls only (open, write,
+// sync_file_range, fsync, rename, unlink), so any one thread may call it, once. The
+// next checkpoint is made only once this one's write has ended: its construction
+// removes temp files.
+class PendingCheckpoint {
+ public:
+  PendingCheckpoint(const std::string& run_dir, int keep, const Model& model, OptimizerSnapshot optimizer,
+                    const TrainingState& state, const RunInput& input, const DataFingerprint* data);
+  ~PendingCheckpoint();
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+
+  std::string path() const;  // <run_dir>/checkpoints/ckpt_<step>.h5
+  std::size_t size() const;  // the file's bytes
+  // The file, then `latest`; removes all but the newest `keep`. CheckpointWriteError
+  // when it cannot.
+  void write();
+
+ private:
+  std::string run_dir_, name_;
+  int keep_;
+  std::unique_ptr<ckpt::FileImage> image_;
 };
 
 // Rank 0 only. Writes the checkpoint of `step` with the fingerprint of the training

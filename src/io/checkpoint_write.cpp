@@ -274,22 +274,38 @@ std::string checkpoint_name(std::int64_t step) {
   return buf;
 }
 
+PendingCheckpoint::PendingCheckpoint(const std::string& run_dir, int keep, const Model& model,
+                                     OptimizerSnapshot optimizer, const TrainingState& state,
+                                     const RunInput& input, const DataFingerprint* data)
+    : run_dir_(run_dir), name_(checkpoint_name(state.step)), keep_(keep) {
+  using namespace ckpt;
+  const std::string dir = checkpoint_dir(run_dir_);
+  prepare_dir(dir, path());
+  image_ = std::make_unique<FileImage>(path(), model, std::move(optimizer), state, input, data);
+  const long long block = block_size(dir);
+  // The file in whole blocks, and a block for `latest`.
+  const long long need = ((long long)image_->size() + block - 1) / block * block + block;
+  make_room(run_dir_, need, name_);
+}
+
+PendingCheckpoint::~PendingCheckpoint() = default;
+
+std::string PendingCheckpoint::path() const { return checkpoint_dir(run_dir_) + "/" + name_; }
+
+std::size_t PendingCheckpoint::size() const { return image_->size(); }
+
+void PendingCheckpoint::write() {
+  const std::string dir = checkpoint_dir(run_dir_);
+  ckpt::put_on_disk(dir, name_, *image_);
+  ckpt::keep_newest(dir, keep_, name_);
+}
+
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
                             OptimizerSnapshot optimizer, const TrainingState& state, const RunInput& input,
                             const DataFingerprint* data) {
-  using namespace ckpt;
-  const std::string dir = checkpoint_dir(run_dir);
-  const std::string name = checkpoint_name(state.step);
-  const std::string path = dir + "/" + name;
-  prepare_dir(dir, path);
-  const FileImage image(path, model, std::move(optimizer), state, input, data);
-  const long long block = block_size(dir);
-  // The file in whole blocks, and a block for `latest`.
-  const long long need = ((long long)image.size() + block - 1) / block * block + block;
-  make_room(run_dir, need, name);
-  put_on_disk(dir, name, image);
-  keep_newest(dir, keep, name);
-  return path;
+  PendingCheckpoint checkpoint(run_dir, keep, model, std::move(optimizer), state, input, data);
+  checkpoint.write();
+  return checkpoint.path();
 }
 
 }  // namespace ddp

@@ -1,6 +1,8 @@
 #include "train/checkpointing.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <chrono>
+#include <exception>
 
 namespace ddp {
 
@@ -24,6 +26,39 @@ OptimizerSnapshot snapshot_of(Optimizer& optimizer) {
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
   return save_checkpoint(run_dir, keep, model, snapshot_of(optimizer), state, run_input(cfg), data);
+}
+
+BackgroundCheckpoint::~BackgroundCheckpoint() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void BackgroundCheckpoint::start(std::unique_ptr<PendingCheckpoint> checkpoint) {
+  checkpoint_ = std::move(checkpoint);
+  ended_.store(false, std::memory_order_relaxed);
+  error_.clear();
+  thread_ = std::thread([this, t0 = std::chrono::steady_clock::now()] {
+    try {
+      checkpoint_->write();
+    } catch (const CheckpointWriteError& e) {
+      error_ = e.what();
+    } catch (const std::exception& e) {  // bad_alloc: the job ends as for a full disk
+      error_ = "cannot write checkpoint " + checkpoint_->path() + ": " + e.what();
+    }
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ended_.store(true, std::memory_order_release);
+  });
+}
+
+BackgroundCheckpoint::State BackgroundCheckpoint::state() const {
+  if (!busy() || !ended_.load(std::memory_order_acquire)) return none_ended;
+  return error_.empty() ? ended : failed;
+}
+
+BackgroundCheckpoint::Outcome BackgroundCheckpoint::finish() {
+  thread_.join();
+  Outcome o{checkpoint_->path(), error_, checkpoint_->size(), seconds_};
+  checkpoint_.reset();
+  return o;
 }
 
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,

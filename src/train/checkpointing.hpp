@@ -4,8 +4,11 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "io/checkpoint.hpp"
 #include "io/shard_dataset.hpp"
@@ -28,6 +31,37 @@ OptimizerSnapshot snapshot_of(Optimizer& optimizer);
 // save_checkpoint of io/checkpoint.hpp, from the optimizer and config themselves.
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data);
+
+// io.checkpoint_async, rank 0: one checkpoint at a time put on disk
+// (PendingCheckpoint::write) on a thread of its own while the ranks train on. The
+// trainer asks state() at every step's agreement and finish()es the write when it
+// has ended, or before it makes the next checkpoint.
+class BackgroundCheckpoint {
+ public:
+  BackgroundCheckpoint() = default;
+  ~BackgroundCheckpoint();  // waits for a write under way
+  BackgroundCheckpoint(const BackgroundCheckpoint&) = delete;
+  BackgroundCheckpoint& operator=(const BackgroundCheckpoint&) = delete;
+
+  void start(std::unique_ptr<PendingCheckpoint> checkpoint);  // none under way
+  bool busy() const { return checkpoint_ != nullptr; }
+  enum State { none_ended = 0, ended = 1, failed = 2 };
+  State state() const;  // none_ended: none under way, or still writing
+  struct Outcome {
+    std::string path;
+    std::string error;  // CheckpointWriteError's text; "" when it is on disk
+    std::size_t bytes = 0;
+    double seconds = 0.0;  // from start() to the write's end
+  };
+  Outcome finish();  // waits for the write under way (busy() must be true)
+
+ private:
+  std::unique_ptr<PendingCheckpoint> checkpoint_;
+  std::thread thread_;
+  std::atomic<bool> ended_{false};
+  std::string error_;     // written by the thread before ended_
+  double seconds_ = 0.0;  // likewise
+};
 
 // find_start_checkpoint of io/checkpoint.hpp, per cfg.io (resume, run_dir, init_from,
 // allow_data_change). Collective. `shares`, `values`: see there.

@@ -177,6 +177,9 @@ const std::vector<Key>& keys() {
        "minutes between checkpoints; 0: none by time"},
       {"io", "keep_checkpoints", field<&C::io, &I::keep_checkpoints>, at_least(1), false,
        "checkpoints kept in <run_dir>/checkpoints, newest first"},
+      {"io", "checkpoint_async", field<&C::io, &I::checkpoint_async>, any(), false,
+       "rank 0 puts each checkpoint on disk on a thread while the ranks train on (made in memory first); "
+       "the run's last checkpoint and a preemption's are on disk before it ends"},
       {"io", "resume", field<&C::io, &I::resume>, any(), false,
        "'auto': from run_dir's latest valid checkpoint; 'never'; or a checkpoint file"},
       {"io", "init_from", field<&C::io, &I::init_from>, any(), false,

@@ -70,6 +70,7 @@ struct IoConfig {
   int checkpoint_every_steps = 0;        // optimizer steps between checkpoints; 0: none by step
   double checkpoint_every_minutes = 0;   // minutes between checkpoints; 0: none by time
   int keep_checkpoints = 3;              // the newest this many stay in <run_dir>/checkpoints
+  bool checkpoint_async = false;         // rank 0 puts checkpoints on disk on a thread while training goes on
   std::string resume = "auto";           // 'auto' (run_dir's latest valid) | 'never' | a checkpoint path
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none
   bool allow_data_change = false;        // resume on training data of another sample count (warning)

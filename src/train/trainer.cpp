@@ -317,7 +317,21 @@ Trainer::Agreed Trainer::poll() {
   return a;
 }
 
-std::string Trainer::checkpoint() {
+std::string Trainer::finish_background() {
+  if (!background_.busy()) return "";
+  const BackgroundCheckpoint::Outcome o = background_.finish();
+  if (o.error.empty()) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "checkpoint %s on disk (%.1f MB in %.1f s, written while the ranks trained on: "
+                  "io.checkpoint_async)",
+                  o.path.c_str(), double(o.bytes) / 1e6, o.seconds);
+    log::info(line);
+  }
+  return o.error;
+}
+
+std::string Trainer::checkpoint(bool in_background) {
   std::string path, error;
   pos_.step = step_;
   pos_.world_size = comm_.size();
@@ -330,8 +344,17 @@ std::string Trainer::checkpoint() {
   OptimizerSnapshot snapshot = optimizer_snapshot();
   if (comm_.rank() == 0) {
     try {
-      path = save_checkpoint(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_, std::move(snapshot), pos_,
-                             run_input(cfg_), &train_.fingerprint());
+      error = finish_background();  // the one before: on disk, and its temp file not removed
+      if (error.empty()) {
+        auto pending = std::make_unique<PendingCheckpoint>(cfg_.io.run_dir, cfg_.io.keep_checkpoints, model_,
+                                                           std::move(snapshot), pos_, run_input(cfg_),
+                                                           &train_.fingerprint());
+        path = pending->path();
+        if (in_background)
+          background_.start(std::move(pending));
+        else
+          pending->write();
+      }
     } catch (const CheckpointWriteError& e) {
       error = e.what();
     }
@@ -493,7 +516,8 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     if (!due && !(preempt && !last)) continue;
     const std::string problem = unsafe_to_save();
     if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
-    const std::string path = checkpoint();
+    // The last checkpoint, and a preemption's, are on disk before the run ends.
+    const std::string path = checkpoint(io.checkpoint_async && !last && !preempt);
     if (preempt && !last) {
       char line[512];
       std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",

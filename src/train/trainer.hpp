@@ -18,6 +18,7 @@
 #include "model/loss.hpp"
 #include "model/model.hpp"
 #include "train/augment.hpp"
+#include "train/checkpointing.hpp"
 #include "train/config.hpp"
 #include "train/input_stage.hpp"
 #include "train/loss_scaler.hpp"
@@ -122,6 +123,8 @@ class Trainer {
     bool nonfinite = false;  // some rank's loss or the reduced gradients hold an inf or NaN
     bool stepped = true;     // the optimizer step was taken (not skipped)
     bool stop = false;       // non-finite and not to be skipped: the run ends (stop_nonfinite)
+    // Rank 0's checkpoint on its thread (io.checkpoint_async): its write has ended, or failed.
+    BackgroundCheckpoint::State written = BackgroundCheckpoint::none_ended;
   };
   Agreed poll();
   // The constructor's steps: the optimizer (its share under ZeRO) and fp16's loss
@@ -176,7 +179,15 @@ class Trainer {
   // fit()'s epoch line on rank 0 and metrics record.
   void log_epoch(const EpochStats& e, const ValStats& v, double val_seconds);
   void write_metrics(MetricsWriter& metrics, const EpochStats& e, const ValStats& v, double val_seconds);
-  std::string checkpoint();  // every rank calls it; rank 0 writes pos_
+  // Every rank calls it; rank 0 writes pos_ (`in_background`: starts its write on
+  // background_'s thread), after finishing the one under way there.
+  std::string checkpoint(bool in_background = false);
+  // Rank 0: waits for the checkpoint under way on background_'s thread, if any, and
+  // says when it is on disk. Its CheckpointWriteError's text, else "".
+  std::string finish_background();
+  // Every rank, at a step whose agreement says background_'s write has ended: rank 0
+  // finishes it. False (and r.problem) when it failed.
+  bool background_written(EpochRun& r, const Agreed& a);
   // The optimizer's whole state, on rank 0 (under ZeRO gathered from the shares;
   // collective); the other ranks' snapshot has no state.
   OptimizerSnapshot optimizer_snapshot();
@@ -242,6 +253,7 @@ class Trainer {
   TrainingState pos_;                 // epoch, consumed, dropout position, partial loss sums
   std::uint64_t dropout_key_ = 0;     // this rank's dropout streams: reseeded per micro-batch
   double last_checkpoint_time_ = 0.0;
+  BackgroundCheckpoint background_;  // rank 0, io.checkpoint_async
   RunEta eta_;                       // progress lines' time left, from this process's measurements
   TensorBoardWriter* tb_ = nullptr;  // set by fit(); null: no TensorBoard events
   // This rank's view of the step that went non-finite, for stop_nonfinite().

@@ -169,6 +169,7 @@ EpochStats Trainer::run_epoch(bool checkpoints, Agreed* pending) {
       break;
     }
     if (!after_step(r, a)) break;
+    if (a.written != BackgroundCheckpoint::none_ended && !background_written(r, a)) break;
     if (!checkpoints) continue;
     a.step_due = cfg_.io.checkpoint_every_steps > 0 && step_ % cfg_.io.checkpoint_every_steps == 0;
     if (b + 1 == r.batches) {  // the epoch's end: fit() checkpoints after validation
@@ -282,6 +283,14 @@ void Trainer::progress_line(EpochRun& r) {
   r.window_samples = 0;
 }
 
+bool Trainer::background_written(EpochRun& r, const Agreed& a) {
+  const std::string error = comm_.rank() == 0 ? finish_background() : "";
+  if (a.written != BackgroundCheckpoint::failed) return true;
+  // Every rank ends here together (end_epoch's fatal_all); rank 0's line says why.
+  r.problem = comm_.rank() == 0 ? error : "rank 0 could not write a checkpoint";
+  return false;
+}
+
 bool Trainer::checkpoint_mid_epoch(EpochRun& r, const Agreed& a) {
   double partial[2] = {read_loss(loss_acc_, false)[0] + r.prior_loss,
                        double(r.loss_samples) + r.prior_samples};
@@ -290,7 +299,7 @@ bool Trainer::checkpoint_mid_epoch(EpochRun& r, const Agreed& a) {
   pos_.epoch_samples = partial[1];
   r.problem = unsafe_to_save();
   if (!r.problem.empty()) return true;
-  const std::string path = checkpoint();
+  const std::string path = checkpoint(cfg_.io.checkpoint_async && !a.preempt);
   if (!a.preempt) return false;
   r.stopped = true;
   char line[512];

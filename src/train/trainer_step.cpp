@@ -121,7 +121,8 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   const std::int64_t n = model_.num_parameters();
   // The step's health: the all-reduce spreads an inf or NaN of any rank's gradients to
   // every rank; a rank's loss sum is its own. With the preemption and time flags,
-  // agreed in one all-reduce of four numbers, so every rank takes the same decision.
+  // and rank 0's checkpoint writer's state, agreed in one all-reduce, so every rank
+  // takes the same decision.
   // A reducer that counted the non-finite sums as it made them leaves only the loss.
   // ZeRO stage 2: a rank holds the sums of its share only; it counts there, and the
   // counts are added in the flags' all-reduce below.
@@ -147,11 +148,14 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   std::vector<double> blocks;
   if (clip) blocks = grad_block_sums(grads, mine.begin, mine.end, float(inv));
   const double minutes = cfg_.io.checkpoint_every_minutes;
-  constexpr std::size_t kFlags = 5;
+  constexpr std::size_t kFlags = 6;
   std::vector<double> flags = {
-      grads_nonfinite_ > 0 ? 1.0 : 0.0, loss_nonfinite_ ? 1.0 : 0.0, preemption_signal() != 0 ? 1.0 : 0.0,
+      grads_nonfinite_ > 0 ? 1.0 : 0.0,
+      loss_nonfinite_ ? 1.0 : 0.0,
+      preemption_signal() != 0 ? 1.0 : 0.0,
       comm_.rank() == 0 && minutes > 0 && now() - last_checkpoint_time_ >= minutes * 60.0 ? 1.0 : 0.0,
-      double(grads_nonfinite_)};
+      double(grads_nonfinite_),
+      comm_.rank() == 0 ? double(background_.state()) : 0.0};
   if (clip && scattered) {
     flags.resize(kFlags + std::size_t((n + kShareAlign - 1) / kShareAlign), 0.0);
     std::copy(blocks.begin(), blocks.end(),
@@ -168,6 +172,7 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   a.nonfinite = flags[0] > 0 || flags[1] > 0 || norm_nonfinite_;
   a.preempt = flags[2] > 0;
   a.time_due = flags[3] > 0;
+  a.written = BackgroundCheckpoint::State(int(flags[5]));
   a.stepped = !a.nonfinite;
   return a;
 }

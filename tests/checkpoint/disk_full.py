@@ -8,7 +8,9 @@ checkpoint free before each run:
    (never the newest valid one), the run writes;
 3. nothing of ours to remove (io.keep_checkpoints = 1): one error line naming the
    file, 'No space left on device' and the free space; exit 1 on every rank; no
-   temp file left, `latest` names the previous checkpoint;
+   temp file left, `latest` names the previous checkpoint; the same when that
+   checkpoint is written in the background (io.checkpoint_async) and is not the
+   run's last: the line comes at the next step;
 4. the filler deleted (space freed): the next start resumes from that checkpoint.
 
 Needs root for mount(8): skipped (exit 77) with the reason where it cannot mount.
@@ -92,6 +94,21 @@ try:
     if rc != 1 or left != ["ckpt_000000015.h5", "latest"] or latest(run_in) != "ckpt_000000015.h5":
         fail(f"3. after the failed write: exit {rc} (expected 1), {ckdir} holds {left}, latest {latest(run_in)}")
     print("3. the write failed in one error line; no temp file; latest still ckpt 15")
+
+    # 3b. The same in the background (io.checkpoint_async): epoch 4's checkpoint is not
+    # the run's last, so its write fails on rank 0's thread; the next step's agreement
+    # ends every rank with the same line.
+    rc, out, err = run(mpirun(mpiexec, 2, binary, args + ["train.epochs=5", "io.keep_checkpoints=1",
+                                                          "io.checkpoint_async=T"]), timeout=120)
+    expect_one_error(rc, out, err, rf"^error: cannot write checkpoint {re.escape(target)}: No space left on device "
+                                   rf"\({re.escape(ckdir)} has [0-9.]+ KiB free, the checkpoint needs [0-9.]+ KiB\); "
+                                   r"ckpt_000000015.h5 stays the latest$")
+    left = sorted(os.listdir(ckdir))
+    if rc != 1 or left != ["ckpt_000000015.h5", "latest"] or latest(run_in) != "ckpt_000000015.h5" or \
+            re.search(r"^epoch 5/5", out, re.M):
+        fail(f"3b. after the failed write in the background: exit {rc} (expected 1 before epoch 5 ended), "
+             f"{ckdir} holds {left}, latest {latest(run_in)}")
+    print("3b. in the background: the same line at the next step, exit 1; no temp file; latest still ckpt 15")
 
     # 4. Space freed: the next start resumes from the last good checkpoint.
     os.remove(filler)

@@ -20,6 +20,11 @@ block I/O controller's throttle), 2 ranks, comm.timeout_s = 5, a checkpoint of
    the kernel, where a kill waits too), and the job ends.
 4. At full speed again, the same command trains: the temp file the killed writer
    left is removed, the checkpoint written.
+5. io.checkpoint_async = T, writes at 8 MiB/s, steps paced to 1 s (5 a epoch), 3
+   epochs: each of the first two checkpoints takes about 4 s to write, on rank 0's
+   thread, while the ranks train the next epoch: the line saying it is on disk
+   comes after that epoch's first steps. The last is on disk before the run ends
+   (`latest`); each checkpoint written in the background resumes.
 
 Needs root for losetup, mount and the throttle (cgroup v1's
 blkio.throttle.write_bps_device): skipped (exit 77) with the reason where it
@@ -35,7 +40,7 @@ import sys
 import threading
 import time
 
-from common import checkpoints, fail, latest, mpirun, run
+from common import checkpoints, fail, latest, mpirun, progress_step, run
 
 mpiexec, binary, nml, run_dir = sys.argv[1:5]
 base = os.path.abspath(run_dir)
@@ -196,6 +201,39 @@ try:
             sorted(os.listdir(os.path.join(mnt, "run", "checkpoints"))) != ["ckpt_000000005.h5", "latest"]:
         fail(f"4. at full speed: exit {rc}, checkpoints dir {os.listdir(os.path.join(mnt, 'run', 'checkpoints'))}")
     print("4. at full speed: exit 0, ckpt_000000005.h5 and latest alone in checkpoints/")
+
+    # 5. Written in the background while the ranks train on.
+    shutil.rmtree(os.path.join(mnt, "run"))
+    set_rate(device, 8 << 20)
+    env = dict(os.environ, DDP_TEST_STEP_DELAY_US="1000000")
+    async_args = [a for a in args if a not in ("train.epochs=1", "train.log_every=0")]
+    t0 = time.monotonic()
+    rc, out, err = run(mpirun(mpiexec, 2, binary, async_args + ["train.epochs=3", "train.log_every=1",
+                                                                "io.checkpoint_async=T"]), env=env, timeout=300)
+    took = time.monotonic() - t0
+    set_rate(device, 0)
+    lines = out.splitlines()
+    run_ckpts = os.path.join(mnt, "run", "checkpoints")
+    for step, epoch in ((5, 2), (10, 3)):
+        name = f"ckpt_{step:09d}.h5"
+        on_disk = [i for i, l in enumerate(lines)
+                   if re.match(rf"^checkpoint {re.escape(os.path.join(run_ckpts, name))} on disk \([0-9.]+ MB in "
+                               r"[0-9.]+ s, written while the ranks trained on: io.checkpoint_async\)$", l)]
+        trained = [i for i, l in enumerate(lines) if progress_step(l, epoch) == step + 1]
+        if len(on_disk) != 1 or not trained or on_disk[0] < trained[0]:
+            fail(f"5. {name}: expected one line saying it is on disk, after the progress line of step {step + 1}; "
+                 f"line numbers {on_disk}, step {step + 1} at {trained}")
+    if rc != 0 or "hang:" in out + err or latest(os.path.join(mnt, "run")) != "ckpt_000000015.h5":
+        fail(f"5. in the background: exit {rc} (expected 0, no watchdog line, ckpt_000000015.h5 the latest)")
+    for step, epoch in ((5, 1), (10, 2)):
+        ckpt = os.path.join(run_ckpts, f"ckpt_{step:09d}.h5")
+        rc, out, err = run(mpirun(mpiexec, 2, binary, args[:1] + [f"io.run_dir={mnt}/verify", f"io.resume={ckpt}",
+                                                                  f"train.epochs={epoch + 1}"] + args[4:]),
+                           timeout=120)
+        if rc != 0 or f"resumed from {ckpt} at epoch {epoch + 1} step {step}" not in out:
+            fail(f"5. {ckpt} written in the background does not resume: exit {rc}")
+    print(f"5. io.checkpoint_async: the run took {took:.1f} s; ckpt 5 and 10 on disk while the next epoch "
+          "trained, each resumes; ckpt 15 the latest at the end")
     print("PASS")
 finally:
     if device:

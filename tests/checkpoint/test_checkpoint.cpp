@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -171,6 +172,46 @@ TEST(Checkpoint, DatasetsLargerThanAReadPieceRoundTrip) {
   ASSERT_EQ(ck.optimizer_state.size(), written.size());
   for (std::size_t i = 0; i < written.size(); ++i) EXPECT_EQ(ck.optimizer_state[i].second, written[i]);
   std::remove(path.c_str());
+}
+
+// io.checkpoint_async's writer: a write on its thread ends, is finished with its path
+// and size, and leaves a checkpoint that loads; one whose directory went away ends
+// failed, with save_checkpoint's error text, and leaves no file.
+TEST(Checkpoint, BackgroundWriteEndsOrFailsWithItsLine) {
+  char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  Model model({"flatten", "linear(5)", "relu", "linear(3)"}, {2, 2}, 7);
+  Config cfg;
+  auto opt = make_optimizer(cfg.train, std::size_t(model.num_parameters()));
+  TrainingState ts;
+  ts.step = 4;
+  BackgroundCheckpoint writer;
+  EXPECT_FALSE(writer.busy());
+  EXPECT_EQ(writer.state(), BackgroundCheckpoint::none_ended);
+  writer.start(
+      std::make_unique<PendingCheckpoint>(dir, 2, model, snapshot_of(*opt), ts, run_input(cfg), nullptr));
+  EXPECT_TRUE(writer.busy());
+  for (int i = 0; i < 5000 && writer.state() == BackgroundCheckpoint::none_ended; ++i) usleep(1000);
+  EXPECT_EQ(writer.state(), BackgroundCheckpoint::ended);
+  const auto done = writer.finish();
+  EXPECT_FALSE(writer.busy());
+  EXPECT_EQ(done.error, "");
+  EXPECT_EQ(done.path, dir + "/checkpoints/ckpt_000000004.h5");
+  EXPECT_GT(done.bytes, 0u);
+  EXPECT_EQ(load_checkpoint(done.path, model, "SGD").parameters, host(model.parameters()));
+
+  ts.step = 8;
+  auto pending =
+      std::make_unique<PendingCheckpoint>(dir, 2, model, snapshot_of(*opt), ts, run_input(cfg), nullptr);
+  const std::string path = pending->path();
+  ASSERT_EQ(std::system(("rm -rf " + dir + "/checkpoints").c_str()), 0);
+  writer.start(std::move(pending));
+  for (int i = 0; i < 5000 && writer.state() == BackgroundCheckpoint::none_ended; ++i) usleep(1000);
+  EXPECT_EQ(writer.state(), BackgroundCheckpoint::failed);
+  const auto failed = writer.finish();
+  EXPECT_EQ(failed.error.rfind("cannot write checkpoint " + path + ": No such file or directory", 0), 0u)
+      << failed.error;
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
 }
 
 // A fresh run directory and a small model with its optimizer, to save and load.

@@ -133,6 +133,11 @@ set_tests_properties(checkpoint_slow_disk PROPERTIES SKIP_RETURN_CODE 77)
 ddp_add_checkpoint_test(data_change FIXTURE e2e_data NP 2 TIMEOUT 180
   COMMAND ${DDP_PYTHON} ${CKPT}/data_change.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_data_change
           e2e_data/tiny)
+# A shard written over in place under a running job (cp over it, a truncation) ends
+# the run at the epoch's end in one line; a rename over it does not.
+ddp_add_checkpoint_test(data_rewritten FIXTURE e2e_data NP 2 TIMEOUT 180
+  COMMAND ${DDP_PYTHON} ${CKPT}/data_rewritten.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY}
+          runs/ckpt_data_rewritten e2e_data/tiny)
 ddp_add_checkpoint_test(nonfinite FIXTURE e2e_data NP 2 TIMEOUT 180
   COMMAND ${DDP_PYTHON} ${CKPT}/nonfinite.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_nonfinite)
 ddp_add_checkpoint_test(cadence FIXTURE e2e_data NP 2 TIMEOUT 300

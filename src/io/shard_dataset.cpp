@@ -1,7 +1,10 @@
 #include "io/shard_dataset.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <stdexcept>
 #include <utility>
 
@@ -167,6 +170,56 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   }
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   open_all();
+  if (rank == 0)
+    for (auto& shard : shards_) {
+      struct stat st {};
+      if (stat(shard.path.c_str(), &st) != 0) continue;
+      shard.device = std::uint64_t(st.st_dev);
+      shard.inode = std::uint64_t(st.st_ino);
+      shard.bytes = std::int64_t(st.st_size);
+      shard.mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    }
+}
+
+namespace {
+std::string utc_time(std::int64_t ns) {
+  const std::time_t t = std::time_t(ns / 1000000000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[48];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+}  // namespace
+
+std::string ShardDataset::changed_in_place() const {
+  std::string first;
+  int more = 0;
+  for (const auto& shard : shards_) {
+    if (shard.bytes < 0) continue;  // not rank 0, or not known
+    struct stat st {};
+    // Gone, or another file by now (a rename over it): what is open stays what was read.
+    if (stat(shard.path.c_str(), &st) != 0 || std::uint64_t(st.st_dev) != shard.device ||
+        std::uint64_t(st.st_ino) != shard.inode)
+      continue;
+    const std::int64_t mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (std::int64_t(st.st_size) == shard.bytes && mtime_ns == shard.mtime_ns) continue;
+    if (!first.empty()) {
+      ++more;
+      continue;
+    }
+    first = what_ + ": " + shard.path + " was written over in place while this run read it (" +
+            std::to_string(shard.bytes) + " bytes, modified " + utc_time(shard.mtime_ns) +
+            " when opened; now " + std::to_string(std::int64_t(st.st_size)) + " bytes, modified " +
+            utc_time(mtime_ns) + ")";
+  }
+  if (first.empty()) return "";
+  if (more > 0) first += " and " + std::to_string(more) + " more of its files";
+  return first +
+         ": the batches read from it since may hold other samples, or zeros past its new end, so nothing "
+         "trained on them is kept (no epoch line, no checkpoint: the last one stays latest); put the file "
+         "back and resume, or start a new run (io.resume = 'never'). To change data under a running job, "
+         "write new files and rename them over the old ones: the job reads on what it opened";
 }
 
 // Opening and closing a file through MPI-IO are collective (MPI_File_open and

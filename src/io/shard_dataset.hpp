@@ -87,12 +87,25 @@ class ShardDataset {
   // Where global sample `index` is stored: its shard file and its row there.
   std::pair<std::string, std::int64_t> locate(std::int64_t index) const;
 
+  // Rank 0 of the data set's ranks (the others: ""): the first of its files written
+  // over in place since they were opened, as one line naming it, its size and
+  // modification time then and now; "" when none. A file rewritten in place (cp over
+  // it, a script that opens it for writing, a truncation) hands the batches read from
+  // it since other samples, or zeros past its new end (HDF5 reads past a file's end as
+  // zeros), and nothing says so. A file replaced by a rename, or removed, is not one:
+  // the open files still read what was opened. One stat(2) a file.
+  std::string changed_in_place() const;
+
  private:
   struct Shard {
     std::string path;
     std::int64_t offset = 0;  // global index of its first sample
     std::int64_t count = 0;
     hid_t file = -1, x = -1, y = -1;
+    // stat(2) of the file once opened, rank 0 only (changed_in_place).
+    std::uint64_t device = 0, inode = 0;
+    std::int64_t bytes = -1;  // -1: not known
+    std::int64_t mtime_ns = 0;
   };
 
   void open_all();

@@ -191,9 +191,15 @@ class Trainer {
   // The optimizer's whole state, on rank 0 (under ZeRO gathered from the shares;
   // collective); the other ranks' snapshot has no state.
   OptimizerSnapshot optimizer_snapshot();
-  // Collective: why the state must not be saved ("" when it may): parameters that
-  // differ between ranks, or are not finite.
+  // Collective: why the state must not be saved ("" when it may): a streamed data
+  // file written over in place (data_changed), parameters that differ between ranks,
+  // or are not finite.
   std::string unsafe_to_save();
+  // Collective, at each epoch's end and before each checkpoint, so that nothing
+  // trained on it is logged or saved: a streamed data file written over in place
+  // since the run opened it (ShardDataset::changed_in_place). Rank 0's line on rank
+  // 0, a stand-in on the others (fatal_all prints rank 0's); "" on every rank when none.
+  std::string data_changed();
   int stop();                                     // after a preemption's checkpoint: kExitRequeue
   void use_inputs(int slot, const Batch& batch);  // x_, labels_, targets_: the stage's slot
   // The all-reduce (or the wait for the buckets still in flight), the step's flags

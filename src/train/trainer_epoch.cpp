@@ -321,6 +321,7 @@ EpochStats Trainer::end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader,
               " ran from a graph (" + std::to_string(graphs_.captures() - r.graph_captures) + " captured)");
   if (r.nonfinite) stop_nonfinite();
   if (!r.problem.empty()) fatal_all(comm_.mpi_comm(), r.problem);
+  if (const std::string changed = data_changed(); !changed.empty()) fatal_all(comm_.mpi_comm(), changed);
 
   double totals[3] = {read_loss(loss_acc_, false)[0] + r.prior_loss, double(r.loss_samples) + r.prior_samples,
                       double(r.samples)};

@@ -286,7 +286,21 @@ void Trainer::stop_nonfinite() {
                       tail);
 }
 
+std::string Trainer::data_changed() {
+  std::string problem;
+  if (comm_.rank() == 0) {
+    const watchdog::During looking(Phase::data);  // a stat(2) a file; the others wait for it
+    if (!train_.preloaded()) problem = train_.changed_in_place();
+    if (problem.empty() && val_ && !val_->preloaded()) problem = val_->changed_in_place();
+  }
+  double changed = problem.empty() ? 0.0 : 1.0;
+  comm_.allreduce_sum_host(&changed, 1);
+  if (changed > 0 && problem.empty()) problem = "rank 0 found a data file written over in place";
+  return problem;
+}
+
 std::string Trainer::unsafe_to_save() {
+  if (std::string changed = data_changed(); !changed.empty()) return changed;
   // Equal parameters first: then every rank counts the same non-finite values and
   // they agree without another collective.
   std::string problem = parameters_disagree(comm_.mpi_comm(), model_, step_);

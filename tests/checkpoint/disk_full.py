@@ -96,10 +96,13 @@ try:
     print("3. the write failed in one error line; no temp file; latest still ckpt 15")
 
     # 3b. The same in the background (io.checkpoint_async): epoch 4's checkpoint is not
-    # the run's last, so its write fails on rank 0's thread; the next step's agreement
-    # ends every rank with the same line.
+    # the run's last, so its write fails on rank 0's thread; a step's agreement ends
+    # every rank with the same line. Steps paced to 0.3 s: unpaced, epoch 5's 5 steps
+    # took less than the thread's failing write on a loaded machine, and the failure
+    # came at the final checkpoint (the same line, after epoch 5's).
     rc, out, err = run(mpirun(mpiexec, 2, binary, args + ["train.epochs=5", "io.keep_checkpoints=1",
-                                                          "io.checkpoint_async=T"]), timeout=120)
+                                                          "io.checkpoint_async=T"]),
+                       env=dict(os.environ, DDP_TEST_STEP_DELAY_US="300000"), timeout=120)
     expect_one_error(rc, out, err, rf"^error: cannot write checkpoint {re.escape(target)}: No space left on device "
                                    rf"\({re.escape(ckdir)} has [0-9.]+ KiB free, the checkpoint needs [0-9.]+ KiB\); "
                                    r"ckpt_000000015.h5 stays the latest$")

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "comm/fault_injection.hpp"
+#include "comm/utc_text.hpp"
 
 namespace ddp {
 
@@ -30,12 +31,7 @@ std::string holder_text(const std::string& input) {
     s += std::string(", Slurm job ") + array + "_" + task;
   else if (job && *job)
     s += std::string(", Slurm job ") + job;
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char when[32];
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
-  return s + ", since " + when + ", input " + input;
+  return s + ", since " + utc_text(std::time(nullptr)) + ", input " + input;
 }
 
 // The first line of the lock file: what its holder wrote. A holder writes it just

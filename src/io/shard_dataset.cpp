@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <ctime>
 #include <stdexcept>
 #include <utility>
 
 #include "comm/backend.hpp"
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
+#include "comm/utc_text.hpp"
 #include "comm/watchdog.hpp"
 #include "io/shard_check.hpp"
 
@@ -122,6 +122,18 @@ std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::
 
 }  // namespace
 
+// stat(2) of `path`; bytes -1 when it fails.
+ShardDataset::FileStamp ShardDataset::stamp_of(const std::string& path) {
+  FileStamp f;
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return f;
+  f.device = std::uint64_t(st.st_dev);
+  f.inode = std::uint64_t(st.st_ino);
+  f.bytes = std::int64_t(st.st_size);
+  f.mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  return f;
+}
+
 ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what)
     : what_(what) {
   // Our messages are the one-line user errors; HDF5's own stack dumps would bury them.
@@ -171,47 +183,27 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   open_all();
   if (rank == 0)
-    for (auto& shard : shards_) {
-      struct stat st {};
-      if (stat(shard.path.c_str(), &st) != 0) continue;
-      shard.device = std::uint64_t(st.st_dev);
-      shard.inode = std::uint64_t(st.st_ino);
-      shard.bytes = std::int64_t(st.st_size);
-      shard.mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    }
+    for (auto& shard : shards_) shard.opened = stamp_of(shard.path);
 }
-
-namespace {
-std::string utc_time(std::int64_t ns) {
-  const std::time_t t = std::time_t(ns / 1000000000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[48];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return buf;
-}
-}  // namespace
 
 std::string ShardDataset::changed_in_place() const {
   std::string first;
   int more = 0;
   for (const auto& shard : shards_) {
-    if (shard.bytes < 0) continue;  // not rank 0, or not known
-    struct stat st {};
+    if (shard.opened.bytes < 0) continue;  // not rank 0, or not known
+    const FileStamp now = stamp_of(shard.path);
     // Gone, or another file by now (a rename over it): what is open stays what was read.
-    if (stat(shard.path.c_str(), &st) != 0 || std::uint64_t(st.st_dev) != shard.device ||
-        std::uint64_t(st.st_ino) != shard.inode)
-      continue;
-    const std::int64_t mtime_ns = std::int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    if (std::int64_t(st.st_size) == shard.bytes && mtime_ns == shard.mtime_ns) continue;
+    if (now.bytes < 0 || now.device != shard.opened.device || now.inode != shard.opened.inode) continue;
+    if (now.bytes == shard.opened.bytes && now.mtime_ns == shard.opened.mtime_ns) continue;
     if (!first.empty()) {
       ++more;
       continue;
     }
     first = what_ + ": " + shard.path + " was written over in place while this run read it (" +
-            std::to_string(shard.bytes) + " bytes, modified " + utc_time(shard.mtime_ns) +
-            " when opened; now " + std::to_string(std::int64_t(st.st_size)) + " bytes, modified " +
-            utc_time(mtime_ns) + ")";
+            std::to_string(shard.opened.bytes) + " bytes, modified " +
+            utc_text(std::time_t(shard.opened.mtime_ns / 1000000000)) + " when opened; now " +
+            std::to_string(now.bytes) + " bytes, modified " +
+            utc_text(std::time_t(now.mtime_ns / 1000000000)) + ")";
   }
   if (first.empty()) return "";
   if (more > 0) first += " and " + std::to_string(more) + " more of its files";

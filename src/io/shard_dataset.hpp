@@ -97,15 +97,20 @@ class ShardDataset {
   std::string changed_in_place() const;
 
  private:
+  // What stat(2) says of a file.
+  struct FileStamp {
+    std::uint64_t device = 0, inode = 0;
+    std::int64_t bytes = -1;  // -1: not known
+    std::int64_t mtime_ns = 0;
+  };
+  static FileStamp stamp_of(const std::string& path);
+
   struct Shard {
     std::string path;
     std::int64_t offset = 0;  // global index of its first sample
     std::int64_t count = 0;
     hid_t file = -1, x = -1, y = -1;
-    // stat(2) of the file once opened, rank 0 only (changed_in_place).
-    std::uint64_t device = 0, inode = 0;
-    std::int64_t bytes = -1;  // -1: not known
-    std::int64_t mtime_ns = 0;
+    FileStamp opened;  // once opened, rank 0 only (changed_in_place)
   };
 
   void open_all();

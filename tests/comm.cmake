@@ -6,3 +6,5 @@ ddp_add_mpi_test(test_watchdog SOURCES comm/test_watchdog.cpp NP 1 2 3 LABELS co
 ddp_add_mpi_test(test_trace SOURCES comm/test_trace.cpp NP 1 2 LABELS comm)
 # The launcher's word on its tasks, and the line for tasks MPI made separate jobs.
 ddp_add_test(test_launch SOURCES comm/test_launch.cpp LABELS comm)
+# The room a node's memory cgroup leaves a preload, from made-up v1 and v2 trees.
+ddp_add_test(test_memory_room SOURCES comm/test_memory_room.cpp LABELS comm)

@@ -300,6 +300,16 @@ add_test(NAME e2e_stream_equals_preload
                  train_loss val_loss val_acc val_correct step)
 set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stream_vs_preload LABELS e2e
                      SKIP_RETURN_CODE 77)
+# A preload under a job's memory limit (a memory cgroup of the test's own, the kernel's
+# limit): one copy per node in shared memory fits where a copy per rank would not;
+# what does not fit is one line and exit 1, never the kernel's kill; 'auto' streams
+# instead, saying why; a /dev/shm too small (unshare -m, a 32 MiB tmpfs) gives a copy
+# per rank with a warning. Skipped (77) without a memory cgroup to make.
+add_test(NAME e2e_preload_memory_limit_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/preload_memory_limit.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
+                 runs/preload_memory_limit)
+set_tests_properties(e2e_preload_memory_limit_np2 PROPERTIES LABELS e2e TIMEOUT 300 PROCESSORS 2
+                     SKIP_RETURN_CODE 77)
 
 # Several hosts: 2 "hosts" of 1 rank each, network namespaces joined by a veth pair,
 # Open MPI's TCP transport on that link, launched without ssh (plm_rsh_agent =
@@ -525,7 +535,7 @@ set(_gather_args ${PROJECT_SOURCE_DIR}/inputs/resnet50_tiny.nml train.batch_size
     "data.augment=flip")
 ddp_add_train_test(synthetic_preload_ahead_np2 NP 2 RUN_DIR runs/synthetic_preload FIXTURE synthetic64
                    CHECK "--epochs 2" ARGS ${_gather_args} data.mode=preload
-                   ENV "DDP_EXPECT_LOG=preloaded on every rank .*, batches gathered 4 ahead on a thread")
+                   ENV "DDP_EXPECT_LOG=preloaded, one copy per node in shared memory .*, batches gathered 4 ahead on a thread")
 ddp_add_train_test(synthetic_stream_np2 NP 2 RUN_DIR runs/synthetic_stream FIXTURE synthetic64
                    CHECK "--epochs 2" ARGS ${_gather_args} data.mode=stream)
 set_tests_properties(e2e_synthetic_preload_ahead_np2 e2e_synthetic_stream_np2 PROPERTIES

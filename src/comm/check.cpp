@@ -193,6 +193,24 @@ void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
   exit_together(comm, 1);
 }
 
+std::string first_words(MPI_Comm comm, const std::string& mine) {
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_CHECK(MPI_Comm_size(comm, &size));
+  int me = mine.empty() ? size : rank, first = size;
+  {
+    const watchdog::Collective guard("the agreement on which rank speaks (MPI_Allreduce)");
+    MPI_CHECK(MPI_Allreduce(&me, &first, 1, MPI_INT, MPI_MIN, comm));
+  }
+  if (first == size) return "";
+  std::string text = rank == first ? mine : "";
+  int len = int(text.size());
+  MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm));
+  text.resize(std::size_t(len));
+  MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm));
+  return text;
+}
+
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;

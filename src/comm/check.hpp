@@ -94,6 +94,10 @@ namespace ddp {
 // Collective.
 void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg);
 
+// The lowest rank's non-empty `mine`, on every rank; "" where every rank's is empty.
+// Collective.
+std::string first_words(MPI_Comm comm, const std::string& mine);
+
 // Run `body`; an InputError thrown by it is a collective error (every rank throws
 // the same one): rank 0 reports it and every rank exits as in fatal_all.
 template <class F>

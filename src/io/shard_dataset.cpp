@@ -286,15 +286,27 @@ void ShardDataset::check_labels(std::int64_t n_classes) {
   agree_or_throw(comm_, error);
 }
 
-void ShardDataset::preload() {
+namespace {
+std::size_t line_up(std::size_t b) { return (b + 63) / 64 * 64; }
+}  // namespace
+
+std::size_t ShardDataset::preload_bytes() const {
+  const auto n = static_cast<std::size_t>(total_);
+  const std::size_t x = n * static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4);
+  const std::size_t y = labels_ ? n * sizeof(std::int32_t) : n * static_cast<std::size_t>(target_numel_) * 4;
+  return line_up(x) + line_up(y);
+}
+
+void ShardDataset::preload(std::shared_ptr<NodeShared> node, std::size_t offset) {
   if (preloaded_) return;
   const auto n = static_cast<std::size_t>(total_);
   const std::size_t row = static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4);
-  x_mem_.resize(n * row);
-  if (labels_)
-    labels_mem_.resize(n);
-  else
-    targets_mem_.resize(n * static_cast<std::size_t>(target_numel_));
+  if (!node) own_.resize(preload_bytes());
+  std::uint8_t* x = node ? node->data() + offset : own_.data();
+  std::uint8_t* y = x + line_up(n * row);
+  auto* labels = reinterpret_cast<std::int32_t*>(y);
+  auto* targets = reinterpret_cast<float*>(y);
+  const std::size_t y_bytes = labels_ ? n * sizeof(std::int32_t) : n * std::size_t(target_numel_) * 4;
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
   // One reader and a broadcast: W ranks reading the same bytes would hit the file
@@ -309,18 +321,29 @@ void ShardDataset::preload() {
         const std::int64_t m = std::min(piece, s.count - start);
         const std::vector<std::pair<hsize_t, hsize_t>> rows{{hsize_t(start), hsize_t(m)}};
         const auto o = static_cast<std::size_t>(s.offset + start);
-        read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, rows, x_mem_.data() + o * row);
+        read_runs(s.x, x_uint8_ ? H5T_NATIVE_UINT8 : H5T_NATIVE_FLOAT, rows, x + o * row);
         if (labels_)
-          read_runs(s.y, H5T_NATIVE_INT32, rows, labels_mem_.data() + o);
+          read_runs(s.y, H5T_NATIVE_INT32, rows, labels + o);
         else
-          read_runs(s.y, H5T_NATIVE_FLOAT, rows, targets_mem_.data() + o * target_numel_);
+          read_runs(s.y, H5T_NATIVE_FLOAT, rows, targets + o * std::size_t(target_numel_));
         watchdog::progress();
       }
   }
-  const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
-  broadcast_bytes(comm_, x_mem_.data(), x_mem_.size(), 0);
-  broadcast_bytes(comm_, labels_mem_.data(), labels_mem_.size() * sizeof(std::int32_t), 0);
-  broadcast_bytes(comm_, targets_mem_.data(), targets_mem_.size() * sizeof(float), 0);
+  {
+    const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
+    // Held by the node: the nodes' first ranks alone take it, and the others on a node
+    // read what their first rank put there once it has (the barrier).
+    const MPI_Comm to = node ? node->firsts() : comm_;
+    if (to != MPI_COMM_NULL) {
+      broadcast_bytes(to, x, n * row, 0);
+      broadcast_bytes(to, y, y_bytes, 0);
+    }
+    if (node) MPI_CHECK(MPI_Barrier(node->node()));
+  }
+  node_ = std::move(node);
+  x_mem_ = x;
+  labels_mem_ = labels_ ? labels : nullptr;
+  targets_mem_ = labels_ ? nullptr : targets;
   preloaded_ = true;
 }
 
@@ -344,9 +367,9 @@ void ShardDataset::read_rows(const std::int64_t* idx, std::int64_t n, void* x, b
   const std::size_t tnumel = static_cast<std::size_t>(target_numel_);
   const std::size_t xrow = numel * (x_uint8_ ? 1 : 4);
 
-  const std::uint8_t* xsrc = x_mem_.data();
-  const std::int32_t* lsrc = labels_mem_.data();
-  const float* tsrc = targets_mem_.data();
+  const std::uint8_t* xsrc = x_mem_;
+  const std::int32_t* lsrc = labels_mem_;
+  const float* tsrc = targets_mem_;
   if (preloaded_ && x) {
     // The rows are scattered over a set larger than the cache, and the copy below
     // walks them one after the other: asked for all at once, their misses overlap

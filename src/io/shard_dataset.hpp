@@ -11,10 +11,13 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "comm/node_shared.hpp"
 
 namespace ddp {
 
@@ -70,9 +73,16 @@ class ShardDataset {
 
   std::size_t bytes() const;  // /x and /y as stored on disk
 
-  // Collective: reads everything into memory (uint8 stays uint8); read() then
-  // touches no file.
-  void preload();
+  // In memory, preloaded: /x as stored (uint8 stays uint8), int32 labels or float32
+  // targets, each part at a 64-byte boundary.
+  std::size_t preload_bytes() const;
+
+  // Collective: reads everything into memory; read() then touches no file. Rank 0
+  // reads the files; the others get it by broadcast. Into `node` at `offset` where
+  // given (preload_bytes() from there, comm/node_shared.hpp: one copy a node, filled
+  // by the node's first rank, the set broadcast among those ranks only), else into
+  // memory of this rank's own.
+  void preload(std::shared_ptr<NodeShared> node = nullptr, std::size_t offset = 0);
   bool preloaded() const { return preloaded_; }
 
   // Not collective, thread-safe. Samples by global index, any order, repeats allowed:
@@ -132,9 +142,11 @@ class ShardDataset {
   DataFingerprint fingerprint_;
 
   bool preloaded_ = false;
-  std::vector<std::uint8_t> x_mem_;       // (N, sample...) uint8 or float32 bytes
-  std::vector<std::int32_t> labels_mem_;  // (N)
-  std::vector<float> targets_mem_;        // (N, target...)
+  std::vector<std::uint8_t> own_;             // preload_bytes(), unless held by the node
+  std::shared_ptr<NodeShared> node_;          // the node's copy, unless held by this rank
+  const std::uint8_t* x_mem_ = nullptr;       // (N, sample...) uint8 or float32 bytes
+  const std::int32_t* labels_mem_ = nullptr;  // (N)
+  const float* targets_mem_ = nullptr;        // (N, target...)
 };
 
 }  // namespace ddp

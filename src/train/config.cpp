@@ -101,7 +101,11 @@ const std::vector<Key>& keys() {
       {"data", "mode", field<&C::data, &D::mode>, one_of({"auto", "preload", "stream"}), false,
        "preload into memory, stream from disk, or auto by size"},
       {"data", "preload_budget_mb", field<&C::data, &D::preload_budget_mb>, at_least(0), false,
-       "auto: preload when the rank's share fits in this many MB"},
+       "auto: preload when the training and validation sets together fit in this many MB"},
+      {"data", "preload_shared", field<&C::data, &D::preload_shared>, any(), false,
+       "a preloaded set is held once per node in shared memory (/dev/shm), read by the node's ranks; F: a "
+       "copy "
+       "on every rank"},
       {"data", "prefetch_batches", field<&C::data, &D::prefetch_batches>, at_least(0), false,
        "batches read ahead by the prefetch thread: streamed, or preloaded batches of 1 MiB or more"},
       {"data", "shuffle", field<&C::data, &D::shuffle>, any(), false,

@@ -16,7 +16,8 @@ struct DataConfig {
   std::vector<std::string> train_files;  // glob patterns, relative to the working directory
   std::vector<std::string> val_files;    // glob patterns; empty: no validation
   std::string mode = "auto";             // 'auto' | 'preload' | 'stream'
-  double preload_budget_mb = 2048.0;     // 'auto' preloads a dataset up to this size per rank
+  double preload_budget_mb = 2048.0;     // 'auto' preloads the training and validation sets up to this size
+  bool preload_shared = true;            // one preloaded copy per node in shared memory, not one per rank
   int prefetch_batches = 4;              // batches read ahead by a thread (see Data::prefetch_batches)
   bool shuffle = true;                   // DistributedSampler(shuffle=...)
   bool drop_last = false;                // DistributedSampler(drop_last=...)

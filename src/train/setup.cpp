@@ -1,9 +1,11 @@
 #include "train/setup.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -13,6 +15,8 @@
 #include "comm/compute_communicator.hpp"
 #include "comm/cuda_aware.hpp"
 #include "comm/log.hpp"
+#include "comm/memory_room.hpp"
+#include "comm/node_shared.hpp"
 #include "io/checkpoint.hpp"
 #include "io/metrics.hpp"
 #include "io/run_dir_lock.hpp"
@@ -28,6 +32,50 @@ namespace ddp {
 // Preloaded batches of at least this many bytes are gathered ahead on the prefetch
 // thread (data.prefetch_batches of them); smaller ones on the main thread.
 constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
+
+namespace {
+
+std::string mib(double b) {
+  char t[48];
+  std::snprintf(t, sizeof t, "%.1f MiB", b / (1024.0 * 1024.0));
+  return t;
+}
+
+// Whether `copies` of a preload of `bytes` fit where each node's first rank looks
+// (comm/memory_room.hpp): "" where they do or nothing is known, else the lowest short
+// node's words, on every rank. Past a cgroup's limit (Slurm's --mem) the kernel kills
+// a rank with no word; 'auto' keeps half of the room for the rest of the run.
+// Collective.
+std::string preload_short_of(const Context& ctx, const Config& cfg, double bytes, bool shared) {
+  std::string mine;
+  if (ctx.local_rank() == 0) {
+    const MemoryRoom room = memory_room();
+    const int copies = shared ? 1 : ctx.local_size();
+    const double need = bytes * copies,
+                 can = cfg.data.mode == "auto" ? double(room.free) / 2 : double(room.free);
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    const std::string held =
+        shared ? "one copy in shared memory for its " + std::to_string(ctx.local_size()) + " rank(s)"
+               : "a copy on each of its " + std::to_string(ctx.local_size()) + " rank(s)";
+    if (room.free >= 0 && need > can) {
+      if (cfg.data.mode == "auto")
+        mine = "data: streamed, not preloaded: the preload would take " + mib(need) + " on node " + host +
+               " (" + held + "), more than half of the " + mib(double(room.free)) + " free under " +
+               room.what + " (data.mode = 'auto'; 'preload' would take it)";
+      else
+        mine =
+            "data.mode = 'preload': the data need " + mib(need) + " on node " + host + " (" + held +
+            ") and " + std::string(room.free > 0 ? mib(double(room.free)) : "nothing") + " is free under " +
+            room.what +
+            ": ask the batch system for more memory (sbatch --mem), set data.mode = 'stream', or run fewer "
+            "ranks per node";
+    }
+  }
+  return first_words(ctx.world(), mine);
+}
+
+}  // namespace
 
 Config load_config(const Context& ctx, const CommandLine& cli) {
   // Rank 0 reads the file once; a shared file system is not asked N times.
@@ -80,10 +128,36 @@ Data open_data(const Context& ctx, const Config& cfg) {
 
   const double budget = cfg.data.preload_budget_mb * 1024.0 * 1024.0;
   const double bytes = double(data.train->bytes()) + (data.val ? double(data.val->bytes()) : 0.0);
-  const bool preload = cfg.data.mode == "preload" || (cfg.data.mode == "auto" && bytes <= budget);
+  bool preload = cfg.data.mode == "preload" || (cfg.data.mode == "auto" && bytes <= budget);
+  // One copy a node where data.preload_shared and the node's /dev/shm take it; a copy
+  // on every rank where not. Either is checked against the node's room first.
+  std::shared_ptr<NodeShared> node;
   if (preload) {
-    data.train->preload();
-    if (data.val) data.val->preload();
+    const double held =
+        double(data.train->preload_bytes()) + (data.val ? double(data.val->preload_bytes()) : 0.0);
+    bool shared = cfg.data.preload_shared && ctx.size() > 1;
+    std::string short_of = preload_short_of(ctx, cfg, held, shared);
+    if (shared && short_of.empty()) {
+      std::string why;
+      node = NodeShared::make(ctx.world(), std::size_t(held), &why);
+      if (!node) {
+        if (ctx.rank() == 0)  // every rank has the same words
+          log::warn(
+              "data: no shared memory for the preload, a copy on every rank instead (data.preload_shared): " +
+              why);
+        shared = false;
+        short_of = preload_short_of(ctx, cfg, held, shared);
+      }
+    }
+    if (!short_of.empty()) {
+      if (cfg.data.mode == "preload") fatal_all(ctx.world(), short_of);
+      log::info(short_of);
+      preload = false;
+    }
+  }
+  if (preload) {
+    data.train->preload(node, 0);
+    if (data.val) data.val->preload(node, data.train->preload_bytes());
     // A preloaded batch is copied out of memory: on the main thread where that is
     // quicker than handing it over from another, on the prefetch thread (which then
     // touches no MPI or HDF5) where a batch is large: ImageNet's 38.5 MB at batch
@@ -115,7 +189,11 @@ Data open_data(const Context& ctx, const Config& cfg) {
   if (data.val) os << ", " << data.val->size() << " validation samples";
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
-  os << "; " << (preload ? "preloaded on every rank" : "streamed") << size;
+  os << "; "
+     << (!preload ? "streamed"
+         : node   ? "preloaded, one copy per node in shared memory"
+                  : "preloaded on every rank")
+     << size;
   if (preload && data.prefetch_batches > 0)
     os << ", batches gathered " << data.prefetch_batches << " ahead on a thread";
   log::info(os.str());

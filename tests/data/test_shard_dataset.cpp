@@ -3,7 +3,9 @@
 // shards were written with, streaming and preloaded.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <random>
 
 #include "comm/check.hpp"
@@ -141,6 +143,31 @@ TEST_F(ShardDatasetTest, ReadFloatTargetsStreamingAndPreloaded) {
   check_f32(ds);
   ds.preload();
   check_f32(ds);
+}
+
+TEST_F(ShardDatasetTest, PreloadedOnceForTheNode) {
+  // Both sets in one segment of the node's shared memory, the second at the first's
+  // end: each rank reads what its node's first rank alone put there.
+  ShardDataset u8(MPI_COMM_WORLD, {dir_ + "/u8_*.h5"}, "data.train_files");
+  ShardDataset f32(MPI_COMM_WORLD, {dir_ + "/f32_*.h5"}, "data.val_files");
+  EXPECT_EQ(u8.preload_bytes(), 256u) << "x 16 x 12 B, labels 16 x 4 B, each part in whole 64 B lines";
+  EXPECT_EQ(f32.preload_bytes(), 384u + 128u) << "x 15 x 24 B, targets 15 x 8 B";
+  std::string why;
+  std::shared_ptr<NodeShared> node =
+      NodeShared::make(MPI_COMM_WORLD, u8.preload_bytes() + f32.preload_bytes(), &why);
+  ASSERT_TRUE(node) << why;
+  // Its name is gone from /dev/shm once every rank of the node has it mapped.
+  if (node->first()) {
+    EXPECT_NE(
+        std::system(("ls /dev/shm | grep -q '^ddp_train\\." + std::to_string(getpid()) + "\\.'").c_str()), 0)
+        << "a name left in /dev/shm";
+  }
+  u8.preload(node, 0);
+  f32.preload(node, u8.preload_bytes());
+  EXPECT_TRUE(u8.preloaded());
+  EXPECT_EQ(node->data()[5 * 12 + 7], x_u8(5, 7)) << "sample 5's byte 7, where the node's first rank put it";
+  check_u8(u8);
+  check_f32(f32);
 }
 
 TEST_F(ShardDatasetTest, EmptyReadAndOutOfRange) {

@@ -35,3 +35,21 @@ ddp_add_slurm_test(exit75 exit75.sh 180)
 # A job array whose two tasks were given one input file: one trains, the other ends at
 # start-up in one line naming the first's Slurm job <array>_<task> (the run directory's lock).
 ddp_add_slurm_test(array_run_dir array_run_dir.sh 240)
+
+# A second private Slurm whose jobs' memory is a consumable resource and a cgroup
+# limit (tools/slurm/start --memory-cgroup), started and stopped around its one test:
+# a preload under sbatch --mem=360M, one copy per node completes, a copy per rank is
+# one line and exit 1, not an out-of-memory kill. Skipped (77) where cgroup v1's memory
+# controller cannot be written.
+set(DDP_SLURM_MEMORY_DIR ${CMAKE_CURRENT_BINARY_DIR}/slurm_memory_cluster)
+add_test(NAME slurm_memory_start COMMAND ${DDP_SLURM_TOOLS}/start ${DDP_SLURM_MEMORY_DIR} --memory-cgroup)
+set_tests_properties(slurm_memory_start PROPERTIES FIXTURES_SETUP slurm_memory LABELS slurm TIMEOUT 90
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm_cluster)
+add_test(NAME slurm_memory_stop COMMAND ${DDP_SLURM_TOOLS}/stop ${DDP_SLURM_MEMORY_DIR})
+set_tests_properties(slurm_memory_stop PROPERTIES FIXTURES_CLEANUP slurm_memory LABELS slurm TIMEOUT 60
+                     RESOURCE_LOCK slurm_cluster)
+add_test(NAME slurm_memory_limit
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/slurm/memory_limit.sh ${DDP_SLURM_MEMORY_DIR} ${PROJECT_SOURCE_DIR}/jobs
+                 $<TARGET_FILE:ddp_train> ${CMAKE_CURRENT_SOURCE_DIR}/e2e ${DDP_PYTHON})
+set_tests_properties(slurm_memory_limit PROPERTIES FIXTURES_REQUIRED slurm_memory LABELS slurm TIMEOUT 300
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm_cluster PROCESSORS 2)

@@ -305,10 +305,10 @@ set_tests_properties(e2e_stream_equals_preload PROPERTIES FIXTURES_REQUIRED stre
 # what does not fit is one line and exit 1, never the kernel's kill; 'auto' streams
 # instead, saying why; a /dev/shm too small (unshare -m, a 32 MiB tmpfs) gives a copy
 # per rank with a warning. Skipped (77) without a memory cgroup to make.
-add_test(NAME e2e_preload_memory_limit_np2
-         COMMAND ${DDP_PYTHON} ${E2E}/preload_memory_limit.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
-                 runs/preload_memory_limit)
-set_tests_properties(e2e_preload_memory_limit_np2 PROPERTIES LABELS e2e TIMEOUT 300 PROCESSORS 2
+add_test(NAME e2e_job_memory_limit_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/job_memory_limit.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train>
+                 runs/job_memory_limit)
+set_tests_properties(e2e_job_memory_limit_np2 PROPERTIES LABELS e2e TIMEOUT 300 PROCESSORS 2
                      SKIP_RETURN_CODE 77)
 
 # Several hosts: 2 "hosts" of 1 rank each, network namespaces joined by a veth pair,

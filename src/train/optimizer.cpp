@@ -173,6 +173,11 @@ class AdamW : public Optimizer {
 
 }  // namespace
 
+int optimizer_state_copies(const TrainConfig& cfg) {
+  if (cfg.optimizer == "adamw") return 2;
+  return cfg.momentum != 0.0 ? 1 : 0;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params,
                                           const std::vector<ParamRange>& no_decay, ParamRange owned) {
   if (owned.size < 0) owned = {0, std::int64_t(n_params)};

@@ -54,6 +54,9 @@ struct ParamRange {
 };
 // owned: the range it updates (ZeRO's share); size -1: all n_params. step() still
 // takes the whole buffers and reads and writes that range of them only.
+// How many buffers of the owned share state() holds: SGD 0, or 1 with momentum; AdamW 2.
+int optimizer_state_copies(const TrainConfig& cfg);
+
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, std::size_t n_params,
                                           const std::vector<ParamRange>& no_decay = {},
                                           ParamRange owned = {0, -1});

@@ -11,6 +11,7 @@
 #include "comm/check.hpp"
 #include "comm/json.hpp"
 #include "comm/log.hpp"
+#include "comm/memory_room.hpp"
 #include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 #include "io/sampler.hpp"
@@ -43,6 +44,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   const std::int64_t n_params = model_.num_parameters();
   // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
   if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
+  check_memory_room(memory_plan());
   // The reducer before the optimizer's state: a shared-memory reducer takes the
   // gradients into its window and the model releases its own buffer, so that the two
   // copies are held at once while the optimizer's state is not yet (with momentum or
@@ -160,12 +162,60 @@ std::string MemoryPlan::text(std::int64_t batch) const {
 
 MemoryPlan Trainer::memory_plan() const {
   MemoryPlan m;
-  m.parameters = m.gradients = 4 * model_.num_parameters();
-  for (const auto& state : optimizer_->state()) m.optimizer_state += 4 * std::int64_t(state.second.extent(0));
+  const std::int64_t n = model_.num_parameters(), copies = optimizer_state_copies(cfg_.train);
+  m.parameters = m.gradients = 4 * n;
+  m.optimizer_state = 4 * copies * (cfg_.comm.zero > 0 ? shares_.size(comm_.rank()) : n);
   m.activations = 4 * model_.activation_floats(cfg_.train.batch_size);
-  const auto states = std::int64_t(optimizer_->state().size());
-  m.checkpoint = 4 * ((1 + states) * model_.num_parameters() + std::int64_t(model_.buffers().extent(0)));
+  m.checkpoint = 4 * ((1 + copies) * n + std::int64_t(model_.buffers().extent(0)));
   return m;
+}
+
+void Trainer::check_memory_room(const MemoryPlan& plan) const {
+#if !defined(KOKKOS_ENABLE_CUDA)
+  // Taken already: the parameters and gradients (the room counts them). To come: the
+  // optimizer's state now, the activations at the first step, rank 0's checkpoint
+  // file at the first checkpoint (where checkpoints are scheduled).
+  const IoConfig& io = cfg_.io;
+  const bool checkpoints =
+      io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
+  long long mine[3] = {(long long)plan.optimizer_state, (long long)plan.activations,
+                       comm_.rank() == 0 && checkpoints ? (long long)plan.checkpoint : 0},
+            node_sum[3] = {0, 0, 0};
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm_.mpi_comm(), MPI_COMM_TYPE_SHARED, comm_.rank(), MPI_INFO_NULL, &node));
+  int local = 0, ranks = 1;
+  MPI_CHECK(MPI_Comm_rank(node, &local));
+  MPI_CHECK(MPI_Comm_size(node, &ranks));
+  {
+    const watchdog::Collective guard("the sum of the node's memory plan (MPI_Reduce)");
+    MPI_CHECK(MPI_Reduce(mine, node_sum, 3, MPI_LONG_LONG, MPI_SUM, 0, node));
+  }
+  MPI_CHECK(MPI_Comm_free(&node));
+  std::string short_of;
+  const long long need = node_sum[0] + node_sum[1] + node_sum[2];
+  const MemoryRoom room = local == 0 ? memory_room() : MemoryRoom{};
+  if (local == 0 && room.free >= 0 && need > room.free) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    const auto mib = [](long long b) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%.1f MiB", double(b) / (1024.0 * 1024.0));
+      return std::string(t);
+    };
+    short_of =
+        "the run needs " + mib(need) + " more on node " + host + " than its " + std::to_string(ranks) +
+        " rank(s) hold now (optimizer state " + mib(node_sum[0]) + " and activations " + mib(node_sum[1]) +
+        " in all" + (node_sum[2] > 0 ? ", rank 0's checkpoint file " + mib(node_sum[2]) : "") +
+        ", as the memory line counts them) and " + mib(std::max<long long>(room.free, 0)) +
+        " is free under " + room.what +
+        ": ask the batch system for more memory (sbatch --mem), lower train.batch_size, set comm.zero = 1, "
+        "or run fewer ranks per node";
+  }
+  short_of = first_words(comm_.mpi_comm(), short_of);
+  if (!short_of.empty()) fatal_all(comm_.mpi_comm(), short_of);
+#else
+  (void)plan;
+#endif
 }
 
 void Trainer::open_trace() {

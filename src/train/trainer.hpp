@@ -109,6 +109,8 @@ class Trainer {
   EpochStats train_epoch(std::int64_t epoch);
   ValStats validate(ShardDataset& data);
 
+  // From the model and the configuration: what the optimizer will hold is known
+  // before it holds it.
   MemoryPlan memory_plan() const;
   std::int64_t step() const { return step_; }
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
@@ -131,6 +133,10 @@ class Trainer {
   // scaler; the gradient buckets (comm.overlap) and their line on rank 0.
   void make_optimizer_and_scaler();
   void make_reducer();
+  // Collective. Ends the run in one line where a node's room (comm/memory_room.hpp)
+  // cannot hold what its ranks are still to take (CPU build; the CUDA build's are on
+  // the device).
+  void check_memory_room(const MemoryPlan& plan) const;
   // fit() but for the ending of a failed checkpoint: checkpoint() throws
   // CheckpointWriteError on every rank when rank 0 could not write (its text on rank 0).
   int fit_epochs(MetricsWriter* metrics);

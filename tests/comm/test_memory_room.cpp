@@ -1,7 +1,7 @@
 // The room a node's memory cgroup leaves (comm/memory_room.hpp), read from made-up
 // cgroup v1 and v2 trees: the limit of the cgroup or of one above it, less what
 // cannot be given back, and MemAvailable where that is tighter. The live v1 tree of a
-// machine like ours, with a real limit and the kernel's killer: e2e_preload_memory_limit_np2.
+// machine like ours, with a real limit and the kernel's killer: e2e_job_memory_limit_np2.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A preload under a job's memory limit, with the kernel's real one: mpirun and its
+"""A run under a job's memory limit, with the kernel's real one: mpirun and its
 2 ranks run in a memory cgroup of their own (v1 memory.limit_in_bytes or v2
 memory.max), as Slurm's task/cgroup puts a job with --mem. The data: 2 training
 shards of 100 MiB and a validation shard of 5 MiB (float32, 2048 features).
@@ -18,11 +18,16 @@ With /dev/shm a 32 MiB tmpfs (a mount namespace of its own: unshare -m):
   5. data.mode=preload, no cgroup limit: a warning that there is no shared memory
      for the preload, a copy on every rank, exit 0, the reference's losses;
   6. the same under LIMIT_MIB: two copies do not fit: the line, exit 1, no kill.
+Streamed, a model whose parameters and gradients fit in LIMIT_MIB but whose AdamW
+state does not (12.6 million parameters: 2 x 2 x 48 MiB held, 2 x 96 MiB to come):
+  7. one line naming what the run still needs (optimizer state and activations, as
+     the memory line counts them) and the room, exit 1, no kill. Before the check
+     the kernel killed a rank as the optimizer's state was made.
 Exits 77 (skip) where no memory cgroup can be made (not root, or a v2 tree whose
 memory controller is not delegated here), or, for 5 and 6, where unshare -m
 cannot mount.
 
-usage: preload_memory_limit.py MPIEXEC DDP_TRAIN WORKDIR
+usage: job_memory_limit.py MPIEXEC DDP_TRAIN WORKDIR
 """
 import os
 import re
@@ -150,15 +155,15 @@ def losses(name, out):
     return m[0]
 
 
-def ends_in_line(name, code, out, killed, held):
+def ends_in_line(name, code, out, killed, held=None, want=None):
     if killed:
         fail(f"{name}: the kernel killed {killed} process(es) for memory")
     lines = [l for l in out.splitlines() if l.startswith("error:")]
     if code != 1 or len(lines) != 1:
         fail(f"{name}: exit {code}, error lines {lines}; expected exit 1 and one line")
-    want = (f"data.mode = 'preload': the data need [0-9.]+ MiB on node \\S+ \\({held}\\) and [0-9.]+ MiB is free "
-            f"under the memory limit of cgroup \\S+ \\(memory\\.(limit_in_bytes|max) [0-9.]+ MiB\\): ask the batch "
-            f"system for more memory \\(sbatch --mem\\), set data\\.mode = 'stream'")
+    want = want or (f"data.mode = 'preload': the data need [0-9.]+ MiB on node \\S+ \\({held}\\) and [0-9.]+ MiB is "
+                    f"free under the memory limit of cgroup \\S+ \\(memory\\.(limit_in_bytes|max) [0-9.]+ MiB\\): ask "
+                    f"the batch system for more memory \\(sbatch --mem\\), set data\\.mode = 'stream'")
     if not re.search(want, lines[0]):
         fail(f"{name}: the line does not say what it needs and what there is: {lines[0]}")
     if "Killed" in out or "signal 9" in out:
@@ -213,6 +218,15 @@ try:
 
     code, out, killed = run("small_shm_limit", ["data.mode='preload'"], LIMIT_MIB, small_shm=True)
     ends_in_line("6 small /dev/shm under the limit", code, out, killed, r"a copy on each of its 2 rank\(s\)")
+
+    code, out, killed = run("adamw", ["data.mode='stream'", "train.optimizer='adamw'",
+                                      "model.layers='linear(4096)','relu','linear(1024)','relu','linear(4)'"],
+                            LIMIT_MIB)
+    ends_in_line("7 AdamW state", code, out, killed,
+                 want=r"^error: the run needs [0-9.]+ MiB more on node \S+ than its 2 rank\(s\) hold now \(optimizer "
+                      r"state 19[0-9.]+ MiB and activations [0-9.]+ MiB in all, as the memory line counts them\) and "
+                      r"[0-9.]+ MiB is free under the memory limit of cgroup \S+ \(memory\.(limit_in_bytes|max) "
+                      r"360\.0 MiB\): ask the batch system for more memory")
     print("PASS")
 finally:
     set_limit(cg, v2, None)

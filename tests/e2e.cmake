@@ -310,6 +310,14 @@ add_test(NAME e2e_job_memory_limit_np2
                  runs/job_memory_limit)
 set_tests_properties(e2e_job_memory_limit_np2 PROPERTIES LABELS e2e TIMEOUT 300 PROCESSORS 2
                      SKIP_RETURN_CODE 77)
+# A node's first rank killed (SIGKILL, DDP_INJECT_FAULT=kill_shared_memory) once it has
+# reserved its node's shared copy of a preload: the job ends, and /dev/shm holds nothing
+# of it (the object's name goes before its memory is reserved).
+add_test(NAME e2e_preload_killed_np2
+         COMMAND ${DDP_PYTHON} ${E2E}/preload_killed.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${TINY}
+                 runs/preload_killed)
+set_tests_properties(e2e_preload_killed_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS e2e TIMEOUT 120
+                     PROCESSORS 2)
 
 # Several hosts: 2 "hosts" of 1 rank each, network namespaces joined by a veth pair,
 # Open MPI's TCP transport on that link, launched without ssh (plm_rsh_agent =

@@ -4,6 +4,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,7 +59,8 @@ enum class Kind {
   stall_open,
   stall_close,
   slow_shards,
-  no_locks
+  no_locks,
+  kill_shared_memory
 };
 
 struct Plan {
@@ -87,7 +89,8 @@ Plan read_plan() {
       {"stall_open", Kind::stall_open},
       {"stall_close", Kind::stall_close},
       {"slow_shards", Kind::slow_shards},
-      {"no_locks", Kind::no_locks}};
+      {"no_locks", Kind::no_locks},
+      {"kill_shared_memory", Kind::kill_shared_memory}};
   // <kind>@rank<r>[:step<s>]
   const std::string& s = p.spec;
   std::size_t at = s.find('@');
@@ -170,16 +173,17 @@ long long step_delay_us() {
 bool inject_fault(FaultSite site, std::int64_t step) {
   const Plan& plan = ddp::plan();
   if (plan.kind == Kind::none || plan.step != step || plan.rank != log::rank()) return false;
-  const FaultSite home = plan.kind == Kind::loader_exception   ? FaultSite::prefetch
-                         : plan.kind == Kind::perturb          ? FaultSite::parameters
-                         : plan.kind == Kind::nan_gradient     ? FaultSite::loss_gradient
-                         : plan.kind == Kind::stall_shards     ? FaultSite::shard_layout
-                         : plan.kind == Kind::slow_shards      ? FaultSite::shard_layout
-                         : plan.kind == Kind::stall_checkpoint ? FaultSite::start_checkpoint
-                         : plan.kind == Kind::stall_open       ? FaultSite::shard_open
-                         : plan.kind == Kind::stall_close      ? FaultSite::shard_close
-                         : plan.kind == Kind::no_locks         ? FaultSite::run_dir_lock
-                                                               : FaultSite::train_step;
+  const FaultSite home = plan.kind == Kind::loader_exception     ? FaultSite::prefetch
+                         : plan.kind == Kind::perturb            ? FaultSite::parameters
+                         : plan.kind == Kind::nan_gradient       ? FaultSite::loss_gradient
+                         : plan.kind == Kind::stall_shards       ? FaultSite::shard_layout
+                         : plan.kind == Kind::slow_shards        ? FaultSite::shard_layout
+                         : plan.kind == Kind::stall_checkpoint   ? FaultSite::start_checkpoint
+                         : plan.kind == Kind::stall_open         ? FaultSite::shard_open
+                         : plan.kind == Kind::stall_close        ? FaultSite::shard_close
+                         : plan.kind == Kind::no_locks           ? FaultSite::run_dir_lock
+                         : plan.kind == Kind::kill_shared_memory ? FaultSite::node_shared
+                                                                 : FaultSite::train_step;
   if (site != home) return false;
   if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient || plan.kind == Kind::no_locks)
     return true;
@@ -207,6 +211,11 @@ bool inject_fault(FaultSite site, std::int64_t step) {
     }
     case Kind::loader_exception:
       throw std::out_of_range(what + " reading batch " + std::to_string(step));
+    case Kind::kill_shared_memory:
+      std::fprintf(stderr, "rank %d (pid %ld): DDP_INJECT_FAULT: killed\n", log::rank(), long(getpid()));
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+      break;
     case Kind::stall_shards:
     case Kind::stall_checkpoint:
     case Kind::stall_open:
@@ -228,7 +237,7 @@ void check_test_variables(MPI_Comm world) {
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
                   "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open, "
-                  "stall_close, slow_shards or no_locks");
+                  "stall_close, slow_shards, no_locks or kill_shared_memory");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

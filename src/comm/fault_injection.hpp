@@ -28,6 +28,10 @@
 //   slow_shards       not a failure: rank r reads the shards' layout at start-up in
 //                     5 pieces of 1 s each, saying it moves on after each
 //                     (watchdog::progress), as on a slow file system (s: 0)
+//   kill_shared_memory  rank r, the first of its node, is killed (SIGKILL) once it has
+//                     reserved the memory of its node's shared copy of a preload, as by
+//                     the kernel's out-of-memory killer; it first prints
+//                     `rank <r> (pid <pid>): DDP_INJECT_FAULT: killed` to stderr (s: 0)
 //   no_locks          not a failure: rank r (0: the one that locks the run directory)
 //                     finds that the run directory's file system keeps no file locks,
 //                     as fcntl says on one mounted without them (ENOLCK) (s: 0)
@@ -51,6 +55,7 @@ enum class FaultSite {
   shard_open,        // every rank opens the data files (collective) at start-up; `step` = 0
   shard_close,       // every rank closes the data files (collective) at the end; `step` = 0
   run_dir_lock,      // rank 0 locks the run directory at start-up; `step` = 0
+  node_shared,       // a node's first rank has reserved its shared memory (NodeShared); `step` = 0
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "comm/check.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
 
 namespace ddp {
@@ -41,6 +42,10 @@ std::unique_ptr<NodeShared> NodeShared::make(MPI_Comm comm, std::size_t bytes, s
   MPI_CHECK(MPI_Comm_split(comm, local == 0 ? 0 : MPI_UNDEFINED, rank, &s->firsts_));
   s->size_ = std::max<std::size_t>(bytes, 1);
 
+  // The object is named only while it holds no memory: made sparse (ftruncate),
+  // mapped by the node's ranks, its name removed, and only then its memory reserved.
+  // A rank killed on the way (the kernel's out-of-memory killer in posix_fallocate,
+  // a scancel) leaves at most an empty name in /dev/shm, never memory no one frees.
   static int made = 0;  // this process's segments, each under a name of its own
   char name[96] = {0};
   std::string created, problem;
@@ -52,8 +57,7 @@ std::unique_ptr<NodeShared> NodeShared::make(MPI_Comm comm, std::size_t bytes, s
       problem = std::string("shm_open(") + name + "): " + std::strerror(errno);
     } else {
       created = name;
-      if (const int e = posix_fallocate(fd, 0, off_t(s->size_)))
-        problem = e == ENOSPC ? no_space_text(s->size_) : std::string("posix_fallocate: ") + std::strerror(e);
+      if (ftruncate(fd, off_t(s->size_)) != 0) problem = std::string("ftruncate: ") + std::strerror(errno);
     }
     if (!problem.empty()) name[0] = 0;  // the node's other ranks map nothing
   }
@@ -74,13 +78,21 @@ std::unique_ptr<NodeShared> NodeShared::make(MPI_Comm comm, std::size_t bytes, s
     else
       s->data_ = static_cast<std::uint8_t*>(p);
   }
-  if (fd >= 0) close(fd);
+  if (local != 0 && fd >= 0) close(fd);
   {
     // Every rank of the node has it mapped, or has failed: the name can go.
     const watchdog::Collective guard("the mapping of the node's shared memory (MPI_Barrier)");
     MPI_CHECK(MPI_Barrier(s->node_));
   }
   if (!created.empty()) shm_unlink(created.c_str());
+  if (local == 0 && fd >= 0) {
+    // All of it now: a /dev/shm too small is ENOSPC here, not a SIGBUS at a first touch.
+    if (problem.empty())
+      if (const int e = posix_fallocate(fd, 0, off_t(s->size_)))
+        problem = e == ENOSPC ? no_space_text(s->size_) : std::string("posix_fallocate: ") + std::strerror(e);
+    inject_fault(FaultSite::node_shared, 0);
+    close(fd);
+  }
 
   // All ranks or none; the lowest failing rank says why.
   char host[256] = "?";

@@ -3,10 +3,11 @@
 // object (/dev/shm) that the node's first rank makes and the others map. A preload
 // then costs a node one copy of the data, not one per rank.
 //
-// The object's name is removed as soon as every rank of the node has it mapped, so a
-// rank killed later leaves nothing in /dev/shm; the memory goes back when the node's
-// last rank unmaps it or ends. posix_fallocate reserves the whole size up front: a
-// /dev/shm too small for it is a failure here, not a SIGBUS at the first touch.
+// The object's name is removed as soon as every rank of the node has it mapped, and
+// before its memory is reserved, so a rank killed at any point leaves no memory in
+// /dev/shm; the memory goes back when the node's last rank unmaps it or ends.
+// posix_fallocate then reserves the whole size: a /dev/shm too small for it is a
+// failure here, not a SIGBUS at the first touch.
 
 #include <mpi.h>
 

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/bytes_text.hpp"
+
 namespace ddp {
 namespace {
 
@@ -91,12 +93,6 @@ bool find_hierarchy(const std::string& self_cgroup, const std::string& mountinfo
   return true;
 }
 
-std::string mib(std::int64_t b) {
-  char t[48];
-  std::snprintf(t, sizeof t, "%.1f MiB", double(b) / (1024.0 * 1024.0));
-  return t;
-}
-
 }  // namespace
 
 MemoryRoom memory_room_from(const std::string& self_cgroup, const std::string& mountinfo,
@@ -106,7 +102,7 @@ MemoryRoom memory_room_from(const std::string& self_cgroup, const std::string& m
   if (available >= 0) {
     room.free = available;
     room.limit = field(meminfo, "MemTotal:");
-    room.what = "the node's available memory (MemAvailable of " + mib(room.limit) + " in all)";
+    room.what = "the node's available memory (MemAvailable of " + mib_text(double(room.limit)) + " in all)";
   }
   Hierarchy h;
   if (!find_hierarchy(self_cgroup, mountinfo, &h)) return room;
@@ -126,7 +122,7 @@ MemoryRoom memory_room_from(const std::string& self_cgroup, const std::string& m
         room.free = free;
         room.limit = limit;
         room.what = "the memory limit of cgroup " + (rel.empty() ? std::string("/") : rel) + " (" +
-                    limit_file + " " + mib(limit) + ")";
+                    limit_file + " " + mib_text(double(limit)) + ")";
       }
     }
     if (rel.empty()) break;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "comm/bytes_text.hpp"
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
@@ -17,18 +18,12 @@
 namespace ddp {
 namespace {
 
-std::string mib(double b) {
-  char t[48];
-  std::snprintf(t, sizeof t, "%.1f MiB", b / (1024.0 * 1024.0));
-  return t;
-}
-
 // posix_fallocate's ENOSPC: the size of /dev/shm (a container's is often 64 MB).
 std::string no_space_text(std::size_t bytes) {
   struct statvfs st {};
-  if (statvfs("/dev/shm", &st) != 0) return "/dev/shm has no room for " + mib(double(bytes));
-  return "/dev/shm has " + mib(double(st.f_bavail) * double(st.f_frsize)) + " free of " +
-         mib(double(st.f_blocks) * double(st.f_frsize)) + ", " + mib(double(bytes)) + " needed";
+  if (statvfs("/dev/shm", &st) != 0) return "/dev/shm has no room for " + mib_text(double(bytes));
+  return "/dev/shm has " + mib_text(double(st.f_bavail) * double(st.f_frsize)) + " free of " +
+         mib_text(double(st.f_blocks) * double(st.f_frsize)) + ", " + mib_text(double(bytes)) + " needed";
 }
 
 }  // namespace
@@ -74,7 +69,7 @@ std::unique_ptr<NodeShared> NodeShared::make(MPI_Comm comm, std::size_t bytes, s
   if (problem.empty()) {
     void* p = mmap(nullptr, s->size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
-      problem = "mmap of " + mib(double(s->size_)) + " of shared memory: " + std::strerror(errno);
+      problem = "mmap of " + mib_text(double(s->size_)) + " of shared memory: " + std::strerror(errno);
     else
       s->data_ = static_cast<std::uint8_t*>(p);
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "comm/backend.hpp"
+#include "comm/bytes_text.hpp"
 #include "comm/check.hpp"
 #include "comm/compute_communicator.hpp"
 #include "comm/cuda_aware.hpp"
@@ -35,17 +36,10 @@ constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
 
 namespace {
 
-std::string mib(double b) {
-  char t[48];
-  std::snprintf(t, sizeof t, "%.1f MiB", b / (1024.0 * 1024.0));
-  return t;
-}
-
-// Whether `copies` of a preload of `bytes` fit where each node's first rank looks
-// (comm/memory_room.hpp): "" where they do or nothing is known, else the lowest short
-// node's words, on every rank. Past a cgroup's limit (Slurm's --mem) the kernel kills
-// a rank with no word; 'auto' keeps half of the room for the rest of the run.
-// Collective.
+// Whether a preload of `bytes`, held once per node (`shared`) or by each rank, fits
+// the room each node's first rank finds (comm/memory_room.hpp): "" where it does or
+// nothing is known, else the lowest short node's words, on every rank. Past a cgroup's limit (Slurm's --mem)
+// the kernel kills a rank with no word; 'auto' keeps half of the room for the rest of the run. Collective.
 std::string preload_short_of(const Context& ctx, const Config& cfg, double bytes, bool shared) {
   std::string mine;
   if (ctx.local_rank() == 0) {
@@ -60,14 +54,14 @@ std::string preload_short_of(const Context& ctx, const Config& cfg, double bytes
                : "a copy on each of its " + std::to_string(ctx.local_size()) + " rank(s)";
     if (room.free >= 0 && need > can) {
       if (cfg.data.mode == "auto")
-        mine = "data: streamed, not preloaded: the preload would take " + mib(need) + " on node " + host +
-               " (" + held + "), more than half of the " + mib(double(room.free)) + " free under " +
-               room.what + " (data.mode = 'auto'; 'preload' would take it)";
+        mine = "data: streamed, not preloaded: the preload would take " + mib_text(need) + " on node " +
+               host + " (" + held + "), more than half of the " + mib_text(double(room.free)) +
+               " free under " + room.what + " (data.mode = 'auto'; 'preload' would take it)";
       else
         mine =
-            "data.mode = 'preload': the data need " + mib(need) + " on node " + host + " (" + held +
-            ") and " + std::string(room.free > 0 ? mib(double(room.free)) : "nothing") + " is free under " +
-            room.what +
+            "data.mode = 'preload': the data need " + mib_text(need) + " on node " + host + " (" + held +
+            ") and " + std::string(room.free > 0 ? mib_text(double(room.free)) : "nothing") +
+            " is free under " + room.what +
             ": ask the batch system for more memory (sbatch --mem), set data.mode = 'stream', or run fewer "
             "ranks per node";
     }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "comm/bytes_text.hpp"
 #include "comm/check.hpp"
 #include "comm/json.hpp"
 #include "comm/log.hpp"
@@ -197,16 +198,12 @@ void Trainer::check_memory_room(const MemoryPlan& plan) const {
   if (local == 0 && room.free >= 0 && need > room.free) {
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    const auto mib = [](long long b) {
-      char t[32];
-      std::snprintf(t, sizeof t, "%.1f MiB", double(b) / (1024.0 * 1024.0));
-      return std::string(t);
-    };
     short_of =
-        "the run needs " + mib(need) + " more on node " + host + " than its " + std::to_string(ranks) +
-        " rank(s) hold now (optimizer state " + mib(node_sum[0]) + " and activations " + mib(node_sum[1]) +
-        " in all" + (node_sum[2] > 0 ? ", rank 0's checkpoint file " + mib(node_sum[2]) : "") +
-        ", as the memory line counts them) and " + mib(std::max<long long>(room.free, 0)) +
+        "the run needs " + mib_text(double(need)) + " more on node " + host + " than its " +
+        std::to_string(ranks) + " rank(s) hold now (optimizer state " + mib_text(double(node_sum[0])) +
+        " and activations " + mib_text(double(node_sum[1])) + " in all" +
+        (node_sum[2] > 0 ? ", rank 0's checkpoint file " + mib_text(double(node_sum[2])) : "") +
+        ", as the memory line counts them) and " + mib_text(double(std::max<long long>(room.free, 0))) +
         " is free under " + room.what +
         ": ask the batch system for more memory (sbatch --mem), lower train.batch_size, set comm.zero = 1, "
         "or run fewer ranks per node";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -26,12 +27,22 @@ std::vector<std::string> words(const std::string& line) {
   return w;
 }
 
+// A count as the kernel writes it; -1 for anything else.
+std::int64_t number(const std::string& w) {
+  char* end = nullptr;
+  const long long v = std::strtoll(w.c_str(), &end, 10);
+  return end != w.c_str() && *end == 0 && v >= 0 ? v : -1;
+}
+
 // "total_rss 123\n..." or "MemAvailable:  42 kB\n...": the number after `key`; -1 if absent.
 std::int64_t field(const std::string& text, const std::string& key) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     const std::vector<std::string> w = words(line);
-    if (w.size() >= 2 && w[0] == key) return std::stoll(w[1]) * (w.size() > 2 && w[2] == "kB" ? 1024 : 1);
+    if (w.size() >= 2 && w[0] == key) {
+      const std::int64_t v = number(w[1]);
+      return v >= 0 && w.size() > 2 && w[2] == "kB" ? v * 1024 : v;
+    }
   }
   return -1;
 }
@@ -40,8 +51,8 @@ std::int64_t field(const std::string& text, const std::string& key) {
 std::int64_t limit_in(const std::string& path) {
   const std::vector<std::string> w = words(read_text(path));
   if (w.empty() || w[0] == "max") return -1;
-  const long long v = std::stoll(w[0]);
-  return v >= (1LL << 62) ? -1 : v;
+  const std::int64_t v = number(w[0]);
+  return v >= (std::int64_t(1) << 62) ? -1 : v;
 }
 
 struct Hierarchy {

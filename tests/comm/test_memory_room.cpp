@@ -114,6 +114,10 @@ TEST_F(MemoryRoomTest, MemAvailableWhereTighterOrNoLimit) {
 
   const MemoryRoom nothing = memory_room_from("", "", "", root_);
   EXPECT_EQ(nothing.free, -1) << "nothing known: no room claimed";
+
+  // Files that do not hold counts (another kernel's, a broken mount) are not read as any.
+  put("/sys/fs/cgroup/a/memory.max", "lots\n");
+  EXPECT_EQ(memory_room_from("0::/a\n", kMountsV2, "MemAvailable: many kB\n", root_).free, -1);
 }
 
 TEST(MemoryRoom, ThisMachine) {

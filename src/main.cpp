@@ -5,6 +5,7 @@
 #include "io/metrics.hpp"     // metrics.jsonl
 #include "io/tensorboard_writer.hpp"  // <run_dir>/tb: TensorBoard scalars
 #include "train/command_line.hpp"     // options; --help, --version, --keys, --man print and exit
+#include "train/evaluate.hpp"         // --evaluate: a checkpoint's validation metrics
 #include "train/setup.hpp"            // input file, data sets, model, run directory, checkpoint to start from
 #include "train/signals.hpp"          // SIGUSR1/SIGTERM: checkpoint and exit 75 for requeue
 #include "train/trainer.hpp"          // the DDP loop
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   const ddp::Config cfg = ddp::load_config(ctx, cli);
   if (cli.check) return ddp::check_run(ctx, cfg);
   ddp::Watchdog watchdog(ctx.world(), cfg.comm.timeout_s, ctx.thread_multiple());  // names a rank that hangs
+  if (cli.evaluate) return ddp::evaluate_run(ctx, cfg);  // a checkpoint, no training
   const ddp::RunDirLock run_dir_lock = ddp::prepare_run_dir(ctx, cfg);             // one run at a time in it
   ddp::Data data = ddp::open_data(ctx, cfg);
   ddp::ModelSetup net = ddp::build_model(ctx, cfg, data);

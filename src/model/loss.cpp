@@ -149,4 +149,22 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
   }
 }
 
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits) {
+  const std::int64_t B = out.batch(), C = out.sample_numel();
+  ConstView1 o = out.data;
+  Kokkos::parallel_for(
+      "CrossEntropy::top_k_hits", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+        const float* row = &o(b * C);
+        const std::int32_t label = labels(b);
+        bool hit = false;
+        if (label >= 0 && label < C && row[label] == row[label]) {  // not NaN
+          const float v = row[label];
+          std::int64_t place = 0;
+          for (std::int64_t c = 0; c < C; ++c) place += row[c] > v || (c < label && row[c] == v);
+          hit = place < k;
+        }
+        hits(b) = hit ? 1.0f : 0.0f;
+      });
+}
+
 }  // namespace ddp

@@ -34,4 +34,12 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                            float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f);
 
+// Top-k accuracy's per-sample hits (validation: k = 5, ImageNet's second number).
+// out: (B, C) logits; labels: (B); hits: (B) 1 where label_b is among the k classes
+// ranked first, else 0 (a label outside [0, C), or a NaN logit on it, is no hit).
+// Classes are ranked by logit, ties by index, lower first: the label's place is
+//   #{c : out_bc > out_b,label} + #{c < label : out_bc == out_b,label},
+// so k = 1 is loss_forward's `correct` (the first maximum wins) for finite logits.
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits);
+
 }  // namespace ddp

@@ -29,6 +29,11 @@ const Item kOptions[] = {
     {"--check",
      "validate the input, the data files and the model, then exit without training (exit status 0 "
      "when all is well)"},
+    {"--evaluate",
+     "measure the validation loss and accuracy (top-1, and top-5 with more than 5 classes) of the checkpoint "
+     "a run would start from (io.resume, else io.init_from) on data.val_files, as the run's validation "
+     "does, on any number of ranks; no training, nothing written to io.run_dir; rank 0 prints the result "
+     "and an 'evaluation: {...}' JSON line"},
     {"--trace",
      "io.trace=T: a timeline of io.trace_steps per rank in <run_dir>/trace (Perfetto; "
      "tools/merge_traces merges the ranks)"},
@@ -172,7 +177,7 @@ const char* kExample[] = {
 };
 
 const Item kExitStatus[] = {
-    {"0", "the run finished, or --check passed"},
+    {"0", "the run finished, --check passed, or --evaluate measured"},
     {"1",
      "an error: in the input file, the data, the model or a checkpoint, or a rank that failed or hung; one "
      "line on standard error says which"},
@@ -326,6 +331,8 @@ CommandLine parse_command_line(Context& ctx, int argc, char** argv) {
       // Kokkos's, taken out of argv by Context::start_kokkos
     } else if (arg == "--check") {
       cli.check = true;
+    } else if (arg == "--evaluate") {
+      cli.evaluate = true;
     } else if (arg == "--trace") {
       cli.overrides.push_back("io.trace=T");
     } else if (arg.rfind("-", 0) == 0) {
@@ -340,6 +347,8 @@ CommandLine parse_command_line(Context& ctx, int argc, char** argv) {
   }
   if (problem.empty() && markdown && !keys)
     problem = "--markdown goes with --keys: ddp_train --keys --markdown";
+  if (problem.empty() && cli.check && cli.evaluate)
+    problem = "--check and --evaluate go one at a time: --check checks what a run or --evaluate would read";
   if (!problem.empty()) fatal_all(ctx.world(), problem);
 
   cli.exit_now = true;

@@ -15,6 +15,7 @@ struct CommandLine {
   std::string input_file;
   std::vector<std::string> overrides;  // "group.key=value"
   bool check = false;                  // --check: validate input, data and model, do not train
+  bool evaluate = false;               // --evaluate: a checkpoint's validation metrics, do not train
   bool exit_now = false;               // --help, --version, --keys, --man, --kokkos-help: printed
   int exit_code = 0;
 };

@@ -95,7 +95,7 @@ Config load_config(const Context& ctx, const CommandLine& cli) {
   return collective_input(ctx.world(), [&] { return parse_config(text, cli.input_file, cli.overrides); });
 }
 
-Data open_data(const Context& ctx, const Config& cfg) {
+Data open_data(const Context& ctx, const Config& cfg, bool training) {
   Data data;
   collective_input(ctx.world(), [&] {
     data.train = std::make_unique<ShardDataset>(ctx.world(), cfg.data.train_files, "data.train_files");
@@ -111,7 +111,7 @@ Data open_data(const Context& ctx, const Config& cfg) {
                        " but the training samples have " + shape_str(data.train->sample_shape()));
     const DistributedSampler sampler(data.train->size(), ctx.size(), ctx.rank(), cfg.data.shuffle, 0,
                                      cfg.data.drop_last);
-    if (cfg.train.batch_size > sampler.num_samples())
+    if (training && cfg.train.batch_size > sampler.num_samples())
       throw InputError("train.batch_size = " + std::to_string(cfg.train.batch_size) +
                        " is larger than each rank's share of the training data (" +
                        std::to_string(sampler.num_samples()) +
@@ -121,14 +121,16 @@ Data open_data(const Context& ctx, const Config& cfg) {
   });
 
   const double budget = cfg.data.preload_budget_mb * 1024.0 * 1024.0;
-  const double bytes = double(data.train->bytes()) + (data.val ? double(data.val->bytes()) : 0.0);
+  // --evaluate reads the validation set alone.
+  const double bytes =
+      (training ? double(data.train->bytes()) : 0.0) + (data.val ? double(data.val->bytes()) : 0.0);
   bool preload = cfg.data.mode == "preload" || (cfg.data.mode == "auto" && bytes <= budget);
   // One copy a node where data.preload_shared and the node's /dev/shm take it; a copy
   // on every rank where not. Either is checked against the node's room first.
   std::shared_ptr<NodeShared> node;
   if (preload) {
-    const double held =
-        double(data.train->preload_bytes()) + (data.val ? double(data.val->preload_bytes()) : 0.0);
+    const double held = (training ? double(data.train->preload_bytes()) : 0.0) +
+                        (data.val ? double(data.val->preload_bytes()) : 0.0);
     bool shared = cfg.data.preload_shared && ctx.size() > 1;
     std::string short_of = preload_short_of(ctx, cfg, held, shared);
     if (shared && short_of.empty()) {
@@ -150,8 +152,8 @@ Data open_data(const Context& ctx, const Config& cfg) {
     }
   }
   if (preload) {
-    data.train->preload(node, 0);
-    if (data.val) data.val->preload(node, data.train->preload_bytes());
+    if (training) data.train->preload(node, 0);
+    if (data.val) data.val->preload(node, training ? data.train->preload_bytes() : 0);
     // A preloaded batch is copied out of memory: on the main thread where that is
     // quicker than handing it over from another, on the prefetch thread (which then
     // touches no MPI or HDF5) where a batch is large: ImageNet's 38.5 MB at batch
@@ -183,7 +185,7 @@ Data open_data(const Context& ctx, const Config& cfg) {
   if (data.val) os << ", " << data.val->size() << " validation samples";
   char size[64];
   std::snprintf(size, sizeof size, " (%.1f MiB)", bytes / (1024.0 * 1024.0));
-  os << "; "
+  os << "; " << (training ? "" : "--evaluate reads the validation set alone: ")
      << (!preload ? "streamed"
          : node   ? "preloaded, one copy per node in shared memory"
                   : "preloaded on every rank")
@@ -279,13 +281,17 @@ RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg) {
   if (ctx.rank() == 0) lock = RunDirLock(cfg.io.run_dir, cfg.source_path);
   fatal_if_any(ctx.world(), !lock.problem().empty(), lock.problem());
   if (!lock.warning().empty()) log::warn(lock.warning());
-  std::ostringstream os;
-  os << "ddp_train " << DDP_VERSION << ": " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
-     << (ctx.device().empty() ? "" : ", rank 0 on GPU " + ctx.device()) << ", input " << cfg.source_path
-     << "\n--- resolved input ---\n"
-     << cfg.to_namelist() << "----------------------";
-  log::info(os.str());
+  log::info(input_banner(ctx, cfg, ""));
   return lock;
+}
+
+std::string input_banner(const Context& ctx, const Config& cfg, const std::string& option) {
+  std::ostringstream os;
+  os << "ddp_train " << DDP_VERSION << (option.empty() ? "" : " " + option) << ": " << ctx.size() << " rank"
+     << (ctx.size() > 1 ? "s" : "") << (ctx.device().empty() ? "" : ", rank 0 on GPU " + ctx.device())
+     << ", input " << cfg.source_path << "\n--- resolved input ---\n"
+     << cfg.to_namelist() << "----------------------";
+  return os.str();
 }
 
 void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& model, const Data& data,
@@ -298,11 +304,7 @@ void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& m
 }
 
 int check_run(const Context& ctx, const Config& cfg) {
-  std::ostringstream os;
-  os << "ddp_train " << DDP_VERSION << " --check: " << ctx.size() << " rank" << (ctx.size() > 1 ? "s" : "")
-     << ", input " << cfg.source_path << "\n--- resolved input ---\n"
-     << cfg.to_namelist() << "----------------------";
-  log::info(os.str());
+  log::info(input_banner(ctx, cfg, "--check"));
   Data data = open_data(ctx, cfg);
   ModelSetup net = build_model(ctx, cfg, data);
   bool weights_only = false;

@@ -31,8 +31,9 @@ struct Data {
 };
 
 // Opens the shard sets, preloads or streams them (data.mode) and checks the
-// per-rank share against the batch size.
-Data open_data(const Context& ctx, const Config& cfg);
+// per-rank share against the batch size. Not `training` (--evaluate): the training
+// set is opened for its shapes and labels alone, and the validation set is read.
+Data open_data(const Context& ctx, const Config& cfg, bool training = true);
 
 // The model for this data: input shape from the shards, loss from the labels
 // (model.loss = 'auto') and checked against the output shape and the label range.
@@ -51,6 +52,10 @@ std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config
 // an error, io/run_dir_lock.hpp), and prints the resolved configuration and the plan.
 // The run keeps the lock while it holds what this returns.
 [[nodiscard]] RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg);
+
+// "ddp_train 0.1.0 --check: 2 ranks, input x.nml", then the resolved input: what a
+// run, --check and --evaluate print first (`option`: "" for a run).
+std::string input_banner(const Context& ctx, const Config& cfg, const std::string& option);
 
 // Resume (io.resume) or initialise (io.init_from) the trainer from a checkpoint,
 // when there is one: rank 0 reads and checks it (a resume against the training

@@ -30,7 +30,7 @@ namespace ddp {
 using trainer_detail::now;
 
 Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
-                 ShardDataset* val, int prefetch_batches)
+                 ShardDataset* val, int prefetch_batches, Use use)
     : cfg_(cfg),
       comm_(comm),
       model_(model),
@@ -42,6 +42,11 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
       stage_(cfg.train.batch_size, shape_numel(model_input_shape(train, transform_.get())),
              train.has_class_labels(), train.target_numel(),
              transform_ ? std::max(train.sample_numel(), val ? val->sample_numel() : 0) : 0) {
+  const std::int64_t B = cfg_.train.batch_size;
+  loss_ = View1("Trainer::loss", std::size_t(B));
+  correct_ = View1("Trainer::correct", std::size_t(B));
+  hits5_ = View1("Trainer::hits5", std::size_t(B));
+  if (use == Use::evaluation) return;  // build_model set train.precision: the run's arithmetic
   const std::int64_t n_params = model_.num_parameters();
   // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
   if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
@@ -83,15 +88,12 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
 
   const DistributedSampler sampler(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle,
                                    std::uint64_t(cfg_.train.seed), cfg_.data.drop_last);
-  const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t batches = (sampler.num_samples() + B - 1) / B;
   steps_per_epoch_ = (batches + cfg_.train.accumulation_steps - 1) / cfg_.train.accumulation_steps;
   epoch_positions_ = sampler.total_size();
   eta_ = RunEta(cfg_.train.epochs, epoch_positions_, val_ ? val_->size() : 0);
 
-  loss_ = View1("Trainer::loss", std::size_t(B));
   loss_acc_ = Kokkos::View<double[3]>("Trainer::loss_acc");
-  correct_ = View1("Trainer::correct", std::size_t(B));
   dout_.data = View1("Trainer::dout", std::size_t(B * shape_numel(model_.output_shape())));
   if (cfg_.io.trace) open_trace();
 }
@@ -289,10 +291,15 @@ void Trainer::use_inputs(int slot, const Batch& batch) {
   targets_ = in.targets;
 }
 
-void Trainer::restore(const Checkpoint& ck, bool weights_only) {
-  using HostIn = Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+using HostIn = Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+
+void Trainer::load_weights(const Checkpoint& ck) {
   Kokkos::deep_copy(model_.parameters(), HostIn(ck.parameters.data(), ck.parameters.size()));
   if (!ck.buffers.empty()) Kokkos::deep_copy(model_.buffers(), HostIn(ck.buffers.data(), ck.buffers.size()));
+}
+
+void Trainer::restore(const Checkpoint& ck, bool weights_only) {
+  load_weights(ck);
   if (weights_only) {
     log::info("initialised from " + ck.path + " (weights only; a new run)");
     return;
@@ -460,6 +467,7 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
   if (val_) {
     tb_->scalar("epoch/val_loss", step, v.loss);
     if (classify) tb_->scalar("epoch/val_acc", step, v.accuracy);
+    if (v.top5) tb_->scalar("epoch/val_acc5", step, v.accuracy5);
   }
   tb_->scalar("epoch/samples_per_s", step, e.samples_per_s);
   tb_->scalar("epoch/lr", step, e.lr);
@@ -478,11 +486,10 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
 
 void Trainer::log_epoch(const EpochStats& e, const ValStats& v, double val_seconds) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
-  char line[256];
+  char line[320];
   int len = std::snprintf(line, sizeof line, "epoch %lld/%d  step %lld  train_loss %.4f", (long long)e.epoch,
                           cfg_.train.epochs, (long long)e.step, e.train_loss);
-  if (val_) len += std::snprintf(line + len, sizeof line - len, "  val_loss %.4f", v.loss);
-  if (val_ && classify) len += std::snprintf(line + len, sizeof line - len, "  val_acc %.4f", v.accuracy);
+  if (val_) len += std::snprintf(line + len, sizeof line - len, "%s", validation_text(v, classify).c_str());
   len += std::snprintf(line + len, sizeof line - len, "  samples/s %.0f  time %.2f s", e.samples_per_s,
                        e.train_seconds + val_seconds);
   if (scaler_) len += std::snprintf(line + len, sizeof line - len, "  loss_scale %g", e.loss_scale);
@@ -496,16 +503,28 @@ void Trainer::log_epoch(const EpochStats& e, const ValStats& v, double val_secon
   log::info(line);
 }
 
+void append_validation(MetricRecord& r, const ValStats& v, bool classify) {
+  r.push_back({"val_loss", v.loss});
+  if (classify) r.push_back({"val_acc", v.accuracy});
+  if (classify) r.push_back({"val_correct", (long long)v.correct});
+  if (v.top5) r.push_back({"val_acc5", v.accuracy5});
+  if (v.top5) r.push_back({"val_correct5", (long long)v.correct5});
+  r.push_back({"val_count", (long long)v.count});
+}
+
+std::string validation_text(const ValStats& v, bool classify) {
+  char text[96];
+  int len = std::snprintf(text, sizeof text, "  val_loss %.4f", v.loss);
+  if (classify) len += std::snprintf(text + len, sizeof text - len, "  val_acc %.4f", v.accuracy);
+  if (v.top5) std::snprintf(text + len, sizeof text - len, "  val_acc5 %.4f", v.accuracy5);
+  return text;
+}
+
 void Trainer::write_metrics(MetricsWriter& metrics, const EpochStats& e, const ValStats& v,
                             double val_seconds) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   MetricRecord r = {{"epoch", (long long)e.epoch}, {"step", (long long)e.step}, {"train_loss", e.train_loss}};
-  if (val_) {
-    r.push_back({"val_loss", v.loss});
-    if (classify) r.push_back({"val_acc", v.accuracy});
-    if (classify) r.push_back({"val_correct", (long long)v.correct});
-    r.push_back({"val_count", (long long)v.count});
-  }
+  if (val_) append_validation(r, v, classify);
   r.push_back({"samples_per_s", e.samples_per_s});
   r.push_back({"train_seconds", e.train_seconds});
   r.push_back({"val_seconds", val_seconds});

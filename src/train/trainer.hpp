@@ -61,7 +61,17 @@ struct ValStats {
   std::int64_t count = 0;  // samples evaluated: every sample exactly once
   double loss_sum = 0.0;
   std::int64_t correct = 0;
+  // Top-5 accuracy (the label among the 5 highest logits): classification with more
+  // than 5 classes only (`top5`), where it is not 1 by construction.
+  bool top5 = false;
+  double accuracy5 = 0.0;
+  std::int64_t correct5 = 0;
 };
+
+// The validation's fields of a metrics record (val_loss ... val_count; `classify`:
+// the accuracies), and of a line: "  val_loss 0.3647  val_acc 0.8656  val_acc5 0.9968".
+void append_validation(MetricRecord& r, const ValStats& v, bool classify);
+std::string validation_text(const ValStats& v, bool classify);
 
 // Bytes a rank holds for training, by kind (each rank the same under plain data
 // parallelism): the flat parameter and gradient buffers, the optimizer's state
@@ -80,9 +90,12 @@ struct MemoryPlan {
 
 class Trainer {
  public:
+  // What the trainer is made for. Evaluation (ddp_train --evaluate) holds what
+  // validate() needs alone: no optimizer, gradient buckets or graphs, and no lines.
+  enum class Use { training, evaluation };
   // `prefetch_batches` > 0 reads ahead on a thread (streamed data, large preloaded batches).
   Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind loss, ShardDataset& train,
-          ShardDataset* val, int prefetch_batches);
+          ShardDataset* val, int prefetch_batches, Use use = Use::training);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -90,6 +103,9 @@ class Trainer {
   // its optimizer state and training position. Same on every rank, but `ck` may hold
   // only this rank's share of the optimizer state (optimizer_shares).
   void restore(const Checkpoint& ck, bool weights_only);
+  // The checkpoint's parameters and batch-norm buffers into the model (restore's first
+  // part; what --evaluate measures).
+  void load_weights(const Checkpoint& ck);
   // Under ZeRO (comm.zero >= 1) the W + 1 bounds of the ranks' shares of the optimizer
   // state, else null: what find_start_checkpoint needs to send each rank its share only.
   const std::vector<std::int64_t>* optimizer_shares() const {
@@ -287,6 +303,7 @@ class Trainer {
   View1 targets_;     // (B * target_numel)
   View1 loss_;        // (B) per-sample loss
   View1 correct_;     // (B) 1 where argmax == label
+  View1 hits5_;       // (B) validation: 1 where the label is among the 5 highest logits
   Tensor dout_;       // (B, out...)
 
   // train.cuda_graph, as it can be in this run, and the step's graphs.

@@ -351,6 +351,10 @@ ValStats Trainer::validate(ShardDataset& data) {
   // and no sample is padded or counted twice.
   watchdog::set_phase(Phase::validation);
   const trace::Span span("validation", "validation");
+  // Batch norm's running statistics are each rank's own, updated from its own
+  // batches (unless synchronised); rank 0's are the model's, as DDP's broadcast_buffers
+  // makes them: those its checkpoints hold, and every rank validates with them.
+  if (const std::size_t n = model_.buffers().extent(0); n > 0) comm_.broadcast(model_.buffers().data(), n, 0);
   const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t n = data.size();
   const std::int64_t chunks = (n + B - 1) / B;
@@ -358,37 +362,46 @@ ValStats Trainer::validate(ShardDataset& data) {
   for (std::int64_t c = comm_.rank(); c < chunks; c += comm_.size())
     for (std::int64_t i = c * B; i < std::min(n, (c + 1) * B); ++i) indices.push_back(i);
 
-  std::vector<double> chunk_sums(std::size_t(2 * chunks), 0.0);  // (loss, correct) per chunk
+  // (loss, correct, top-5 hits) per chunk; top-5 where there are more than 5 classes.
+  const bool top5 = loss_kind_ == LossKind::CrossEntropy && shape_numel(model_.output_shape()) > 5;
+  std::vector<double> chunk_sums(std::size_t(3 * chunks), 0.0);
   BatchLoader loader(data, std::move(indices), B, prefetch_, /*keep_uint8=*/transform_ != nullptr);
   // Evaluation: the centre crop, no augmentation, the same normalize.
   const BatchTransform eval{transform_.get(), image_shape(data), 0, /*training=*/false};
   auto loss_host = Kokkos::create_mirror_view(loss_);
   auto correct_host = Kokkos::create_mirror_view(correct_);
+  auto hits_host = Kokkos::create_mirror_view(hits5_);
   Batch batch;
   while (loader.next(batch)) {
     const int slot = stage_.put(batch, transform_ ? &eval : nullptr);
     use_inputs(slot, batch);
     const Tensor& out = model_.forward(x_, /*training=*/false);
     loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
+    if (top5) top_k_hits(out, labels_, 5, hits5_);
     stage_.release(slot);
     Kokkos::deep_copy(loss_host, loss_);
     Kokkos::deep_copy(correct_host, correct_);
-    const std::size_t c = std::size_t(batch.index[0] / B);
+    if (top5) Kokkos::deep_copy(hits_host, hits5_);
+    double* sums = &chunk_sums[std::size_t(3 * (batch.index[0] / B))];
     for (std::int64_t i = 0; i < batch.size; ++i) {
-      chunk_sums[2 * c] += double(loss_host(i));
-      chunk_sums[2 * c + 1] += double(correct_host(i));
+      sums[0] += double(loss_host(i));
+      sums[1] += double(correct_host(i));
+      if (top5) sums[2] += double(hits_host(i));
     }
   }
   // Each chunk has one owner and zeros elsewhere, so the sum is exact.
   comm_.allreduce_sum_host(chunk_sums.data(), chunk_sums.size());
   ValStats stats;
   for (std::int64_t c = 0; c < chunks; ++c) {
-    stats.loss_sum += chunk_sums[std::size_t(2 * c)];
-    stats.correct += std::int64_t(chunk_sums[std::size_t(2 * c + 1)]);
+    stats.loss_sum += chunk_sums[std::size_t(3 * c)];
+    stats.correct += std::int64_t(chunk_sums[std::size_t(3 * c + 1)]);
+    stats.correct5 += std::int64_t(chunk_sums[std::size_t(3 * c + 2)]);
   }
   stats.count = n;
   stats.loss = stats.loss_sum / double(n);
   stats.accuracy = double(stats.correct) / double(n);
+  stats.top5 = top5;
+  stats.accuracy5 = double(stats.correct5) / double(n);
   watchdog::set_phase(Phase::compute);
   return stats;
 }

@@ -19,6 +19,10 @@ than the recording's a difference within 2e-2 (relative to the tensor's largest 
 passes with a note, anywhere else it fails. Also: the fixture's checksum is the one
 common.computed_checksum makes (the file is intact), and no run warns that the data
 changed (make_data() still writes the recorded shards).
+The 2-rank runs' val_loss in fixture_v1_expected.json is not the recording build's:
+since 2026-11-29 every rank validates with rank 0's batch-norm running statistics
+(docs/parallel.md, Validation), and those three numbers were recorded again then, with
+every /state, /model and /optimizer value still bitwise the recording's.
 
 usage: fixture_v1.py check|record MPIEXEC DDP_TRAIN
 (in the directory the tests run in: it writes fixture_v1_data/ and runs/fixture_v1_*)

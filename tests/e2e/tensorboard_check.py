@@ -13,7 +13,9 @@
    epochs 2 and 3 again: their first records move to metrics_replaced.jsonl, with
    one line saying so, and TensorBoard, reading the three files, shows each epoch
    and each step once, the new run's (its file starts with a session start at step
-   6, after which TensorBoard drops the older files' later steps).
+   6, after which TensorBoard drops the older files' later steps);
+4. a model of 7 outputs on the same data: epoch/val_acc5 equals metrics.jsonl's
+   val_acc5, which tiny.nml's 3 outputs have in neither.
 
 usage: tensorboard_check.py MPIEXEC DDP_TRAIN INPUT RUN_DIR   (exit 77: no tensorboard)
 """
@@ -46,9 +48,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def run(epochs, *more):
+def run(epochs, *more, where=None):
     cmd = [mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", binary, nml, "train.log_every=1",
-           f"train.epochs={epochs}", f"io.run_dir={run_dir}", *more]
+           f"train.epochs={epochs}", f"io.run_dir={where or run_dir}", *more]
     print("$ " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
     sys.stdout.write(p.stdout + p.stderr)
@@ -100,10 +102,15 @@ if len(tb.get("train/samples_per_s", [])) != len(reports):
     errors.append("train/samples_per_s: not one per progress line")
 
 
-def check_epochs(tb, records):
+def check_epochs(tb, records, top5=False):
     for key, tag in [("train_loss", "epoch/train_loss"), ("val_loss", "epoch/val_loss"),
                      ("val_acc", "epoch/val_acc"), ("samples_per_s", "epoch/samples_per_s"), ("lr", "epoch/lr")]:
         expect(tag, tb.get(tag, []), [(r["step"], r[key]) for r in records])
+    # Top-5 accuracy is for more than 5 classes: tiny.nml's 3 have none, here or there.
+    if top5:
+        expect("epoch/val_acc5", tb.get("epoch/val_acc5", []), [(r["step"], r["val_acc5"]) for r in records])
+    elif any("val_acc5" in r for r in records) or "epoch/val_acc5" in tb:
+        errors.append("val_acc5 written for a model of 3 classes")
     prev = 0
     for r in records:
         steps = r["step"] - prev
@@ -149,6 +156,15 @@ check_epochs(tb, records)
 losses = [s for s, _ in tb.get("train/loss", [])]
 if losses != list(range(1, records[-1]["step"] + 1)):
     errors.append(f"train/loss at steps {losses}, expected each of 1..{records[-1]['step']} once")
+
+# 7 outputs for the 3 classes: top-5 accuracy in metrics.jsonl and TensorBoard alike.
+top5_dir = run_dir + "_top5"
+shutil.rmtree(top5_dir, ignore_errors=True)
+run(2, "model.layers=linear(8),relu,linear(7)", where=top5_dir)
+top5_records = [json.loads(line) for line in open(top5_dir + "/metrics.jsonl")]
+if not all(0 < r.get("val_acc5", 0) <= 1 for r in top5_records):
+    errors.append(f"7 outputs: val_acc5 {[r.get('val_acc5') for r in top5_records]} in metrics.jsonl")
+check_epochs(scalars(top5_dir + "/tb")[1], top5_records, top5=True)
 
 if errors:
     fail("\n  ".join(errors))

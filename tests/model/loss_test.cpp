@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "grad_check.hpp"
@@ -150,6 +151,55 @@ TEST(LossForwardBackward, BitwiseTheSeparateKernels) {
   loss_forward_backward(LossKind::MSE, out, LabelView(), targets, 0.25f, l1, View1(), d1);
   EXPECT_EQ(to_host(l0, B), to_host(l1, B));
   EXPECT_EQ(to_host(d0.data, B * C), to_host(d1.data, B * C));
+}
+
+// Top-k hits by hand: places 0..6 of one row for k = 1, 2, 5; a tie goes to the lower
+// index; a label outside [0, C) and a NaN logit on the label are no hit.
+TEST(TopK, HandComputedHits) {
+  const std::vector<float> row = {0.5f, 3, 2, 5, 1, 4, -1};  // classes by place: 3 5 1 2 4 0 6
+  std::vector<float> rows;
+  for (int i = 0; i < 7; ++i) rows.insert(rows.end(), row.begin(), row.end());
+  rows.insert(rows.end(), {1, 2, 2, 0, 0, 0, 0});    // tie: 1 before 2
+  rows.insert(rows.end(), row.begin(), row.end());   // label 7: outside
+  rows.insert(rows.end(), {1, NAN, 0, 0, 0, 0, 0});  // NaN on the label
+  Tensor out = make_tensor({10, 7}, rows);
+  LabelView labels = make_labels({3, 5, 1, 2, 4, 0, 6, 2, 7, 1});
+  View1 hits("test::hits", 10);
+  top_k_hits(out, labels, 1, hits);
+  EXPECT_EQ(to_host(hits, 10), (std::vector<float>{1, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  top_k_hits(out, labels, 2, hits);
+  EXPECT_EQ(to_host(hits, 10), (std::vector<float>{1, 1, 0, 0, 0, 0, 0, 1, 0, 0}));
+  top_k_hits(out, labels, 5, hits);
+  EXPECT_EQ(to_host(hits, 10), (std::vector<float>{1, 1, 1, 1, 1, 0, 0, 1, 0, 0}));
+}
+
+// Against a stable sort of each row (value descending, index ascending) on logits
+// with many ties, for k = 1..C; k = 1 is loss_forward's correct.
+TEST(TopK, SortedRowsAndCorrect) {
+  const std::int64_t B = 64, C = 10;
+  std::vector<float> values = random_values(B * C, 26, 0.0f, 4.0f);
+  for (float& v : values) v = std::floor(v);  // 4 values: ties everywhere
+  Tensor out = make_tensor({B, C}, values);
+  std::vector<std::int32_t> label_values;
+  for (std::int64_t b = 0; b < B; ++b) label_values.push_back(std::int32_t((b * 7) % C));
+  LabelView labels = make_labels(label_values);
+  View1 hits("test::hits", B), loss("test::loss", B), correct("test::correct", B);
+  for (std::int64_t k = 1; k <= C; ++k) {
+    top_k_hits(out, labels, k, hits);
+    const std::vector<float> h = to_host(hits, B);
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::vector<std::int64_t> order(C);
+      for (std::int64_t c = 0; c < C; ++c) order[c] = c;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::int64_t i, std::int64_t j) { return values[b * C + i] > values[b * C + j]; });
+      const bool expected =
+          std::find(order.begin(), order.begin() + k, std::int64_t(label_values[b])) != order.begin() + k;
+      EXPECT_EQ(h[b], expected ? 1.0f : 0.0f) << "sample " << b << ", k " << k;
+    }
+  }
+  top_k_hits(out, labels, 1, hits);
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), loss, correct);
+  EXPECT_EQ(to_host(hits, B), to_host(correct, B));
 }
 
 }  // namespace

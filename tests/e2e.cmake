@@ -209,6 +209,17 @@ ddp_add_fault_test(stall_shards NP 2 FAULT stall_shards@rank0
 ddp_add_fault_test(stall_checkpoint NP 2 FAULT stall_checkpoint@rank0 SOURCE runs/fault_stall_checkpoint
                    REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the choice of the checkpoint to start from \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in a checkpoint at step 0\\)[;] waiting: rank 1$"
                    ARGS ${TINY} train.epochs=1 io.run_dir=runs/fault_stall_checkpoint comm.timeout_s=5)
+# The same two under ddp_train --evaluate (a checkpoint's validation, no training): a
+# rank 0 stalled reading the checkpoint is named, and a rank whose streamed
+# validation batch cannot be read ends the job in one line.
+ddp_add_fault_test(evaluate_stall_checkpoint NP 2 FAULT stall_checkpoint@rank0 SOURCE runs/fault_evaluate_stall
+                   REGEX "^rank 1 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 5\\) in the choice of the checkpoint to start from \\(MPI_Bcast\\) \\(during setup\\) at step 0[;] not arrived: rank 0 \\(in a checkpoint at step 0\\)[;] waiting: rank 1$"
+                   ARGS --evaluate ${TINY} io.run_dir=runs/fault_evaluate_stall comm.timeout_s=5)
+ddp_add_fault_test(evaluate_loader_exception NP 2 FAULT loader_exception@rank1:step0
+                   SOURCE runs/fault_evaluate_loader
+                   REGEX "^rank 1 \\([^)]*\\): uncaught std::out_of_range: injected fault .* reading batch 0$"
+                   ARGS --evaluate ${TINY} io.run_dir=runs/fault_evaluate_loader data.mode=stream
+                        data.prefetch_batches=2)
 # Rank 0's collective opening of the data files (HDF5 through MPI-IO) does not return,
 # as a file system call that stopped answering; rank 1 waits inside HDF5 for it. Both
 # are in the collective, so no rank can be named: the line says where they wait.

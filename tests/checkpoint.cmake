@@ -61,8 +61,9 @@ set_tests_properties(checkpoint_interop_pytorch PROPERTIES SKIP_RETURN_CODE 77)
 # ddp_train --evaluate on that run's checkpoints, on 1 to 3 ranks: its metrics.jsonl
 # records bitwise, nothing written, and its three errors in one line each.
 ddp_add_checkpoint_test(evaluate_np3 FIXTURE fashion ckpt_fashion_run NP 3 TIMEOUT 300
-  COMMAND ${DDP_PYTHON} ${CKPT}/evaluate.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
-          runs/ckpt_exact_straight)
+  COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_PYTHON} ${CKPT}/evaluate.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+          ${FASHION_NML} runs/ckpt_exact_straight)
+set_tests_properties(checkpoint_evaluate_np3 PROPERTIES SKIP_RETURN_CODE 77)
 # io.init_from with a weights-only file made by tools/torch_to_h5 from a PyTorch
 # state_dict: the first step's loss equals PyTorch's; a missing or misshapen tensor is
 # one error line and exit 1 on every rank.

@@ -16,14 +16,16 @@ namespace ddp {
 
 namespace {
 
-// Why there is nothing to evaluate, in the words of the io.* keys that choose.
+// Why there is nothing to evaluate. Only 'auto' without a usable checkpoint in the run
+// directory, or 'never', come here, and only with io.init_from empty: a path named
+// there or in io.resume either loads or is an error line of its own first.
 std::string no_checkpoint(const IoConfig& io) {
-  std::string where = io.resume == "auto"    ? "io.run_dir '" + io.run_dir + "' holds no usable checkpoint"
-                      : io.resume == "never" ? "io.resume = 'never'"
-                                             : "io.resume names none";
+  const std::string where = io.resume == "never"
+                                ? "io.resume = 'never'"
+                                : "io.run_dir '" + io.run_dir + "' holds no usable checkpoint";
   return "--evaluate: no checkpoint to evaluate: " + where +
-         (io.init_from.empty() ? " and io.init_from is empty" : "") +
-         "; name one with io.resume=<checkpoint.h5> or io.init_from=<checkpoint.h5>";
+         " and io.init_from is empty; name one with io.resume=<checkpoint.h5> or "
+         "io.init_from=<checkpoint.h5>";
 }
 
 }  // namespace

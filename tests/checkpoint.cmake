@@ -124,6 +124,12 @@ if(NOT DDP_ENABLE_CUDA)
 endif()
 ddp_add_checkpoint_test(crash_safety FIXTURE e2e_data NP 2 TIMEOUT 300
   COMMAND ${DDP_PYTHON} ${CKPT}/crash_safety.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY} runs/ckpt_crash)
+# io.keep_best on the tiny set (2 ranks, 3 for --evaluate): checkpoints/best.h5 names
+# the best validation's checkpoint through keep-1, a resume, the background writer and
+# a change of metric; its bad inputs are one line each.
+ddp_add_checkpoint_test(best_np3 FIXTURE e2e_data regression NP 3 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/best.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${TINY}
+          ${PROJECT_SOURCE_DIR}/inputs/regression.nml runs/ckpt_best)
 # Faults (issue 11): a disk that fills up (run_dir on a small tmpfs; skipped, exit
 # 77, where mount(8) is not allowed), shards that changed between a stop and its
 # resume, a checkpoint with NaN weights.

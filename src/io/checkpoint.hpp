@@ -4,7 +4,9 @@
 // then the `latest` pointer the same way), the last `keep` kept. Read by rank 0,
 // checked, broadcast to all ranks.
 //
-// <run_dir>/checkpoints/ckpt_<step, 9 digits>.h5, <run_dir>/checkpoints/latest (its name)
+// <run_dir>/checkpoints/ckpt_<step, 9 digits>.h5, <run_dir>/checkpoints/latest (its name),
+// <run_dir>/checkpoints/best.h5 (io.keep_best: a symbolic link to the checkpoint of the
+// best validation so far, never removed by keep-K or by making room on a full disk)
 //
 //   /model/layers.<i>.weight|bias      float32, PyTorch layouts (Linear (out, in))
 //   /model/<buffer name>               float32, Model::buffer_table() (BatchNorm stats)
@@ -13,6 +15,10 @@
 //   /optimizer/steps                   int64, optimizer steps taken
 //   /state/{epoch, step, consumed, seed, lr_step, dropout_position, world_size}  int64
 //   /state/{epoch_loss_sum, epoch_samples}                                       float64
+//   /state/best_<metric>, /state/best_step  float64, int64 (io.keep_best only): the best
+//                                      value of the validation metric (val_loss, val_acc,
+//                                      val_acc5) so far, and the step of the checkpoint
+//                                      that holds it
 //   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint
 //                                      (hashes: the uint64 bits),
 //   /data/train/{x_shape, y_shape}     int64 (dims): per-sample shapes
@@ -87,7 +93,19 @@ struct TrainingState {
   double epoch_samples = 0.0;         // samples (with padding) trained in the epoch, all ranks
   double loss_scale = 0.0;            // fp16's dynamic loss scale; 0: none (fp32, bf16)
   std::int64_t loss_scale_clean_steps = 0;  // fp16: clean steps since the scale last changed
+  // io.keep_best: the validation metric that names the best checkpoint (best_metric_name),
+  // its best value so far, and the step of the checkpoint that holds that value (-1:
+  // none yet). A checkpoint whose step is best_step becomes best.h5 when written.
+  std::int64_t best_metric = 0;  // 0: none
+  double best_value = 0.0;
+  std::int64_t best_step = -1;
 };
+
+// io.keep_best's names by TrainingState::best_metric: "none", "val_loss", "val_acc",
+// "val_acc5" ("" past them); and back (-1: not one of them).
+const char* best_metric_name(std::int64_t metric);
+std::int64_t best_metric_index(const std::string& name);
+constexpr const char* kBestLink = "best.h5";  // in checkpoint_dir
 
 // A checkpoint in host memory, checked against the model it is for.
 struct Checkpoint {
@@ -146,23 +164,26 @@ class PendingCheckpoint {
 
   std::string path() const;  // <run_dir>/checkpoints/ckpt_<step>.h5
   std::size_t size() const;  // the file's bytes
-  // The file, then `latest`; removes all but the newest `keep`. CheckpointWriteError
-  // when it cannot.
+  // The file, then `latest`, then best.h5 where this checkpoint holds the best
+  // validation (state.best_step is its step); removes all but the newest `keep` and the
+  // one best.h5 names. CheckpointWriteError when it cannot.
   void write();
 
  private:
   std::string run_dir_, name_;
   int keep_;
+  bool best_;
   std::unique_ptr<ckpt::FileImage> image_;
 };
 
 // Rank 0 only. Writes the checkpoint of `step` with the fingerprint of the training
-// data (`data`; null: none), updates `latest`, removes all but the newest `keep`
-// checkpoints. Returns the path; CheckpointWriteError when it cannot (disk full, see
-// above). Test hook: DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of
-// the temp file (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill
-// the writer at that point. Takes hdf5_mutex(). `optimizer` is taken (moved in): its
-// state is released as the file takes it, not held beside the file's image.
+// data (`data`; null: none), updates `latest` (and best.h5, as PendingCheckpoint::
+// write), removes all but the newest `keep` checkpoints and the best. Returns the
+// path; CheckpointWriteError when it cannot (disk full, see above). Test hook:
+// DDP_TEST_CHECKPOINT_DELAY_MS=<ms> sleeps between the fsync of the temp file
+// (ckpt_<step>.h5.tmp.<pid>) and its rename, so that a test can kill the writer at
+// that point. Takes hdf5_mutex(). `optimizer` is taken (moved in): its state is
+// released as the file takes it, not held beside the file's image.
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model,
                             OptimizerSnapshot optimizer, const TrainingState& state, const RunInput& input,
                             const DataFingerprint* data);

@@ -139,6 +139,10 @@ void add_state(Blobs& blobs, const TrainingState& state) {
   blobs["/state/epoch_samples"] = scalar(state.epoch_samples);
   blobs["/state/loss_scale"] = scalar(state.loss_scale);
   blobs["/state/loss_scale_clean_steps"] = scalar(state.loss_scale_clean_steps);
+  if (state.best_metric != 0 && state.best_step >= 0) {  // io.keep_best, once a validation has run
+    blobs[std::string("/state/best_") + best_metric_name(state.best_metric)] = scalar(state.best_value);
+    blobs["/state/best_step"] = scalar(state.best_step);
+  }
 }
 
 void add_fingerprint(Blobs& blobs, const DataFingerprint& data) {

@@ -255,6 +255,13 @@ TrainingState read_state(const Blobs& blobs) {
     s.loss_scale = need_real(blobs, "/state/loss_scale");
     s.loss_scale_clean_steps = need_int(blobs, "/state/loss_scale_clean_steps");
   }
+  // io.keep_best's record, where the run kept one: /state/best_<metric> and best_step.
+  for (std::int64_t m = 1; best_metric_name(m)[0] != '\0'; ++m)
+    if (blobs.count(std::string("/state/best_") + best_metric_name(m))) {
+      s.best_metric = m;
+      s.best_value = need_real(blobs, std::string("/state/best_") + best_metric_name(m));
+      s.best_step = need_int(blobs, "/state/best_step");
+    }
   return s;
 }
 

@@ -2,7 +2,8 @@
 // by HDF5 (the core driver) and written with write(2), so that its size is known
 // before the disk is touched, a failure is errno's own (ENOSPC, EDQUOT, EIO), and
 // HDF5 never holds a half-written file; temp file, fsync, rename, fsync of the
-// directory, then `latest` the same way; room made on a full disk; the newest K kept.
+// directory, then `latest` the same way (and best.h5, a symbolic link); room made on a
+// full disk; the newest K kept, and the best.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -151,9 +152,18 @@ void rename_durably(const std::string& from, const std::string& to, const std::s
   fsync_dir(dir);
 }
 
-// Temp files our writers make: ckpt_<step>.h5.tmp.<pid>, latest.tmp.<pid>.
+// Temp files our writers make: ckpt_<step>.h5.tmp.<pid>, latest.tmp.<pid>, best.h5.tmp.<pid>.
 bool is_our_temp_name(const std::string& n) {
-  return (n.rfind("ckpt_", 0) == 0 || n.rfind("latest.tmp.", 0) == 0) && n.find(".tmp.") != std::string::npos;
+  return (n.rfind("ckpt_", 0) == 0 || n.rfind("latest.tmp.", 0) == 0 ||
+          n.rfind(std::string(kBestLink) + ".tmp.", 0) == 0) &&
+         n.find(".tmp.") != std::string::npos;
+}
+
+// The checkpoint best.h5 names in `dir` ("" when there is no such link).
+std::string best_target(const std::string& dir) {
+  char buf[256];
+  const ssize_t n = readlink((dir + "/" + kBestLink).c_str(), buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, std::size_t(n)) : std::string();
 }
 
 // Bytes the file system of `dir` has free for us; -1 when it does not say.
@@ -183,7 +193,8 @@ std::string human_bytes(long long n) {
 }
 
 // Frees `need` bytes in the checkpoint directory if it has less: removes its oldest
-// checkpoints, never the newest valid one (resume 'auto' would take it), and warns.
+// checkpoints, never the newest valid one (resume 'auto' would take it) nor the one
+// best.h5 names (io.keep_best), and warns.
 // Removes nothing when no checkpoint is valid: then nothing tells what is safe to lose.
 void make_room(const std::string& run_dir, long long need, const std::string& writing) {
   const std::string dir = checkpoint_dir(run_dir);
@@ -199,16 +210,19 @@ void make_room(const std::string& run_dir, long long need, const std::string& wr
     }
   }
   if (keep.empty()) return;
+  const std::string best = best_target(dir);
   std::string removed;
   for (const std::string& n : list_dir(dir)) {  // oldest first
     if (free_bytes(dir) >= need) break;
-    if (is_checkpoint_name(n) && n != keep && std::remove((dir + "/" + n).c_str()) == 0)
+    if (is_checkpoint_name(n) && n != keep && n != best && std::remove((dir + "/" + n).c_str()) == 0)
       removed += (removed.empty() ? "" : ", ") + n;
   }
   if (!removed.empty())
     log::warn("checkpoint: " + dir + " has " + human_bytes(before) + " free and " + writing + " needs " +
               human_bytes(need) + ": removed the older " + removed + " (" + keep +
-              ", the newest valid checkpoint, stays)");
+              ", the newest valid checkpoint, stays" +
+              (best.empty() || best == keep ? "" : "; so does " + best + ", the best (" + kBestLink + ")") +
+              ")");
 }
 
 // The checkpoint directory made, and what an earlier attempt left in it (a writer
@@ -254,13 +268,29 @@ void put_on_disk(const std::string& dir, const std::string& name, const FileImag
   }
 }
 
-// Keeps the newest `keep` checkpoints of `dir`, and `name` whatever its age.
+// best.h5 made to name `name` (a checkpoint of `dir`): a link made beside it, then
+// renamed over it, so that a reader finds the old checkpoint or the new one. A failure
+// is CheckpointWriteError (the checkpoint itself is on disk, and `latest`).
+void point_best(const std::string& dir, const std::string& name) {
+  const std::string link = dir + "/" + kBestLink, tmp = link + ".tmp." + std::to_string(getpid());
+  try {
+    if (symlink(name.c_str(), tmp.c_str()) != 0) throw_errno("symlink " + tmp);
+    rename_durably(tmp, link, dir);
+  } catch (const WriteFailure& e) {
+    std::remove(tmp.c_str());
+    throw CheckpointWriteError("cannot make " + link + " name " + name + " (io.keep_best): " + e.what());
+  }
+}
+
+// Keeps the newest `keep` checkpoints of `dir`, `name` whatever its age, and the one
+// best.h5 names.
 void keep_newest(const std::string& dir, int keep, const std::string& name) {
+  const std::string best = best_target(dir);
   std::vector<std::string> ckpts;
   for (const std::string& n : list_dir(dir))
     if (is_checkpoint_name(n)) ckpts.push_back(n);
   for (std::size_t i = 0; i + std::size_t(keep) < ckpts.size(); ++i)
-    if (ckpts[i] != name) std::remove((dir + "/" + ckpts[i]).c_str());
+    if (ckpts[i] != name && ckpts[i] != best) std::remove((dir + "/" + ckpts[i]).c_str());
 }
 
 }  // namespace
@@ -274,10 +304,28 @@ std::string checkpoint_name(std::int64_t step) {
   return buf;
 }
 
+namespace {
+const char* const kBestMetrics[] = {"none", "val_loss", "val_acc", "val_acc5"};
+constexpr std::int64_t kBestMetricCount = std::int64_t(sizeof kBestMetrics / sizeof kBestMetrics[0]);
+}  // namespace
+
+const char* best_metric_name(std::int64_t metric) {
+  return metric >= 0 && metric < kBestMetricCount ? kBestMetrics[metric] : "";
+}
+
+std::int64_t best_metric_index(const std::string& name) {
+  for (std::int64_t m = 0; m < kBestMetricCount; ++m)
+    if (name == kBestMetrics[m]) return m;
+  return -1;
+}
+
 PendingCheckpoint::PendingCheckpoint(const std::string& run_dir, int keep, const Model& model,
                                      OptimizerSnapshot optimizer, const TrainingState& state,
                                      const RunInput& input, const DataFingerprint* data)
-    : run_dir_(run_dir), name_(checkpoint_name(state.step)), keep_(keep) {
+    : run_dir_(run_dir),
+      name_(checkpoint_name(state.step)),
+      keep_(keep),
+      best_(state.best_metric != 0 && state.best_step == state.step) {
   using namespace ckpt;
   const std::string dir = checkpoint_dir(run_dir_);
   prepare_dir(dir, path());
@@ -297,6 +345,7 @@ std::size_t PendingCheckpoint::size() const { return image_->size(); }
 void PendingCheckpoint::write() {
   const std::string dir = checkpoint_dir(run_dir_);
   ckpt::put_on_disk(dir, name_, *image_);
+  if (best_) ckpt::point_best(dir, name_);
   ckpt::keep_newest(dir, keep_, name_);
 }
 

@@ -181,6 +181,10 @@ const std::vector<Key>& keys() {
        "minutes between checkpoints; 0: none by time"},
       {"io", "keep_checkpoints", field<&C::io, &I::keep_checkpoints>, at_least(1), false,
        "checkpoints kept in <run_dir>/checkpoints, newest first"},
+      {"io", "keep_best", field<&C::io, &I::keep_best>, one_of({"none", "val_loss", "val_acc", "val_acc5"}),
+       false,
+       "also keep the checkpoint of the best validation so far (val_loss lowest; val_acc, val_acc5 highest) "
+       "as <run_dir>/checkpoints/best.h5; an epoch that beats it is checkpointed"},
       {"io", "checkpoint_async", field<&C::io, &I::checkpoint_async>, any(), false,
        "rank 0 puts each checkpoint on disk on a thread while the ranks train on (made in memory first); "
        "the run's last checkpoint and a preemption's are on disk before it ends"},
@@ -571,6 +575,9 @@ Config parse_config(const std::string& text, const std::string& path,
     set_by[find_key("train", "nesterov")].value_error("needs train.momentum > 0");
   if (cfg.io.resume.empty())
     set_by[find_key("io", "resume")].value_error("expected 'auto', 'never' or a checkpoint file");
+  if (cfg.io.keep_best != "none" && cfg.data.val_files.empty())
+    set_by[find_key("io", "keep_best")].value_error(
+        "needs data.val_files (the best checkpoint is chosen by validation)");
   if (cfg.io.tensorboard && !kTensorBoardBuilt)
     set_by[find_key("io", "tensorboard")].value_error(
         "this ddp_train was built without protobuf (apt-get install libprotobuf-dev protobuf-compiler, "

@@ -71,6 +71,9 @@ struct IoConfig {
   int checkpoint_every_steps = 0;        // optimizer steps between checkpoints; 0: none by step
   double checkpoint_every_minutes = 0;   // minutes between checkpoints; 0: none by time
   int keep_checkpoints = 3;              // the newest this many stay in <run_dir>/checkpoints
+  // The validation metric whose best epoch's checkpoint stays as checkpoints/best.h5:
+  // 'none' | 'val_loss' (lowest) | 'val_acc' | 'val_acc5' (highest).
+  std::string keep_best = "none";
   bool checkpoint_async = false;         // rank 0 puts checkpoints on disk on a thread while training goes on
   std::string resume = "auto";           // 'auto' (run_dir's latest valid) | 'never' | a checkpoint path
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none

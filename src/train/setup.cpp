@@ -247,6 +247,11 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
       data.train->check_labels(out[0]);
       if (data.val) data.val->check_labels(out[0]);
       setup.loss = LossKind::CrossEntropy;
+      if (cfg.io.keep_best == "val_acc5" && out[0] <= 5)
+        throw InputError(
+            "io.keep_best = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes "
+            "have; this one has " +
+            std::to_string(out[0]) + ": use 'val_acc' or 'val_loss'");
     } else {
       if (labels)
         throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");
@@ -257,6 +262,9 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
       setup.loss = LossKind::MSE;
       if (cfg.train.label_smoothing != 0.0)
         throw InputError("train.label_smoothing needs model.loss = 'cross_entropy'; this run's loss is mse");
+      if (cfg.io.keep_best == "val_acc" || cfg.io.keep_best == "val_acc5")
+        throw InputError("io.keep_best = '" + cfg.io.keep_best +
+                         "' needs model.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'");
     }
     log::info(setup.model->summary());
     return setup;

@@ -85,6 +85,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   model_.reseed_dropout(dropout_key_);
   pos_.seed = cfg_.train.seed;
   pos_.world_size = comm_.size();
+  pos_.best_metric = best_metric_index(cfg_.io.keep_best);
 
   const DistributedSampler sampler(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle,
                                    std::uint64_t(cfg_.train.seed), cfg_.data.drop_last);
@@ -179,8 +180,8 @@ void Trainer::check_memory_room(const MemoryPlan& plan) const {
   // optimizer's state now, the activations at the first step, rank 0's checkpoint
   // file at the first checkpoint (where checkpoints are scheduled).
   const IoConfig& io = cfg_.io;
-  const bool checkpoints =
-      io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
+  const bool checkpoints = io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 ||
+                           io.checkpoint_every_minutes > 0 || io.keep_best != "none";
   long long mine[3] = {(long long)plan.optimizer_state, (long long)plan.activations,
                        comm_.rank() == 0 && checkpoints ? (long long)plan.checkpoint : 0},
             node_sum[3] = {0, 0, 0};
@@ -326,6 +327,17 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
   watchdog::set_step(step_);  // a hang before the first step names the resumed one
   pos_ = ck.state;
   pos_.world_size = comm_.size();
+  const std::int64_t best = best_metric_index(cfg_.io.keep_best);
+  if (pos_.best_metric != best) {  // io.keep_best changed since the checkpoint: its record does not apply
+    if (pos_.best_step >= 0)
+      log::info("io.keep_best is '" + cfg_.io.keep_best + "' and the checkpoint's run kept the best by " +
+                best_metric_name(pos_.best_metric) + " (step " + std::to_string(pos_.best_step) + "): " +
+                (best == 0 ? checkpoint_dir(cfg_.io.run_dir) + "/" + kBestLink + " is no longer updated"
+                           : "the best is chosen again from this run's validations"));
+    pos_.best_metric = best;
+    pos_.best_value = 0.0;
+    pos_.best_step = -1;
+  }
   if (ck.state.world_size != comm_.size()) {
     // The schedule is a function of the step, and steps per epoch change with the
     // rank count: continue it at the same fraction of the epoch instead, so that the
@@ -544,6 +556,20 @@ void Trainer::write_metrics(MetricsWriter& metrics, const EpochStats& e, const V
   metrics.write(r);
 }
 
+bool Trainer::record_best(const ValStats& v) {
+  if (pos_.best_metric == 0) return false;
+  const std::string metric = best_metric_name(pos_.best_metric);
+  const bool lower = metric == "val_loss";
+  const double value = lower ? v.loss : metric == "val_acc" ? v.accuracy : v.accuracy5;
+  // A tie keeps the earlier epoch, as PyTorch's ImageNet example (acc1 > best_acc1).
+  if (!std::isfinite(value) ||
+      (pos_.best_step >= 0 && !(lower ? value < pos_.best_value : value > pos_.best_value)))
+    return false;
+  pos_.best_value = value;
+  pos_.best_step = step_;
+  return true;
+}
+
 int Trainer::fit_epochs(MetricsWriter* metrics) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   const IoConfig& io = cfg_.io;
@@ -572,18 +598,27 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     log_epoch(e, v, val_seconds);
     if (metrics) write_metrics(*metrics, e, v, val_seconds);
     if (tb_) write_tensorboard(e, e.step - first_step, v, classify);
+    const bool best = val_ && record_best(v);
 
     // A signal that came during validation counts too.
     const Agreed now_flags = poll();
     const bool preempt = last_step.preempt || now_flags.preempt;
     const bool last = pos_.epoch >= cfg_.train.epochs;
-    const bool due = scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
-                                   last_step.step_due || last_step.time_due || now_flags.time_due || last);
+    const bool due =
+        best || (scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
+                               last_step.step_due || last_step.time_due || now_flags.time_due || last));
     if (!due && !(preempt && !last)) continue;
     const std::string problem = unsafe_to_save();
     if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
     // The last checkpoint, and a preemption's, are on disk before the run ends.
     const std::string path = checkpoint(io.checkpoint_async && !last && !preempt);
+    if (best) {
+      char line[512];
+      std::snprintf(line, sizeof line, "best: %s %.4f at epoch %lld is the best so far; %s/%s names %s",
+                    io.keep_best.c_str(), pos_.best_value, (long long)e.epoch,
+                    checkpoint_dir(io.run_dir).c_str(), kBestLink, checkpoint_name(step_).c_str());
+      log::info(line);
+    }
     if (preempt && !last) {
       char line[512];
       std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",

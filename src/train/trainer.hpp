@@ -201,6 +201,9 @@ class Trainer {
   // fit()'s epoch line on rank 0 and metrics record.
   void log_epoch(const EpochStats& e, const ValStats& v, double val_seconds);
   void write_metrics(MetricsWriter& metrics, const EpochStats& e, const ValStats& v, double val_seconds);
+  // io.keep_best, every rank alike: whether the epoch's validation `v` beats the best so
+  // far; then pos_ records it, and the checkpoint made next holds it and becomes best.h5.
+  bool record_best(const ValStats& v);
   // Every rank calls it; rank 0 writes pos_ (`in_background`: starts its write on
   // background_'s thread), after finishing the one under way there.
   std::string checkpoint(bool in_background = false);

@@ -11,7 +11,10 @@ checkpoint free before each run:
    temp file left, `latest` names the previous checkpoint; the same when that
    checkpoint is written in the background (io.checkpoint_async) and is not the
    run's last: the line comes at the next step;
-4. the filler deleted (space freed): the next start resumes from that checkpoint.
+4. the filler deleted (space freed): the next start resumes from that checkpoint;
+5. short of space again with checkpoints/best.h5 (io.keep_best's link, made here by
+   hand) naming the oldest checkpoint: the one after it goes instead, and the warning
+   says the best stays.
 
 Needs root for mount(8): skipped (exit 77) with the reason where it cannot mount.
 
@@ -120,6 +123,23 @@ try:
             latest(run_in) != "ckpt_000000020.h5":
         fail(f"4. after freeing space: exit {rc}, latest {latest(run_in)}")
     print("4. resumed from ckpt 15 and wrote ckpt 20")
+
+    # 5. best.h5 names the oldest checkpoint: making room passes it over.
+    rc, _, _ = ddp(6, 3)
+    if rc != 0 or checkpoints(run_in) != ["ckpt_000000020.h5", "ckpt_000000025.h5", "ckpt_000000030.h5"]:
+        fail(f"5. two more epochs, keep 3: exit {rc}, checkpoints {checkpoints(run_in)}")
+    os.symlink("ckpt_000000020.h5", os.path.join(ckdir, "best.h5"))
+    fill(filler, size // 2)
+    rc, out, err = ddp(7, 3)
+    warning = (r"warning: checkpoint: .* free and ckpt_000000035.h5 needs .*: removed the older ckpt_000000025.h5 "
+               r"\(ckpt_000000030.h5, the newest valid checkpoint, stays; so does ckpt_000000020.h5, the best "
+               r"\(best.h5\)\)")
+    want = ["ckpt_000000020.h5", "ckpt_000000030.h5", "ckpt_000000035.h5"]
+    if rc != 0 or not re.search(warning, err) or checkpoints(run_in) != want or \
+            os.readlink(os.path.join(ckdir, "best.h5")) != "ckpt_000000020.h5":
+        fail(f"5. short of space with best.h5: exit {rc}, checkpoints {checkpoints(run_in)} ({want}), "
+             f"warning found: {bool(re.search(warning, err))}")
+    print("5. the checkpoint after the best made room, with a warning; the best stays")
     print("PASS")
 finally:
     subprocess.run(["umount", mnt])

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""io.keep_best on real runs (2 ranks, the tiny set at lr 0.5, whose validation is
+best at epoch 2 of 6 and worse after it):
+
+1. keep_best = 'val_loss' with io.keep_checkpoints = 1 and a checkpoint every 7
+   steps (none by epoch): checkpoints/best.h5 is a link to the checkpoint of the
+   lowest val_loss in metrics.jsonl (the first such epoch), which keep-1 did not
+   remove; that checkpoint's /state/best_val_loss is the record's val_loss bitwise
+   and /state/best_step its step; epoch 1's checkpoint was made though no cadence
+   asked for it (a new best is checkpointed); a 'best:' line for each new best
+   and no other; every kept checkpoint's /state/best_* is the best of the records
+   up to its step (the mid-epoch one too);
+2. the same run in two parts (3 epochs, then resumed to 6): the same best.h5,
+   /state and 'best:' lines (the record crosses the resume; epochs 4 to 6 beat
+   nothing);
+3. ddp_train --evaluate with io.resume = .../best.h5 on 3 ranks: the best record's
+   val_loss and val_correct, bitwise;
+4. keep_best = 'val_acc' with io.checkpoint_async: best.h5 names epoch 2's
+   checkpoint, not epoch 4's of the same val_acc (a tie keeps the earlier);
+5. resumed with keep_best = 'val_acc' from a 'val_loss' checkpoint: one line says
+   the best is chosen again, and the next epoch is the best;
+6. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
+   'val_acc' with the mse loss: one error line each, exit 1 on every rank.
+
+usage: best.py MPIEXEC DDP_TRAIN TINY.nml REGRESSION.nml RUN_DIR
+"""
+import json
+import os
+import re
+import shutil
+import sys
+
+from common import checkpoints, expect_one_error, mpirun, run, state
+
+mpiexec, binary, nml, regression_nml, run_dir = sys.argv[1:6]
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def train(directory, *overrides, fresh=True):
+    """6 epochs on 2 ranks (a later override wins); `fresh`: in an empty directory."""
+    if fresh:
+        shutil.rmtree(directory, ignore_errors=True)
+    args = [nml, "train.lr=0.5", "train.log_every=0", f"io.run_dir={directory}", "train.epochs=6", *overrides]
+    return run(mpirun(mpiexec, 2, binary, args), timeout=300)
+
+
+def records(directory):
+    return [json.loads(line) for line in open(os.path.join(directory, "metrics.jsonl"))]
+
+
+def best_of(recs, key, lower, upto=None):
+    """The first record of the best `key` among those of step <= upto."""
+    best = None
+    for r in recs:
+        if upto is not None and r["step"] > upto:
+            break
+        if best is None or (r[key] < best[key] if lower else r[key] > best[key]):
+            best = r
+    return best
+
+
+def link(directory):
+    path = os.path.join(directory, "checkpoints", "best.h5")
+    return os.readlink(path) if os.path.islink(path) else None
+
+
+def best_state(directory):
+    """/state of the checkpoint best.h5 names; {} where there is none."""
+    path = os.path.join(directory, "checkpoints", "best.h5")
+    return state(path) if os.path.exists(path) else {}
+
+
+def best_lines(out):
+    return [line for line in out.splitlines() if line.startswith("best: ")]
+
+
+# 1. val_loss, keep 1, a checkpoint every 7 steps and none by epoch.
+loss_args = ["io.keep_best=val_loss", "io.keep_checkpoints=1", "io.checkpoint_every=0",
+             "io.checkpoint_every_steps=7"]
+straight = run_dir + "_straight"
+code, out, _ = train(straight, *loss_args)
+check(code == 0, "the straight run of 6 epochs ends 0")
+recs = records(straight)
+best = best_of(recs, "val_loss", lower=True)
+name = f"ckpt_{best['step']:09d}.h5"
+newest = checkpoints(straight)[-1]
+print(f"best val_loss {best['val_loss']!r} at epoch {best['epoch']} step {best['step']}; newest {newest}")
+check(best["step"] < recs[-1]["step"] and best["step"] % 7 != 0,
+      "the fixture's best is neither the last epoch nor a step of the 7-step cadence (else this proves little)")
+check(link(straight) == name, f"best.h5 links to {link(straight)} ({name})")
+check(checkpoints(straight) == sorted({name, newest}) and newest == f"ckpt_{recs[-1]['step']:09d}.h5",
+      f"keep 1 left the newest and the best: {checkpoints(straight)}")
+st = best_state(straight)
+check(st.get("best_val_loss") == best["val_loss"] and st.get("best_step") == best["step"],
+      f"best.h5's /state/best_val_loss {st.get('best_val_loss')!r} and best_step {st.get('best_step')} are the record's")
+news = [r for i, r in enumerate(recs) if r is best_of(recs[:i + 1], "val_loss", lower=True)]
+want_lines = [f"best: val_loss {r['val_loss']:.4f} at epoch {r['epoch']} is the best so far; "
+              f"{straight}/checkpoints/best.h5 names ckpt_{r['step']:09d}.h5" for r in news]
+check(best_lines(out) == want_lines, f"a 'best:' line for each new best ({len(want_lines)}): {best_lines(out)}")
+check(news[0]["epoch"] == 1 and news[0]["step"] % 7 != 0, "epoch 1 was a new best off the cadence")
+
+# Every checkpoint of a run that keeps them all: /state's best is the best up to its step.
+every = run_dir + "_every"
+code, _, _ = train(every, *loss_args, "io.keep_checkpoints=100")
+kept = checkpoints(every)
+check(code == 0 and any(int(n[5:14]) % 5 != 0 for n in kept), f"a run keeping all: {kept} (mid-epoch ones among them)")
+check(f"ckpt_{news[0]['step']:09d}.h5" in kept, f"epoch {news[0]['epoch']}'s best was checkpointed off the cadence")
+for n in kept:
+    st = state(os.path.join(every, "checkpoints", n))
+    b = best_of(records(every), "val_loss", lower=True, upto=st["step"])
+    check(st.get("best_val_loss") == b["val_loss"] and st.get("best_step") == b["step"],
+          f"{n}: /state best_val_loss {st.get('best_val_loss')!r} at {st.get('best_step')}, the records' best so far")
+
+# 2. In two parts: the record crosses the resume.
+parts = run_dir + "_parts"
+code1, out1, _ = train(parts, *loss_args, "train.epochs=3")
+code2, out2, _ = train(parts, *loss_args, fresh=False)
+check(code1 == 0 and code2 == 0 and "resumed from" in out2, "3 epochs, then resumed to 6")
+check(link(parts) == name and checkpoints(parts) == checkpoints(straight),
+      f"best.h5 {link(parts)}, checkpoints {checkpoints(parts)} as the straight run's")
+check(best_state(parts) == best_state(straight) != {},
+      "best.h5's /state is the straight run's")
+check([l.replace(parts, straight) for l in best_lines(out1 + out2)] == want_lines,
+      f"the 'best:' lines of both parts are the straight run's: {best_lines(out1 + out2)}")
+
+# 3. --evaluate of best.h5 on 3 ranks.
+code, out, _ = run(mpirun(mpiexec, 3, binary, ["--evaluate", nml, f"io.run_dir={straight}",
+                                                f"io.resume={straight}/checkpoints/best.h5"]), timeout=300)
+said = [json.loads(l[len("evaluation: "):]) for l in out.splitlines() if l.startswith("evaluation: ")]
+check(code == 0 and len(said) == 1 and said[0]["val_loss"] == best["val_loss"] and
+      said[0]["val_correct"] == best["val_correct"] and said[0]["step"] == best["step"],
+      f"--evaluate of best.h5: {said}, the record of step {best['step']}")
+
+# 4. val_acc, in the background: a tie keeps the earlier epoch.
+acc = run_dir + "_acc"
+code, out, _ = train(acc, "io.keep_best=val_acc", "io.keep_checkpoints=1", "io.checkpoint_async=T")
+recs_acc = records(acc)
+top = best_of(recs_acc, "val_acc", lower=False)
+ties = [r["epoch"] for r in recs_acc if r["val_acc"] == top["val_acc"]]
+check(code == 0 and len(ties) > 1, f"val_acc's best {top['val_acc']} at epochs {ties} (a tie, else this proves little)")
+check(link(acc) == f"ckpt_{top['step']:09d}.h5", f"best.h5 {link(acc)} is epoch {ties[0]}'s")
+st = best_state(acc)
+check(st.get("best_val_acc") == top["val_acc"] and "best_val_loss" not in st,
+      "its /state/best_val_acc is the record's, and no best_val_loss")
+
+# 5. Another metric on resume: chosen again from this run's validations.
+code, out, _ = train(parts, "train.epochs=7", "io.keep_best=val_acc", "io.keep_checkpoints=1", fresh=False)
+line = (f"io.keep_best is 'val_acc' and the checkpoint's run kept the best by val_loss (step {best['step']}): "
+        "the best is chosen again from this run's validations")
+last = records(parts)[-1]
+check(code == 0 and line in out and link(parts) == f"ckpt_{last['step']:09d}.h5",
+      f"resumed with val_acc: the line, and best.h5 {link(parts)} names epoch 7's checkpoint")
+check(best_state(parts).get("best_val_acc") == last["val_acc"],
+      "its /state/best_val_acc is epoch 7's val_acc")
+check(name not in checkpoints(parts), f"{name} is no longer kept (keep 1)")
+
+# 6. Bad input: one line each, before any training.
+errors = run_dir + "_errors"
+for args, words in [
+        ([nml, "io.keep_best=val_loss", "data.val_files="],
+         r"io\.keep_best=val_loss: needs data\.val_files \(the best checkpoint is chosen by validation\)$"),
+        ([nml, "io.keep_best=val_acc5"],
+         r"io\.keep_best = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes have; "
+         r"this one has 3: use 'val_acc' or 'val_loss'"),
+        ([regression_nml, "io.keep_best=val_acc"],
+         r"io\.keep_best = 'val_acc' needs model\.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'")]:
+    shutil.rmtree(errors, ignore_errors=True)
+    code, out, err = run(mpirun(mpiexec, 2, binary, args + [f"io.run_dir={errors}"]), timeout=120)
+    expect_one_error(code, out, err, words)  # exits on a mismatch
+    check(code == 1 and not re.search(r"^epoch 1", out, re.M) and "Traceback" not in err and
+          "terminate called" not in err, f"{args[-1]}: exit {code} (1), one error line, nothing trained")
+
+if failures:
+    sys.exit(f"FAIL: {len(failures)} check(s)")
+print("PASS")

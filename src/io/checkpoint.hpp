@@ -107,6 +107,12 @@ const char* best_metric_name(std::int64_t metric);
 std::int64_t best_metric_index(const std::string& name);
 constexpr const char* kBestLink = "best.h5";  // in checkpoint_dir
 
+// Rank 0, at a resume whose checkpoint records the best at `best_step`: whether
+// <run_dir>/checkpoints holds that step's checkpoint. If it does and best.h5 names
+// another (a checkpoint of a continuation this resume leaves behind) or none, best.h5
+// is made to name it, with a line; a failure to is a warning, and the run goes on.
+bool restore_best_link(const std::string& run_dir, std::int64_t best_step);
+
 // A checkpoint in host memory, checked against the model it is for.
 struct Checkpoint {
   std::string path;

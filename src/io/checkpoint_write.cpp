@@ -342,6 +342,23 @@ std::string PendingCheckpoint::path() const { return checkpoint_dir(run_dir_) + 
 
 std::size_t PendingCheckpoint::size() const { return image_->size(); }
 
+bool restore_best_link(const std::string& run_dir, std::int64_t best_step) {
+  const std::string dir = checkpoint_dir(run_dir), name = checkpoint_name(best_step);
+  if (access((dir + "/" + name).c_str(), F_OK) != 0) return false;
+  const std::string before = ckpt::best_target(dir);
+  if (before == name) return true;
+  try {
+    ckpt::point_best(dir, name);
+    log::info(
+        "checkpoint: " + dir + "/" + kBestLink + " names " + name +
+        ", the best of the checkpoint resumed from" +
+        (before.empty() ? "" : " (it named " + before + ", of a continuation this resume leaves behind)"));
+  } catch (const CheckpointWriteError& e) {
+    log::warn(std::string(e.what()) + "; the run goes on");
+  }
+  return true;
+}
+
 void PendingCheckpoint::write() {
   const std::string dir = checkpoint_dir(run_dir_);
   ckpt::put_on_disk(dir, name_, *image_);

@@ -338,6 +338,24 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     pos_.best_value = 0.0;
     pos_.best_step = -1;
   }
+  if (pos_.best_step >= 0) {
+    // The record holds only where this run directory holds its checkpoint (not when
+    // resumed from another directory's, or after a rotation of a continuation left
+    // behind): rank 0 looks, and every rank takes its answer.
+    double held = comm_.rank() == 0 && restore_best_link(cfg_.io.run_dir, pos_.best_step) ? 1.0 : 0.0;
+    comm_.allreduce_sum_host(&held, 1);
+    if (held == 0.0) {
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "io.keep_best: %s holds no checkpoint of step %lld, which has the best %s so far (%.4f): "
+                    "the best is chosen again from this run's validations",
+                    checkpoint_dir(cfg_.io.run_dir).c_str(), (long long)pos_.best_step,
+                    best_metric_name(pos_.best_metric), pos_.best_value);
+      log::info(line);
+      pos_.best_value = 0.0;
+      pos_.best_step = -1;
+    }
+  }
   if (ck.state.world_size != comm_.size()) {
     // The schedule is a function of the step, and steps per epoch change with the
     // rank count: continue it at the same fraction of the epoch instead, so that the

@@ -12,7 +12,9 @@ best at epoch 2 of 6 and worse after it):
    up to its step (the mid-epoch one too);
 2. the same run in two parts (3 epochs, then resumed to 6): the same best.h5,
    /state and 'best:' lines (the record crosses the resume; epochs 4 to 6 beat
-   nothing);
+   nothing); resumed from a checkpoint older than the one best.h5 names, the link
+   names that checkpoint's best again; resumed from another directory's
+   checkpoint, the best is chosen again (this directory does not hold it);
 3. ddp_train --evaluate with io.resume = .../best.h5 on 3 ranks: the best record's
    val_loss and val_correct, bitwise;
 4. keep_best = 'val_acc' with io.checkpoint_async: best.h5 names epoch 2's
@@ -128,6 +130,22 @@ check(best_state(parts) == best_state(straight) != {},
       "best.h5's /state is the straight run's")
 check([l.replace(parts, straight) for l in best_lines(out1 + out2)] == want_lines,
       f"the 'best:' lines of both parts are the straight run's: {best_lines(out1 + out2)}")
+
+# 2b. Resumed from an older checkpoint than the best.h5 names: the link names that
+# checkpoint's record again. From another directory's checkpoint: chosen again.
+code, out, _ = train(every, *loss_args, "io.keep_checkpoints=100", f"io.resume={every}/checkpoints/ckpt_000000007.h5",
+                     "train.epochs=1", fresh=False)
+line = (f"checkpoint: {every}/checkpoints/best.h5 names ckpt_000000005.h5, the best of the checkpoint resumed from "
+        "(it named ckpt_000000010.h5, of a continuation this resume leaves behind)")
+check(code == 0 and line in out and link(every) == "ckpt_000000005.h5",
+      f"resumed from ckpt 7 (its best at step 5): the line, best.h5 {link(every)}")
+elsewhere = run_dir + "_elsewhere"
+code, out, _ = train(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
+line = (f"io.keep_best: {elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best "
+        f"val_loss so far ({best['val_loss']:.4f}): the best is chosen again from this run's validations")
+last = records(elsewhere)[-1]
+check(code == 0 and line in out and link(elsewhere) == f"ckpt_{last['step']:09d}.h5",
+      f"resumed from another directory's checkpoint: the line, best.h5 {link(elsewhere)} is epoch 7's")
 
 # 3. --evaluate of best.h5 on 3 ranks.
 code, out, _ = run(mpirun(mpiexec, 3, binary, ["--evaluate", nml, f"io.run_dir={straight}",

@@ -15,10 +15,10 @@
 //   /optimizer/steps                   int64, optimizer steps taken
 //   /state/{epoch, step, consumed, seed, lr_step, dropout_position, world_size}  int64
 //   /state/{epoch_loss_sum, epoch_samples}                                       float64
-//   /state/best_<metric>, /state/best_step  float64, int64 (io.keep_best only): the best
-//                                      value of the validation metric (val_loss, val_acc,
-//                                      val_acc5) so far, and the step of the checkpoint
-//                                      that holds it
+//   /state/best_<metric>, /state/{best_step, best_epoch}  float64, int64 (io.keep_best
+//                                      only): the best value of the validation metric
+//                                      (val_loss, val_acc, val_acc5) so far, the step of
+//                                      the checkpoint that holds it, the epochs done then
 //   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint
 //                                      (hashes: the uint64 bits),
 //   /data/train/{x_shape, y_shape}     int64 (dims): per-sample shapes
@@ -94,11 +94,13 @@ struct TrainingState {
   double loss_scale = 0.0;            // fp16's dynamic loss scale; 0: none (fp32, bf16)
   std::int64_t loss_scale_clean_steps = 0;  // fp16: clean steps since the scale last changed
   // io.keep_best: the validation metric that names the best checkpoint (best_metric_name),
-  // its best value so far, and the step of the checkpoint that holds that value (-1:
-  // none yet). A checkpoint whose step is best_step becomes best.h5 when written.
+  // its best value so far, the step of the checkpoint that holds that value (-1: none
+  // yet) and the epochs done then (train.patience counts from it). A checkpoint whose
+  // step is best_step becomes best.h5 when written.
   std::int64_t best_metric = 0;  // 0: none
   double best_value = 0.0;
   std::int64_t best_step = -1;
+  std::int64_t best_epoch = 0;
 };
 
 // io.keep_best's names by TrainingState::best_metric: "none", "val_loss", "val_acc",

@@ -142,6 +142,7 @@ void add_state(Blobs& blobs, const TrainingState& state) {
   if (state.best_metric != 0 && state.best_step >= 0) {  // io.keep_best, once a validation has run
     blobs[std::string("/state/best_") + best_metric_name(state.best_metric)] = scalar(state.best_value);
     blobs["/state/best_step"] = scalar(state.best_step);
+    blobs["/state/best_epoch"] = scalar(state.best_epoch);
   }
 }
 

@@ -261,6 +261,7 @@ TrainingState read_state(const Blobs& blobs) {
       s.best_metric = m;
       s.best_value = need_real(blobs, std::string("/state/best_") + best_metric_name(m));
       s.best_step = need_int(blobs, "/state/best_step");
+      s.best_epoch = need_int(blobs, "/state/best_epoch");
     }
   return s;
 }

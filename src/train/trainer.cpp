@@ -585,7 +585,22 @@ bool Trainer::record_best(const ValStats& v) {
     return false;
   pos_.best_value = value;
   pos_.best_step = step_;
+  pos_.best_epoch = pos_.epoch;
   return true;
+}
+
+bool Trainer::stopped_early() const {
+  return cfg_.train.patience > 0 && pos_.best_step >= 0 &&
+         pos_.epoch - pos_.best_epoch >= cfg_.train.patience;
+}
+
+std::string Trainer::early_stop_text() const {
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "%s has not improved on %.4f (epoch %lld) for %lld epochs (train.patience = %d)",
+                cfg_.io.keep_best.c_str(), pos_.best_value, (long long)pos_.best_epoch,
+                (long long)(pos_.epoch - pos_.best_epoch), cfg_.train.patience);
+  return text;
 }
 
 int Trainer::fit_epochs(MetricsWriter* metrics) {
@@ -598,6 +613,11 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     log::info("nothing to train: the run is complete (epoch " + std::to_string(pos_.epoch) + " of " +
               std::to_string(cfg_.train.epochs) + ", step " + std::to_string(step_) +
               "); raise train.epochs to continue it, or set io.resume = 'never' for a new run");
+    return 0;
+  }
+  if (stopped_early()) {
+    log::info("nothing to train: the run stopped early at epoch " + std::to_string(pos_.epoch) + ": " +
+              early_stop_text() + "; raise train.patience (0: off) to continue it");
     return 0;
   }
   while (pos_.epoch < cfg_.train.epochs) {
@@ -621,28 +641,35 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     // A signal that came during validation counts too.
     const Agreed now_flags = poll();
     const bool preempt = last_step.preempt || now_flags.preempt;
-    const bool last = pos_.epoch >= cfg_.train.epochs;
+    const bool early = stopped_early();  // train.patience: this epoch is the run's last
+    const bool last = pos_.epoch >= cfg_.train.epochs || early;
     const bool due =
         best || (scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
                                last_step.step_due || last_step.time_due || now_flags.time_due || last));
-    if (!due && !(preempt && !last)) continue;
-    const std::string problem = unsafe_to_save();
-    if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
-    // The last checkpoint, and a preemption's, are on disk before the run ends.
-    const std::string path = checkpoint(io.checkpoint_async && !last && !preempt);
-    if (best) {
-      char line[512];
-      std::snprintf(line, sizeof line, "best: %s %.4f at epoch %lld is the best so far; %s/%s names %s",
-                    io.keep_best.c_str(), pos_.best_value, (long long)e.epoch,
-                    checkpoint_dir(io.run_dir).c_str(), kBestLink, checkpoint_name(step_).c_str());
-      log::info(line);
+    if (due || (preempt && !last)) {
+      const std::string problem = unsafe_to_save();
+      if (!problem.empty()) fatal_all(comm_.mpi_comm(), problem);
+      // The last checkpoint, and a preemption's, are on disk before the run ends.
+      const std::string path = checkpoint(io.checkpoint_async && !last && !preempt);
+      if (best) {
+        char line[512];
+        std::snprintf(line, sizeof line, "best: %s %.4f at epoch %lld is the best so far; %s/%s names %s",
+                      io.keep_best.c_str(), pos_.best_value, (long long)e.epoch,
+                      checkpoint_dir(io.run_dir).c_str(), kBestLink, checkpoint_name(step_).c_str());
+        log::info(line);
+      }
+      if (preempt && !last) {
+        char line[512];
+        std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",
+                      path.c_str(), (long long)step_, kExitRequeue);
+        log::info(line);
+        return stop();
+      }
     }
-    if (preempt && !last) {
-      char line[512];
-      std::snprintf(line, sizeof line, "preempted: checkpoint %s written at step %lld; exit %d for requeue",
-                    path.c_str(), (long long)step_, kExitRequeue);
-      log::info(line);
-      return stop();
+    if (early) {
+      log::info("early stop: " + early_stop_text() + "; " + checkpoint_dir(io.run_dir) + "/" + kBestLink +
+                " names " + checkpoint_name(pos_.best_step));
+      return 0;
     }
   }
   return 0;

@@ -21,8 +21,13 @@ best at epoch 2 of 6 and worse after it):
    checkpoint, not epoch 4's of the same val_acc (a tie keeps the earlier);
 5. resumed with keep_best = 'val_acc' from a 'val_loss' checkpoint: one line says
    the best is chosen again, and the next epoch is the best;
-6. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
-   'val_acc' with the mse loss: one error line each, exit 1 on every rank.
+6. train.patience = 2 (early stopping) of 10 epochs: the run ends 0 after epoch 4,
+   two epochs past the best, with a line, its last checkpoint written and
+   /state/best_epoch 2; started again, nothing to train, with a line; with
+   patience 3 it trains epoch 5 alone;
+7. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
+   'val_acc' with the mse loss, train.patience without io.keep_best: one error line
+   each, exit 1 on every rank.
 
 usage: best.py MPIEXEC DDP_TRAIN TINY.nml REGRESSION.nml RUN_DIR
 """
@@ -32,7 +37,7 @@ import re
 import shutil
 import sys
 
-from common import checkpoints, expect_one_error, mpirun, run, state
+from common import checkpoints, expect_one_error, latest, mpirun, run, state
 
 mpiexec, binary, nml, regression_nml, run_dir = sys.argv[1:6]
 failures = []
@@ -178,7 +183,30 @@ check(best_state(parts).get("best_val_acc") == last["val_acc"],
       "its /state/best_val_acc is epoch 7's val_acc")
 check(name not in checkpoints(parts), f"{name} is no longer kept (keep 1)")
 
-# 6. Bad input: one line each, before any training.
+# 6. Early stopping: train.patience epochs past the best end the run.
+early = run_dir + "_early"
+stop_args = ["io.keep_best=val_loss", "train.epochs=10", "train.patience=2"]
+code, out, _ = train(early, *stop_args)
+line = (f"early stop: val_loss has not improved on {best['val_loss']:.4f} (epoch {best['epoch']}) for 2 epochs "
+        f"(train.patience = 2); {early}/checkpoints/best.h5 names {name}")
+epochs = [r["epoch"] for r in records(early)]
+check(code == 0 and line in out and epochs == list(range(1, best["epoch"] + 3)),
+      f"patience 2: exit {code}, the line, epochs {epochs} end 2 past the best")
+check(latest(early) == f"ckpt_{records(early)[-1]['step']:09d}.h5" and link(early) == name,
+      f"its last checkpoint {latest(early)} is written; best.h5 {link(early)}")
+check(state(os.path.join(early, "checkpoints", latest(early))).get("best_epoch") == best["epoch"],
+      f"the last checkpoint's /state/best_epoch is {best['epoch']}")
+code, out, _ = train(early, *stop_args, fresh=False)
+line = (f"nothing to train: the run stopped early at epoch {best['epoch'] + 2}: val_loss has not improved on "
+        f"{best['val_loss']:.4f} (epoch {best['epoch']}) for 2 epochs (train.patience = 2); raise train.patience "
+        "(0: off) to continue it")
+check(code == 0 and line in out and len(records(early)) == len(epochs), "started again: nothing to train, the line")
+code, out, _ = train(early, *stop_args, "train.patience=3", fresh=False)
+epochs = [r["epoch"] for r in records(early)]
+check(code == 0 and "for 3 epochs (train.patience = 3)" in out and epochs == list(range(1, best["epoch"] + 4)),
+      f"patience 3: epoch {best['epoch'] + 3} alone, then the stop: epochs {epochs}")
+
+# 7. Bad input: one line each, before any training.
 errors = run_dir + "_errors"
 for args, words in [
         ([nml, "io.keep_best=val_loss", "data.val_files="],
@@ -187,7 +215,9 @@ for args, words in [
          r"io\.keep_best = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes have; "
          r"this one has 3: use 'val_acc' or 'val_loss'"),
         ([regression_nml, "io.keep_best=val_acc"],
-         r"io\.keep_best = 'val_acc' needs model\.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'")]:
+         r"io\.keep_best = 'val_acc' needs model\.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'"),
+        ([nml, "train.patience=2"],
+         r"train\.patience=2: needs io\.keep_best, the validation metric whose improvement it waits for$")]:
     shutil.rmtree(errors, ignore_errors=True)
     code, out, err = run(mpirun(mpiexec, 2, binary, args + [f"io.run_dir={errors}"]), timeout=120)
     expect_one_error(code, out, err, words)  # exits on a mismatch

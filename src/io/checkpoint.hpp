@@ -107,7 +107,8 @@ struct TrainingState {
 // "val_acc5" ("" past them); and back (-1: not one of them).
 const char* best_metric_name(std::int64_t metric);
 std::int64_t best_metric_index(const std::string& name);
-constexpr const char* kBestLink = "best.h5";  // in checkpoint_dir
+constexpr const char* kBestLink = "best.h5";        // in checkpoint_dir
+std::string best_link(const std::string& run_dir);  // <run_dir>/checkpoints/best.h5
 
 // Rank 0, at a resume whose checkpoint records the best at `best_step`: whether
 // <run_dir>/checkpoints holds that step's checkpoint. If it does and best.h5 names

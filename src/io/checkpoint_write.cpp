@@ -298,6 +298,8 @@ void keep_newest(const std::string& dir, int keep, const std::string& name) {
 
 std::string checkpoint_dir(const std::string& run_dir) { return run_dir + "/checkpoints"; }
 
+std::string best_link(const std::string& run_dir) { return checkpoint_dir(run_dir) + "/" + kBestLink; }
+
 std::string checkpoint_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "ckpt_%09lld.h5", (long long)step);
@@ -350,8 +352,7 @@ bool restore_best_link(const std::string& run_dir, std::int64_t best_step) {
   try {
     ckpt::point_best(dir, name);
     log::info(
-        "checkpoint: " + dir + "/" + kBestLink + " names " + name +
-        ", the best of the checkpoint resumed from" +
+        "checkpoint: " + best_link(run_dir) + " names " + name + ", the best of the checkpoint resumed from" +
         (before.empty() ? "" : " (it named " + before + ", of a continuation this resume leaves behind)"));
   } catch (const CheckpointWriteError& e) {
     log::warn(std::string(e.what()) + "; the run goes on");

@@ -332,7 +332,7 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
     if (pos_.best_step >= 0)
       log::info("io.keep_best is '" + cfg_.io.keep_best + "' and the checkpoint's run kept the best by " +
                 best_metric_name(pos_.best_metric) + " (step " + std::to_string(pos_.best_step) + "): " +
-                (best == 0 ? checkpoint_dir(cfg_.io.run_dir) + "/" + kBestLink + " is no longer updated"
+                (best == 0 ? best_link(cfg_.io.run_dir) + " is no longer updated"
                            : "the best is chosen again from this run's validations"));
     pos_.best_metric = best;
     pos_.best_value = 0.0;
@@ -653,9 +653,9 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       const std::string path = checkpoint(io.checkpoint_async && !last && !preempt);
       if (best) {
         char line[512];
-        std::snprintf(line, sizeof line, "best: %s %.4f at epoch %lld is the best so far; %s/%s names %s",
+        std::snprintf(line, sizeof line, "best: %s %.4f at epoch %lld is the best so far; %s names %s",
                       io.keep_best.c_str(), pos_.best_value, (long long)e.epoch,
-                      checkpoint_dir(io.run_dir).c_str(), kBestLink, checkpoint_name(step_).c_str());
+                      best_link(io.run_dir).c_str(), checkpoint_name(step_).c_str());
         log::info(line);
       }
       if (preempt && !last) {
@@ -667,8 +667,8 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       }
     }
     if (early) {
-      log::info("early stop: " + early_stop_text() + "; " + checkpoint_dir(io.run_dir) + "/" + kBestLink +
-                " names " + checkpoint_name(pos_.best_step));
+      log::info("early stop: " + early_stop_text() + "; " + best_link(io.run_dir) + " names " +
+                checkpoint_name(pos_.best_step));
       return 0;
     }
   }

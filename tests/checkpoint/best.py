@@ -13,7 +13,8 @@ best at epoch 2 of 6 and worse after it):
 2. the same run in two parts (3 epochs, then resumed to 6): the same best.h5,
    /state and 'best:' lines (the record crosses the resume; epochs 4 to 6 beat
    nothing); resumed from a checkpoint older than the one best.h5 names, the link
-   names that checkpoint's best again; resumed from another directory's
+   names that checkpoint's best again, and resumed mid-epoch the next epoch is
+   compared with that record; resumed from another directory's
    checkpoint, the best is chosen again (this directory does not hold it);
 3. ddp_train --evaluate with io.resume = .../best.h5 on 3 ranks: the best record's
    val_loss and val_correct, bitwise;
@@ -144,6 +145,12 @@ line = (f"checkpoint: {every}/checkpoints/best.h5 names ckpt_000000005.h5, the b
         "(it named ckpt_000000010.h5, of a continuation this resume leaves behind)")
 check(code == 0 and line in out and link(every) == "ckpt_000000005.h5",
       f"resumed from ckpt 7 (its best at step 5): the line, best.h5 {link(every)}")
+# From ckpt 14, mid-epoch 3 (its record: 0.5400 at step 10): the link names ckpt 10
+# again, and epoch 3's 0.7658, worse than the record, is no new best.
+code, out, _ = train(every, *loss_args, "io.keep_checkpoints=100", f"io.resume={every}/checkpoints/ckpt_000000014.h5",
+                     "train.epochs=3", fresh=False)
+check(code == 0 and f"checkpoint: {every}/checkpoints/best.h5 names {name}" in out and not best_lines(out) and
+      link(every) == name, f"resumed mid-epoch from ckpt 14: the record carried, no 'best:' line, best.h5 {link(every)}")
 elsewhere = run_dir + "_elsewhere"
 code, out, _ = train(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
 line = (f"io.keep_best: {elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best "

@@ -110,6 +110,14 @@ std::int64_t best_metric_index(const std::string& name);
 constexpr const char* kBestLink = "best.h5";        // in checkpoint_dir
 std::string best_link(const std::string& run_dir);  // <run_dir>/checkpoints/best.h5
 
+// Whether <run_dir>/checkpoints holds the checkpoint of `step` (ckpt_<step>.h5).
+bool holds_checkpoint(const std::string& run_dir, std::int64_t step);
+
+// io.keep_best, rank 0 at start-up: "" when best.h5 is absent or a symbolic link (the
+// one ddp_train keeps), else the error line: a file or directory put there, which the
+// next best would replace (a file) or fail on (a directory).
+std::string best_link_problem(const std::string& run_dir);
+
 // Rank 0, at a resume whose checkpoint records the best at `best_step`: whether
 // <run_dir>/checkpoints holds that step's checkpoint. If it does and best.h5 names
 // another (a checkpoint of a continuation this resume leaves behind) or none, best.h5

@@ -6,6 +6,7 @@
 // full disk; the newest K kept, and the best.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -344,9 +345,21 @@ std::string PendingCheckpoint::path() const { return checkpoint_dir(run_dir_) + 
 
 std::size_t PendingCheckpoint::size() const { return image_->size(); }
 
+bool holds_checkpoint(const std::string& run_dir, std::int64_t step) {
+  return access((checkpoint_dir(run_dir) + "/" + checkpoint_name(step)).c_str(), F_OK) == 0;
+}
+
+std::string best_link_problem(const std::string& run_dir) {
+  const std::string link = best_link(run_dir);
+  struct stat st {};
+  if (lstat(link.c_str(), &st) != 0 || S_ISLNK(st.st_mode)) return "";
+  return "io.keep_best: " + link + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "a file") +
+         ", not the link to the best checkpoint that ddp_train keeps at that name: move or rename it";
+}
+
 bool restore_best_link(const std::string& run_dir, std::int64_t best_step) {
   const std::string dir = checkpoint_dir(run_dir), name = checkpoint_name(best_step);
-  if (access((dir + "/" + name).c_str(), F_OK) != 0) return false;
+  if (!holds_checkpoint(run_dir, best_step)) return false;
   const std::string before = ckpt::best_target(dir);
   if (before == name) return true;
   try {

@@ -2,6 +2,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 
 namespace ddp {
@@ -21,6 +22,30 @@ OptimizerSnapshot snapshot_of(Optimizer& optimizer) {
     snap.state.emplace_back(name, std::vector<float>(host.data(), host.data() + host.extent(0)));
   }
   return snap;
+}
+
+bool stopped_early(const TrainingState& pos, int patience) {
+  return patience > 0 && pos.best_step >= 0 && pos.epoch - pos.best_epoch >= patience;
+}
+
+std::string early_stop_text(const TrainingState& pos, const Config& cfg) {
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "%s has not improved on %.4f (epoch %lld) for %lld epochs (train.patience = %d)",
+                best_metric_name(pos.best_metric), pos.best_value, (long long)pos.best_epoch,
+                (long long)(pos.epoch - pos.best_epoch), cfg.train.patience);
+  return text;
+}
+
+std::string nothing_to_train(const TrainingState& pos, const Config& cfg) {
+  if (pos.epoch >= cfg.train.epochs)
+    return "the run is complete (epoch " + std::to_string(pos.epoch) + " of " +
+           std::to_string(cfg.train.epochs) + ", step " + std::to_string(pos.step) +
+           "); raise train.epochs to continue it, or set io.resume = 'never' for a new run";
+  if (stopped_early(pos, cfg.train.patience))
+    return "the run stopped early at epoch " + std::to_string(pos.epoch) + ": " + early_stop_text(pos, cfg) +
+           "; raise train.patience (0: off) to continue it";
+  return "";
 }
 
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,

@@ -63,6 +63,18 @@ class BackgroundCheckpoint {
   double seconds_ = 0.0;  // likewise
 };
 
+// Where a run stands against its input, from the position a checkpoint holds: the
+// trainer at a start, ddp_train --check, alike.
+// train.patience: the run has had `patience` epochs without a better io.keep_best
+// metric since pos.best_epoch (pos.best_step >= 0: a record).
+bool stopped_early(const TrainingState& pos, int patience);
+// "val_acc has not improved on 0.7612 (epoch 40) for 5 epochs (train.patience = 5)".
+std::string early_stop_text(const TrainingState& pos, const Config& cfg);
+// "" when a start from `pos` has epochs to train, else why not: "the run is complete
+// (...); raise train.epochs ..." or "the run stopped early at epoch E: ...; raise
+// train.patience ...".
+std::string nothing_to_train(const TrainingState& pos, const Config& cfg);
+
 // find_start_checkpoint of io/checkpoint.hpp, per cfg.io (resume, run_dir, init_from,
 // allow_data_change). Collective. `shares`, `values`: see there.
 std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const Config& cfg, const Model& model,

@@ -281,6 +281,18 @@ std::unique_ptr<Communicator> make_communicator(const Context& ctx, const Config
   return comm;
 }
 
+namespace {
+
+// io.keep_best: a file or directory where best.h5 goes is one error line at start-up,
+// not replaced by the run's first best (or its checkpoint failing on a directory).
+void check_best_link(const Context& ctx, const Config& cfg) {
+  if (cfg.io.keep_best == "none") return;
+  const std::string problem = ctx.rank() == 0 ? best_link_problem(cfg.io.run_dir) : "";
+  fatal_if_any(ctx.world(), !problem.empty(), problem);
+}
+
+}  // namespace
+
 RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg) {
   std::string problem;
   if (ctx.rank() == 0) problem = make_directories(cfg.io.run_dir);
@@ -289,6 +301,7 @@ RunDirLock prepare_run_dir(const Context& ctx, const Config& cfg) {
   if (ctx.rank() == 0) lock = RunDirLock(cfg.io.run_dir, cfg.source_path);
   fatal_if_any(ctx.world(), !lock.problem().empty(), lock.problem());
   if (!lock.warning().empty()) log::warn(lock.warning());
+  check_best_link(ctx, cfg);
   log::info(input_banner(ctx, cfg, ""));
   return lock;
 }
@@ -311,6 +324,44 @@ void start_from_checkpoint(const Context& ctx, const Config& cfg, const Model& m
   if (ck) trainer.restore(*ck, weights_only);
 }
 
+namespace {
+
+// --check's line on the checkpoint a run would resume from: where it would go on, with
+// io.keep_best's record; or, where it is the run's end, that it would train nothing.
+std::string resume_text(const Config& cfg, const Checkpoint& ck) {
+  TrainingState pos = ck.state;
+  // The record the resume carries on (Trainer::restore): of io.keep_best's metric, its
+  // checkpoint in this run directory.
+  std::string dropped;
+  if (pos.best_step >= 0 && pos.best_metric != best_metric_index(cfg.io.keep_best))
+    dropped = "; the checkpoint's run kept the best by " + std::string(best_metric_name(pos.best_metric));
+  else if (pos.best_step >= 0 && !holds_checkpoint(cfg.io.run_dir, pos.best_step))
+    dropped = "; " + checkpoint_dir(cfg.io.run_dir) + " holds no checkpoint of step " +
+              std::to_string(pos.best_step) + ", which has the best " + best_metric_name(pos.best_metric) +
+              " so far";
+  if (!dropped.empty()) {
+    dropped += cfg.io.keep_best == "none" ? ": " + best_link(cfg.io.run_dir) + " is no longer updated"
+                                          : ": the best is chosen again";
+    pos.best_step = -1;
+  }
+  const std::string done = nothing_to_train(pos, cfg);
+  if (!done.empty())
+    return "checkpoint: would start from " + ck.path + " (epoch " + std::to_string(pos.epoch) + ", step " +
+           std::to_string(pos.step) + ") and train nothing: " + done;
+  std::string text = "checkpoint: would resume from " + ck.path + " (epoch " + std::to_string(pos.epoch + 1) +
+                     ", step " + std::to_string(pos.step) + ")";
+  if (pos.best_step >= 0) {
+    char best[256];
+    std::snprintf(best, sizeof best, "; the best %s so far, %.4f at epoch %lld, is %s",
+                  best_metric_name(pos.best_metric), pos.best_value, (long long)pos.best_epoch,
+                  checkpoint_name(pos.best_step).c_str());
+    text += best;
+  }
+  return text + dropped;
+}
+
+}  // namespace
+
 int check_run(const Context& ctx, const Config& cfg) {
   log::info(input_banner(ctx, cfg, "--check"));
   Data data = open_data(ctx, cfg);
@@ -323,10 +374,10 @@ int check_run(const Context& ctx, const Config& cfg) {
   if (ck && weights_only)
     log::info("checkpoint: a new run from the weights of " + ck->path);
   else if (ck)
-    log::info("checkpoint: would resume from " + ck->path + " (epoch " + std::to_string(ck->state.epoch + 1) +
-              ", step " + std::to_string(ck->state.step) + ")");
+    log::info(resume_text(cfg, *ck));
   else
     log::info("checkpoint: none; a new run");
+  check_best_link(ctx, cfg);
   if (ctx.rank() == 0) {
     const std::string holder = RunDirLock::holder(cfg.io.run_dir);
     if (!holder.empty())

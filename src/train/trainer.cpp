@@ -498,6 +498,8 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
     tb_->scalar("epoch/val_loss", step, v.loss);
     if (classify) tb_->scalar("epoch/val_acc", step, v.accuracy);
     if (v.top5) tb_->scalar("epoch/val_acc5", step, v.accuracy5);
+    if (pos_.best_step >= 0)
+      tb_->scalar(std::string("epoch/best_") + best_metric_name(pos_.best_metric), step, pos_.best_value);
   }
   tb_->scalar("epoch/samples_per_s", step, e.samples_per_s);
   tb_->scalar("epoch/lr", step, e.lr);
@@ -555,6 +557,10 @@ void Trainer::write_metrics(MetricsWriter& metrics, const EpochStats& e, const V
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   MetricRecord r = {{"epoch", (long long)e.epoch}, {"step", (long long)e.step}, {"train_loss", e.train_loss}};
   if (val_) append_validation(r, v, classify);
+  if (pos_.best_step >= 0) {  // io.keep_best: the best so far, this epoch's included
+    r.push_back({std::string("best_") + best_metric_name(pos_.best_metric), pos_.best_value});
+    r.push_back({"best_epoch", (long long)pos_.best_epoch});
+  }
   r.push_back({"samples_per_s", e.samples_per_s});
   r.push_back({"train_seconds", e.train_seconds});
   r.push_back({"val_seconds", val_seconds});
@@ -589,35 +595,15 @@ bool Trainer::record_best(const ValStats& v) {
   return true;
 }
 
-bool Trainer::stopped_early() const {
-  return cfg_.train.patience > 0 && pos_.best_step >= 0 &&
-         pos_.epoch - pos_.best_epoch >= cfg_.train.patience;
-}
-
-std::string Trainer::early_stop_text() const {
-  char text[512];
-  std::snprintf(text, sizeof text,
-                "%s has not improved on %.4f (epoch %lld) for %lld epochs (train.patience = %d)",
-                cfg_.io.keep_best.c_str(), pos_.best_value, (long long)pos_.best_epoch,
-                (long long)(pos_.epoch - pos_.best_epoch), cfg_.train.patience);
-  return text;
-}
-
 int Trainer::fit_epochs(MetricsWriter* metrics) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   const IoConfig& io = cfg_.io;
   const bool scheduled =
       io.checkpoint_every > 0 || io.checkpoint_every_steps > 0 || io.checkpoint_every_minutes > 0;
   last_checkpoint_time_ = now();
-  if (pos_.epoch >= cfg_.train.epochs) {
-    log::info("nothing to train: the run is complete (epoch " + std::to_string(pos_.epoch) + " of " +
-              std::to_string(cfg_.train.epochs) + ", step " + std::to_string(step_) +
-              "); raise train.epochs to continue it, or set io.resume = 'never' for a new run");
-    return 0;
-  }
-  if (stopped_early()) {
-    log::info("nothing to train: the run stopped early at epoch " + std::to_string(pos_.epoch) + ": " +
-              early_stop_text() + "; raise train.patience (0: off) to continue it");
+  const std::string done = nothing_to_train(pos_, cfg_);
+  if (!done.empty()) {
+    log::info("nothing to train: " + done);
     return 0;
   }
   while (pos_.epoch < cfg_.train.epochs) {
@@ -633,15 +619,16 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       val_seconds = now() - t0;
       eta_.validated(val_seconds);
     }
+    const bool best = val_ && record_best(v);  // before the records, which carry the best so far
     log_epoch(e, v, val_seconds);
     if (metrics) write_metrics(*metrics, e, v, val_seconds);
     if (tb_) write_tensorboard(e, e.step - first_step, v, classify);
-    const bool best = val_ && record_best(v);
 
     // A signal that came during validation counts too.
     const Agreed now_flags = poll();
     const bool preempt = last_step.preempt || now_flags.preempt;
-    const bool early = stopped_early();  // train.patience: this epoch is the run's last
+    const bool early =
+        stopped_early(pos_, cfg_.train.patience);  // train.patience: this epoch is the run's last
     const bool last = pos_.epoch >= cfg_.train.epochs || early;
     const bool due =
         best || (scheduled && ((io.checkpoint_every > 0 && e.epoch % io.checkpoint_every == 0) ||
@@ -667,7 +654,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       }
     }
     if (early) {
-      log::info("early stop: " + early_stop_text() + "; " + best_link(io.run_dir) + " names " +
+      log::info("early stop: " + early_stop_text(pos_, cfg_) + "; " + best_link(io.run_dir) + " names " +
                 checkpoint_name(pos_.best_step));
       return 0;
     }

@@ -204,9 +204,6 @@ class Trainer {
   // io.keep_best, every rank alike: whether the epoch's validation `v` beats the best so
   // far; then pos_ records it, and the checkpoint made next holds it and becomes best.h5.
   bool record_best(const ValStats& v);
-  // train.patience: pos_.epoch - best_epoch epochs without a better metric end the run.
-  bool stopped_early() const;
-  std::string early_stop_text() const;  // "val_acc has not improved on 0.7612 (epoch 40) for 5 epochs (...)"
   // Every rank calls it; rank 0 writes pos_ (`in_background`: starts its write on
   // background_'s thread), after finishing the one under way there.
   std::string checkpoint(bool in_background = false);

@@ -9,26 +9,32 @@ best at epoch 2 of 6 and worse after it):
    and /state/best_step its step; epoch 1's checkpoint was made though no cadence
    asked for it (a new best is checkpointed); a 'best:' line for each new best
    and no other; every kept checkpoint's /state/best_* is the best of the records
-   up to its step (the mid-epoch one too);
+   up to its step (the mid-epoch one too); every metrics.jsonl record carries the
+   best so far (best_val_loss, best_epoch);
 2. the same run in two parts (3 epochs, then resumed to 6): the same best.h5,
    /state and 'best:' lines (the record crosses the resume; epochs 4 to 6 beat
    nothing); resumed from a checkpoint older than the one best.h5 names, the link
    names that checkpoint's best again, and resumed mid-epoch the next epoch is
    compared with that record; resumed from another directory's
-   checkpoint, the best is chosen again (this directory does not hold it);
+   checkpoint, the best is chosen again (this directory does not hold it), as
+   ddp_train --check says before it;
 3. ddp_train --evaluate with io.resume = .../best.h5 on 3 ranks: the best record's
    val_loss and val_correct, bitwise;
 4. keep_best = 'val_acc' with io.checkpoint_async: best.h5 names epoch 2's
    checkpoint, not epoch 4's of the same val_acc (a tie keeps the earlier);
+   metrics.jsonl carries best_val_acc, not best_val_loss;
 5. resumed with keep_best = 'val_acc' from a 'val_loss' checkpoint: one line says
-   the best is chosen again, and the next epoch is the best;
+   the best is chosen again (--check says it too), and the next epoch is the best;
 6. train.patience = 2 (early stopping) of 10 epochs: the run ends 0 after epoch 4,
    two epochs past the best, with a line, its last checkpoint written and
-   /state/best_epoch 2; started again, nothing to train, with a line; with
-   patience 3 it trains epoch 5 alone;
+   /state/best_epoch 2; started again, nothing to train, with a line, and --check
+   says so; with patience 3 --check says it would resume, naming the best, and the
+   run trains epoch 5 alone; --check of the complete run: nothing to train;
 7. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
    'val_acc' with the mse loss, train.patience without io.keep_best: one error line
-   each, exit 1 on every rank.
+   each, exit 1 on every rank;
+8. a file, then a directory, at checkpoints/best.h5: one error line at start-up,
+   from a run and from --check, nothing trained, the file left as it was.
 
 usage: best.py MPIEXEC DDP_TRAIN TINY.nml REGRESSION.nml RUN_DIR
 """
@@ -84,6 +90,15 @@ def best_state(directory):
     return state(path) if os.path.exists(path) else {}
 
 
+def check_line(directory, *overrides):
+    """ddp_train --check's 'checkpoint:' line for train()'s arguments."""
+    args = ["--check", nml, "train.lr=0.5", "train.log_every=0", f"io.run_dir={directory}", "train.epochs=6",
+            *overrides]
+    code, out, _ = run(mpirun(mpiexec, 2, binary, args), timeout=120)
+    lines = [line for line in out.splitlines() if line.startswith("checkpoint: ")]
+    return lines[0] if code == 0 and len(lines) == 1 else f"exit {code}, lines {lines}"
+
+
 def best_lines(out):
     return [line for line in out.splitlines() if line.startswith("best: ")]
 
@@ -112,6 +127,10 @@ want_lines = [f"best: val_loss {r['val_loss']:.4f} at epoch {r['epoch']} is the 
               f"{straight}/checkpoints/best.h5 names ckpt_{r['step']:09d}.h5" for r in news]
 check(best_lines(out) == want_lines, f"a 'best:' line for each new best ({len(want_lines)}): {best_lines(out)}")
 check(news[0]["epoch"] == 1 and news[0]["step"] % 7 != 0, "epoch 1 was a new best off the cadence")
+so_far = [(best_of(recs[:i + 1], "val_loss", lower=True)["val_loss"],
+           best_of(recs[:i + 1], "val_loss", lower=True)["epoch"]) for i in range(len(recs))]
+check([(r.get("best_val_loss"), r.get("best_epoch")) for r in recs] == so_far,
+      f"metrics.jsonl's best_val_loss and best_epoch are the best so far in every record: {so_far}")
 
 # Every checkpoint of a run that keeps them all: /state's best is the best up to its step.
 every = run_dir + "_every"
@@ -152,6 +171,11 @@ code, out, _ = train(every, *loss_args, "io.keep_checkpoints=100", f"io.resume={
 check(code == 0 and f"checkpoint: {every}/checkpoints/best.h5 names {name}" in out and not best_lines(out) and
       link(every) == name, f"resumed mid-epoch from ckpt 14: the record carried, no 'best:' line, best.h5 {link(every)}")
 elsewhere = run_dir + "_elsewhere"
+shutil.rmtree(elsewhere, ignore_errors=True)
+said = check_line(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
+check(said == f"checkpoint: would resume from {straight}/checkpoints/{newest} (epoch 7, step {recs[-1]['step']}); "
+      f"{elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best val_loss so far: "
+      "the best is chosen again", f"--check from another directory's checkpoint: {said}")
 code, out, _ = train(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
 line = (f"io.keep_best: {elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best "
         f"val_loss so far ({best['val_loss']:.4f}): the best is chosen again from this run's validations")
@@ -178,8 +202,14 @@ check(link(acc) == f"ckpt_{top['step']:09d}.h5", f"best.h5 {link(acc)} is epoch 
 st = best_state(acc)
 check(st.get("best_val_acc") == top["val_acc"] and "best_val_loss" not in st,
       "its /state/best_val_acc is the record's, and no best_val_loss")
+check([r.get("best_val_acc") for r in recs_acc] ==
+      [best_of(recs_acc[:i + 1], "val_acc", lower=False)["val_acc"] for i in range(len(recs_acc))] and
+      not any("best_val_loss" in r for r in recs_acc), "metrics.jsonl: best_val_acc so far, no best_val_loss")
 
 # 5. Another metric on resume: chosen again from this run's validations.
+said = check_line(parts, "train.epochs=7", "io.keep_best=val_acc", "io.keep_checkpoints=1")
+check(said == f"checkpoint: would resume from {parts}/checkpoints/{newest} (epoch 7, step {recs[-1]['step']}); "
+      "the checkpoint's run kept the best by val_loss: the best is chosen again", f"--check with val_acc: {said}")
 code, out, _ = train(parts, "train.epochs=7", "io.keep_best=val_acc", "io.keep_checkpoints=1", fresh=False)
 line = (f"io.keep_best is 'val_acc' and the checkpoint's run kept the best by val_loss (step {best['step']}): "
         "the best is chosen again from this run's validations")
@@ -208,10 +238,23 @@ line = (f"nothing to train: the run stopped early at epoch {best['epoch'] + 2}: 
         f"{best['val_loss']:.4f} (epoch {best['epoch']}) for 2 epochs (train.patience = 2); raise train.patience "
         "(0: off) to continue it")
 check(code == 0 and line in out and len(records(early)) == len(epochs), "started again: nothing to train, the line")
+stop_ckpt = f"{early}/checkpoints/{latest(early)}"
+said = check_line(early, *stop_args)
+check(said == f"checkpoint: would start from {stop_ckpt} (epoch {epochs[-1]}, step {records(early)[-1]['step']}) "
+      "and train nothing: " + line[len("nothing to train: "):], f"--check of the stopped run: {said}")
+said = check_line(early, *stop_args, "train.patience=3")
+check(said == f"checkpoint: would resume from {stop_ckpt} (epoch {epochs[-1] + 1}, step {records(early)[-1]['step']}); "
+      f"the best val_loss so far, {best['val_loss']:.4f} at epoch {best['epoch']}, is {name}",
+      f"--check with patience 3: {said}")
 code, out, _ = train(early, *stop_args, "train.patience=3", fresh=False)
 epochs = [r["epoch"] for r in records(early)]
 check(code == 0 and "for 3 epochs (train.patience = 3)" in out and epochs == list(range(1, best["epoch"] + 4)),
       f"patience 3: epoch {best['epoch'] + 3} alone, then the stop: epochs {epochs}")
+said = check_line(early, *stop_args, "train.patience=0", f"train.epochs={epochs[-1]}")
+check(said == f"checkpoint: would start from {early}/checkpoints/{latest(early)} (epoch {epochs[-1]}, step "
+      f"{records(early)[-1]['step']}) and train nothing: the run is complete (epoch {epochs[-1]} of {epochs[-1]}, "
+      f"step {records(early)[-1]['step']}); raise train.epochs to continue it, or set io.resume = 'never' for a new run",
+      f"--check of the complete run: {said}")
 
 # 7. Bad input: one line each, before any training.
 errors = run_dir + "_errors"
@@ -230,6 +273,27 @@ for args, words in [
     expect_one_error(code, out, err, words)  # exits on a mismatch
     check(code == 1 and not re.search(r"^epoch 1", out, re.M) and "Traceback" not in err and
           "terminate called" not in err, f"{args[-1]}: exit {code} (1), one error line, nothing trained")
+
+# 8. Something else at best.h5: one line at start-up, the thing left alone.
+squat = run_dir + "_squat"
+for kind in ["a file", "a directory"]:
+    shutil.rmtree(squat, ignore_errors=True)
+    path = os.path.join(squat, "checkpoints", "best.h5")
+    os.makedirs(os.path.dirname(path))
+    if kind == "a file":
+        with open(path, "w") as f:
+            f.write("my model\n")
+    else:
+        os.mkdir(path)
+    words = (rf"io\.keep_best: {re.escape(path)} is {kind}, not the link to the best checkpoint that ddp_train "
+             r"keeps at that name: move or rename it$")
+    for check_only in [False, True]:
+        args = (["--check"] if check_only else []) + [nml, "io.keep_best=val_loss", f"io.run_dir={squat}"]
+        code, out, err = run(mpirun(mpiexec, 2, binary, args), timeout=120)
+        expect_one_error(code, out, err, words)
+        check(code == 1 and not re.search(r"^epoch 1", out, re.M) and not checkpoints(squat) and
+              (os.path.isdir(path) if kind == "a directory" else open(path).read() == "my model\n"),
+              f"{kind} at best.h5, {'--check' if check_only else 'a run'}: exit {code} (1), one line, left as it was")
 
 if failures:
     sys.exit(f"FAIL: {len(failures)} check(s)")

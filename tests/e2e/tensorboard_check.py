@@ -15,7 +15,9 @@
    and each step once, the new run's (its file starts with a session start at step
    6, after which TensorBoard drops the older files' later steps);
 4. a model of 7 outputs on the same data: epoch/val_acc5 equals metrics.jsonl's
-   val_acc5, which tiny.nml's 3 outputs have in neither.
+   val_acc5, which tiny.nml's 3 outputs have in neither; with io.keep_best =
+   'val_acc' there, epoch/best_val_acc is metrics.jsonl's best_val_acc (the best so
+   far), which runs without keep_best have in neither.
 
 usage: tensorboard_check.py MPIEXEC DDP_TRAIN INPUT RUN_DIR   (exit 77: no tensorboard)
 """
@@ -111,6 +113,12 @@ def check_epochs(tb, records, top5=False):
         expect("epoch/val_acc5", tb.get("epoch/val_acc5", []), [(r["step"], r["val_acc5"]) for r in records])
     elif any("val_acc5" in r for r in records) or "epoch/val_acc5" in tb:
         errors.append("val_acc5 written for a model of 3 classes")
+    # io.keep_best: the best so far, as metrics.jsonl's best_<metric>; none without it.
+    best = sorted({k for r in records for k in r if k.startswith("best_val")})
+    if best != sorted(t[len("epoch/"):] for t in tb if t.startswith("epoch/best_")):
+        errors.append(f"best_* in metrics.jsonl {best}, in TensorBoard {[t for t in tb if 'best' in t]}")
+    for key in best:
+        expect("epoch/" + key, tb.get("epoch/" + key, []), [(r["step"], r[key]) for r in records])
     prev = 0
     for r in records:
         steps = r["step"] - prev
@@ -160,11 +168,15 @@ if losses != list(range(1, records[-1]["step"] + 1)):
 # 7 outputs for the 3 classes: top-5 accuracy in metrics.jsonl and TensorBoard alike.
 top5_dir = run_dir + "_top5"
 shutil.rmtree(top5_dir, ignore_errors=True)
-run(2, "model.layers=linear(8),relu,linear(7)", where=top5_dir)
+run(3, "model.layers=linear(8),relu,linear(7)", "io.keep_best=val_acc", where=top5_dir)
 top5_records = [json.loads(line) for line in open(top5_dir + "/metrics.jsonl")]
 if not all(0 < r.get("val_acc5", 0) <= 1 for r in top5_records):
     errors.append(f"7 outputs: val_acc5 {[r.get('val_acc5') for r in top5_records]} in metrics.jsonl")
 check_epochs(scalars(top5_dir + "/tb")[1], top5_records, top5=True)
+accs = [r["val_acc"] for r in top5_records]
+if [r.get("best_val_acc") for r in top5_records] != [max(accs[:i + 1]) for i in range(len(accs))] or len(set(accs)) < 2:
+    errors.append(f"best_val_acc {[r.get('best_val_acc') for r in top5_records]} is not the best of val_acc {accs} so "
+                  "far (or val_acc never changed, and this proves little)")
 
 if errors:
     fail("\n  ".join(errors))

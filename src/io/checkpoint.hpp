@@ -19,6 +19,8 @@
 //                                      only): the best value of the validation metric
 //                                      (val_loss, val_acc, val_acc5) so far, the step of
 //                                      the checkpoint that holds it, the epochs done then
+//   /state/{patience_value, patience_epoch}  float64, int64 (with those): train.patience's
+//                                      reference (TrainingState); absent: the best's
 //   /data/train/{counts, hashes}       int64 (files): the training set's DataFingerprint
 //                                      (hashes: the uint64 bits),
 //   /data/train/{x_shape, y_shape}     int64 (dims): per-sample shapes
@@ -95,12 +97,16 @@ struct TrainingState {
   std::int64_t loss_scale_clean_steps = 0;  // fp16: clean steps since the scale last changed
   // io.keep_best: the validation metric that names the best checkpoint (best_metric_name),
   // its best value so far, the step of the checkpoint that holds that value (-1: none
-  // yet) and the epochs done then (train.patience counts from it). A checkpoint whose
-  // step is best_step becomes best.h5 when written.
+  // yet) and the epochs done then. A checkpoint whose step is best_step becomes best.h5
+  // when written.
   std::int64_t best_metric = 0;  // 0: none
   double best_value = 0.0;
   std::int64_t best_step = -1;
   std::int64_t best_epoch = 0;
+  // train.patience counts from the last epoch that improved on the one before it by
+  // more than train.min_delta: its value and epoch (with min_delta 0, the best's).
+  double patience_value = 0.0;
+  std::int64_t patience_epoch = 0;
 };
 
 // io.keep_best's names by TrainingState::best_metric: "none", "val_loss", "val_acc",

@@ -143,6 +143,8 @@ void add_state(Blobs& blobs, const TrainingState& state) {
     blobs[std::string("/state/best_") + best_metric_name(state.best_metric)] = scalar(state.best_value);
     blobs["/state/best_step"] = scalar(state.best_step);
     blobs["/state/best_epoch"] = scalar(state.best_epoch);
+    blobs["/state/patience_value"] = scalar(state.patience_value);
+    blobs["/state/patience_epoch"] = scalar(state.patience_epoch);
   }
 }
 

@@ -262,6 +262,10 @@ TrainingState read_state(const Blobs& blobs) {
       s.best_value = need_real(blobs, std::string("/state/best_") + best_metric_name(m));
       s.best_step = need_int(blobs, "/state/best_step");
       s.best_epoch = need_int(blobs, "/state/best_epoch");
+      // Written since train.min_delta exists; before, patience counted from the best.
+      const bool patience = blobs.count("/state/patience_epoch") > 0;
+      s.patience_value = patience ? need_real(blobs, "/state/patience_value") : s.best_value;
+      s.patience_epoch = patience ? need_int(blobs, "/state/patience_epoch") : s.best_epoch;
     }
   return s;
 }

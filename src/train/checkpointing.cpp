@@ -25,15 +25,24 @@ OptimizerSnapshot snapshot_of(Optimizer& optimizer) {
 }
 
 bool stopped_early(const TrainingState& pos, int patience) {
-  return patience > 0 && pos.best_step >= 0 && pos.epoch - pos.best_epoch >= patience;
+  return patience > 0 && pos.best_step >= 0 && pos.epoch - pos.patience_epoch >= patience;
 }
 
 std::string early_stop_text(const TrainingState& pos, const Config& cfg) {
   char text[512];
-  std::snprintf(text, sizeof text,
-                "%s has not improved on %.4f (epoch %lld) for %lld epochs (train.patience = %d)",
-                best_metric_name(pos.best_metric), pos.best_value, (long long)pos.best_epoch,
-                (long long)(pos.epoch - pos.best_epoch), cfg.train.patience);
+  if (cfg.train.min_delta > 0)
+    std::snprintf(
+        text, sizeof text,
+        "%s has not improved by more than %g on %.4f (epoch %lld) for %lld epochs (train.patience = %d, "
+        "train.min_delta = %g)",
+        best_metric_name(pos.best_metric), cfg.train.min_delta, pos.patience_value,
+        (long long)pos.patience_epoch, (long long)(pos.epoch - pos.patience_epoch), cfg.train.patience,
+        cfg.train.min_delta);
+  else
+    std::snprintf(text, sizeof text,
+                  "%s has not improved on %.4f (epoch %lld) for %lld epochs (train.patience = %d)",
+                  best_metric_name(pos.best_metric), pos.patience_value, (long long)pos.patience_epoch,
+                  (long long)(pos.epoch - pos.patience_epoch), cfg.train.patience);
   return text;
 }
 

@@ -66,7 +66,7 @@ class BackgroundCheckpoint {
 // Where a run stands against its input, from the position a checkpoint holds: the
 // trainer at a start, ddp_train --check, alike.
 // train.patience: the run has had `patience` epochs without a better io.keep_best
-// metric since pos.best_epoch (pos.best_step >= 0: a record).
+// metric since pos.patience_epoch (pos.best_step >= 0: a record).
 bool stopped_early(const TrainingState& pos, int patience);
 // "val_acc has not improved on 0.7612 (epoch 40) for 5 epochs (train.patience = 5)".
 std::string early_stop_text(const TrainingState& pos, const Config& cfg);

@@ -168,6 +168,8 @@ const std::vector<Key>& keys() {
        "a non-finite loss or gradient (fp32, bf16): stop the run, or skip the step on every rank"},
       {"train", "patience", field<&C::train, &T::patience>, at_least(0), false,
        "early stopping: the run ends after this many epochs without a better io.keep_best metric; 0: off"},
+      {"train", "min_delta", field<&C::train, &T::min_delta>, at_least(0), false,
+       "early stopping: an epoch counts as better only where it beats the last that did by more than this"},
       {"train", "clip_grad_norm", field<&C::train, &T::clip_grad_norm>, at_least(0), false,
        "max total 2-norm of the averaged gradients, as torch.nn.utils.clip_grad_norm_; 0: off"},
       {"train", "cuda_graph", field<&C::train, &T::cuda_graph>, one_of({"off", "auto", "on"}), false,
@@ -580,6 +582,8 @@ Config parse_config(const std::string& text, const std::string& path,
   if (t.patience > 0 && cfg.io.keep_best == "none")
     set_by[find_key("train", "patience")].value_error(
         "needs io.keep_best, the validation metric whose improvement it waits for");
+  if (t.min_delta > 0 && t.patience == 0)
+    set_by[find_key("train", "min_delta")].value_error("needs train.patience, the early stopping it tunes");
   if (cfg.io.keep_best != "none" && cfg.data.val_files.empty())
     set_by[find_key("io", "keep_best")].value_error(
         "needs data.val_files (the best checkpoint is chosen by validation)");

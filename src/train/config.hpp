@@ -61,6 +61,7 @@ struct TrainConfig {
   std::string nonfinite = "stop";            // non-finite loss or gradient: 'stop' the run | 'skip' the step
   double clip_grad_norm = 0.0;               // max total 2-norm of the gradients, as clip_grad_norm_; 0: off
   int patience = 0;  // epochs without a better io.keep_best metric that end the run; 0: off
+  double min_delta = 0.0;  // patience: the least change of the metric that counts as better
   // The step's GPU work (forward, loss, backward, NCCL buckets) as a CUDA graph, captured
   // once per batch shape and replayed: 'off' | 'auto' (where it can) | 'on' (an error where it cannot).
   std::string cuda_graph = "off";

@@ -585,10 +585,17 @@ bool Trainer::record_best(const ValStats& v) {
   const std::string metric = best_metric_name(pos_.best_metric);
   const bool lower = metric == "val_loss";
   const double value = lower ? v.loss : metric == "val_acc" ? v.accuracy : v.accuracy5;
+  if (!std::isfinite(value)) return false;
+  // train.patience's reference: improved on by more than train.min_delta, as Keras's
+  // EarlyStopping (current - min_delta > best, or current + min_delta < best for a loss).
+  const double delta = cfg_.train.min_delta;
+  if (pos_.best_step < 0 ||
+      (lower ? value + delta < pos_.patience_value : value - delta > pos_.patience_value)) {
+    pos_.patience_value = value;
+    pos_.patience_epoch = pos_.epoch;
+  }
   // A tie keeps the earlier epoch, as PyTorch's ImageNet example (acc1 > best_acc1).
-  if (!std::isfinite(value) ||
-      (pos_.best_step >= 0 && !(lower ? value < pos_.best_value : value > pos_.best_value)))
-    return false;
+  if (pos_.best_step >= 0 && !(lower ? value < pos_.best_value : value > pos_.best_value)) return false;
   pos_.best_value = value;
   pos_.best_step = step_;
   pos_.best_epoch = pos_.epoch;

@@ -29,10 +29,14 @@ best at epoch 2 of 6 and worse after it):
    two epochs past the best, with a line, its last checkpoint written and
    /state/best_epoch 2; started again, nothing to train, with a line, and --check
    says so; with patience 3 --check says it would resume, naming the best, and the
-   run trains epoch 5 alone; --check of the complete run: nothing to train;
+   run trains epoch 5 alone; --check of the complete run: nothing to train; with
+   train.min_delta = 0.4, epoch 2's gain (0.32) does not count: the run stops after
+   epoch 3 (patience counted from epoch 1), best.h5 still epoch 2's, straight and
+   in two parts (the reference crosses the resume); val_acc with 0.25 alike;
 7. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
-   'val_acc' with the mse loss, train.patience without io.keep_best: one error line
-   each, exit 1 on every rank;
+   'val_acc' with the mse loss, train.patience without io.keep_best,
+   train.min_delta without train.patience: one error line each, exit 1 on every
+   rank;
 8. a file, then a directory, at checkpoints/best.h5: one error line at start-up,
    from a run and from --check, nothing trained, the file left as it was.
 
@@ -256,6 +260,38 @@ check(said == f"checkpoint: would start from {early}/checkpoints/{latest(early)}
       f"step {records(early)[-1]['step']}); raise train.epochs to continue it, or set io.resume = 'never' for a new run",
       f"--check of the complete run: {said}")
 
+# train.min_delta: epoch 2 beats epoch 1 by less than it, so patience counts from epoch 1.
+first = recs[0]
+check(best["epoch"] == 2 and 0 < first["val_loss"] - best["val_loss"] < 0.4,
+      f"epoch 2 improves on epoch 1 by {first['val_loss'] - best['val_loss']:.4f}, less than 0.4 (else this proves little)")
+delta = run_dir + "_delta"
+delta_args = stop_args + ["train.min_delta=0.4"]
+for two_parts in [False, True]:
+    if two_parts:
+        code1, _, _ = train(delta, *delta_args, "train.epochs=2")
+        code, out, _ = train(delta, *delta_args, fresh=False)
+        code = code or code1
+    else:
+        code, out, _ = train(delta, *delta_args)
+    line = (f"early stop: val_loss has not improved by more than 0.4 on {first['val_loss']:.4f} (epoch 1) for 2 epochs "
+            f"(train.patience = 2, train.min_delta = 0.4); {delta}/checkpoints/best.h5 names {name}")
+    epochs = [r["epoch"] for r in records(delta)]
+    st = state(os.path.join(delta, "checkpoints", latest(delta)))
+    check(code == 0 and line in out and epochs == [1, 2, 3] and link(delta) == name and
+          st.get("patience_epoch") == 1 and st.get("best_epoch") == 2,
+          f"min_delta 0.4{' in two parts' if two_parts else ''}: exit {code}, the line, epochs {epochs}, best.h5 "
+          f"{link(delta)}, /state patience_epoch {st.get('patience_epoch')} best_epoch {st.get('best_epoch')}")
+
+# The same for val_acc (higher is better): epoch 2's 0.8 beats epoch 1's 0.6 by less than 0.25.
+check(recs[1]["val_acc"] - first["val_acc"] == max(r["val_acc"] for r in recs) - first["val_acc"] < 0.25,
+      "val_acc: epoch 2's is the best, and beats epoch 1's by less than 0.25 (else this proves little)")
+code, out, _ = train(delta, "io.keep_best=val_acc", "train.epochs=10", "train.patience=2", "train.min_delta=0.25")
+line = (f"early stop: val_acc has not improved by more than 0.25 on {first['val_acc']:.4f} (epoch 1) for 2 epochs "
+        f"(train.patience = 2, train.min_delta = 0.25); {delta}/checkpoints/best.h5 names {name}")
+epochs = [r["epoch"] for r in records(delta)]
+check(code == 0 and line in out and epochs == [1, 2, 3] and link(delta) == name,
+      f"val_acc with min_delta 0.25: exit {code}, the line, epochs {epochs}, best.h5 {link(delta)}")
+
 # 7. Bad input: one line each, before any training.
 errors = run_dir + "_errors"
 for args, words in [
@@ -267,7 +303,9 @@ for args, words in [
         ([regression_nml, "io.keep_best=val_acc"],
          r"io\.keep_best = 'val_acc' needs model\.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'"),
         ([nml, "train.patience=2"],
-         r"train\.patience=2: needs io\.keep_best, the validation metric whose improvement it waits for$")]:
+         r"train\.patience=2: needs io\.keep_best, the validation metric whose improvement it waits for$"),
+        ([nml, "io.keep_best=val_loss", "train.min_delta=0.1"],
+         r"train\.min_delta=0\.1: needs train\.patience, the early stopping it tunes$")]:
     shutil.rmtree(errors, ignore_errors=True)
     code, out, err = run(mpirun(mpiexec, 2, binary, args + [f"io.run_dir={errors}"]), timeout=120)
     expect_one_error(code, out, err, words)  # exits on a mismatch

@@ -113,6 +113,7 @@ struct TrainingState {
 // "val_acc5" ("" past them); and back (-1: not one of them).
 const char* best_metric_name(std::int64_t metric);
 std::int64_t best_metric_index(const std::string& name);
+std::vector<std::string> best_metric_names();       // all of them, in that order: io.keep_best's choices
 constexpr const char* kBestLink = "best.h5";        // in checkpoint_dir
 std::string best_link(const std::string& run_dir);  // <run_dir>/checkpoints/best.h5
 

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "comm/log.hpp"
@@ -315,6 +316,8 @@ constexpr std::int64_t kBestMetricCount = std::int64_t(sizeof kBestMetrics / siz
 const char* best_metric_name(std::int64_t metric) {
   return metric >= 0 && metric < kBestMetricCount ? kBestMetrics[metric] : "";
 }
+
+std::vector<std::string> best_metric_names() { return {std::begin(kBestMetrics), std::end(kBestMetrics)}; }
 
 std::int64_t best_metric_index(const std::string& name) {
   for (std::int64_t m = 0; m < kBestMetricCount; ++m)

@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "comm/check.hpp"
+#include "io/checkpoint.hpp"
 #include "io/namelist.hpp"
 #include "train/augment.hpp"
 
@@ -185,8 +186,7 @@ const std::vector<Key>& keys() {
        "minutes between checkpoints; 0: none by time"},
       {"io", "keep_checkpoints", field<&C::io, &I::keep_checkpoints>, at_least(1), false,
        "checkpoints kept in <run_dir>/checkpoints, newest first"},
-      {"io", "keep_best", field<&C::io, &I::keep_best>, one_of({"none", "val_loss", "val_acc", "val_acc5"}),
-       false,
+      {"io", "keep_best", field<&C::io, &I::keep_best>, one_of(best_metric_names()), false,
        "also keep the checkpoint of the best validation so far (val_loss lowest; val_acc, val_acc5 highest) "
        "as <run_dir>/checkpoints/best.h5; an epoch that beats it is checkpointed"},
       {"io", "checkpoint_async", field<&C::io, &I::checkpoint_async>, any(), false,

@@ -103,8 +103,9 @@ struct TrainingState {
   double best_value = 0.0;
   std::int64_t best_step = -1;
   std::int64_t best_epoch = 0;
-  // train.patience counts from the last epoch that improved on the one before it by
-  // more than train.min_delta: its value and epoch (with min_delta 0, the best's).
+  // train.patience counts from the last epoch that counted as better: the first
+  // validated, then each that beat the last that counted by more than train.min_delta.
+  // Its value and epoch (with min_delta 0, the best's).
   double patience_value = 0.0;
   std::int64_t patience_epoch = 0;
 };

@@ -32,7 +32,9 @@ best at epoch 2 of 6 and worse after it):
    run trains epoch 5 alone; --check of the complete run: nothing to train; with
    train.min_delta = 0.4, epoch 2's gain (0.32) does not count: the run stops after
    epoch 3 (patience counted from epoch 1), best.h5 still epoch 2's, straight and
-   in two parts (the reference crosses the resume); val_acc with 0.25 alike;
+   in two parts (the reference crosses the resume), and resumed from a checkpoint
+   without /state/patience_* (as written before min_delta) it counts from the best,
+   epoch 2; val_acc with 0.25 alike;
 7. io.keep_best without data.val_files, 'val_acc5' on a model of 3 classes,
    'val_acc' with the mse loss, train.patience without io.keep_best,
    train.min_delta without train.patience: one error line each, exit 1 on every
@@ -48,7 +50,9 @@ import re
 import shutil
 import sys
 
-from common import checkpoints, expect_one_error, latest, mpirun, run, state
+import h5py
+
+from common import checkpoints, expect_one_error, latest, mpirun, rewrite_checksum, run, state
 
 mpiexec, binary, nml, regression_nml, run_dir = sys.argv[1:6]
 failures = []
@@ -281,6 +285,17 @@ for two_parts in [False, True]:
           st.get("patience_epoch") == 1 and st.get("best_epoch") == 2,
           f"min_delta 0.4{' in two parts' if two_parts else ''}: exit {code}, the line, epochs {epochs}, best.h5 "
           f"{link(delta)}, /state patience_epoch {st.get('patience_epoch')} best_epoch {st.get('best_epoch')}")
+
+# A checkpoint of before min_delta has no /state/patience_*: patience counts from its best.
+code, _, _ = train(delta, *delta_args, "train.epochs=2")
+ckpt = os.path.join(delta, "checkpoints", latest(delta))
+with h5py.File(ckpt, "r+") as f:
+    del f["state/patience_value"], f["state/patience_epoch"]
+rewrite_checksum(ckpt)
+code2, out, _ = train(delta, *delta_args, fresh=False)
+epochs = [r["epoch"] for r in records(delta)]
+check(code == 0 and code2 == 0 and epochs == [1, 2, 3, 4] and "on 0.5400 (epoch 2) for 2 epochs" in out,
+      f"resumed from a checkpoint without /state/patience_*: counted from the best (epoch 2), epochs {epochs}")
 
 # The same for val_acc (higher is better): epoch 2's 0.8 beats epoch 1's 0.6 by less than 0.25.
 check(recs[1]["val_acc"] - first["val_acc"] == max(r["val_acc"] for r in recs) - first["val_acc"] < 0.25,

@@ -9,7 +9,10 @@ it is not blank (ink and many colours), that the first run's colour (matplotlib'
 C0) is drawn in both, and that the second run's (C1) appears only in the overlay.
 Also: a run directory without metrics.jsonl is one error line and exit status 2, and
 the top axis maps steps to epochs through the epoch ends, straight on past the last.
+The first run keeps the best val_loss (io.keep_best): its best epoch is starred and
+named in the tool's line, and the second run's (without keep_best) is not.
 """
+import json
 import os
 import re
 import shutil
@@ -39,10 +42,10 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def train(run_dir, lr):
+def train(run_dir, lr, *more):
     shutil.rmtree(run_dir, ignore_errors=True)
     r = run(launch + ["2", ddp_train, nml, "train.epochs=3", f"train.lr={lr}",
-             f"io.run_dir={run_dir}", "train.log_every=0"])
+             f"io.run_dir={run_dir}", "train.log_every=0", *more])
     if r.returncode != 0:
         sys.exit(f"FAIL: training {run_dir}: exit {r.returncode}\n{r.stdout}{r.stderr}")
 
@@ -78,18 +81,25 @@ def inspect(path, runs):
     return rgb
 
 
-train("runs/plot_a", 0.1)
+train("runs/plot_a", 0.5, "io.keep_best=val_loss")
 train("runs/plot_b", 0.02)
+records_a = [json.loads(line) for line in open("runs/plot_a/metrics.jsonl")]
+best_a = min(records_a, key=lambda r: r["val_loss"])  # the first of a tie
+check(best_a is not records_a[-1], f"runs/plot_a's best val_loss is at epoch {best_a['epoch']} of 3, not the last "
+      "(else this proves little)")
+starred = f"best val_loss {best_a['val_loss']:.4f} at epoch {best_a['epoch']} of runs/plot_a starred"
 
 r = run([plot, "runs/plot_a", "-o", "plot_one.png"])
 print(r.stdout + r.stderr)
 check(r.returncode == 0, "plot_metrics on one run exits 0")
+check(starred in r.stdout, f"its line says: {starred}")
 one = inspect("plot_one.png", 1)
 
 r = run([plot, "runs/plot_a", "runs/plot_b", "-o", "plot_two.png"])
 print(r.stdout + r.stderr)
 check(r.returncode == 0, "plot_metrics on two runs exits 0")
 check(re.search(r"\(2 runs, ", r.stdout) is not None, "plot_metrics reports 2 runs")
+check(r.stdout.count(" starred") == 1 and starred in r.stdout, "the first run's best is starred, not the second's")
 two = inspect("plot_two.png", 2)
 if one is not None and two is not None:
     check(one.shape != two.shape or bool(np.any(one != two)), "the overlay differs from the one-run plot")
@@ -115,6 +125,10 @@ loader.exec_module(tool)
 steps, epochs = [0, 469, 938, 1407], [0, 1, 2, 3]
 got = tool.extrapolated([469, 703.5, 938, 1407, 1500, -46.9], steps, epochs)
 check(bool(np.allclose(got, [1, 1.5, 2, 3, 3 + 93 / 469, -0.1])), f"step -> epoch {list(got)}")
+check(tool.best_point(records_a) == ("val_loss", best_a["step"], best_a["val_loss"], best_a["epoch"]),
+      f"best_point of runs/plot_a: {tool.best_point(records_a)}")
+check(tool.best_point([json.loads(line) for line in open("runs/plot_b/metrics.jsonl")]) is None,
+      "best_point of a run without io.keep_best: None")
 back = tool.extrapolated(got, epochs, steps)
 check(bool(np.allclose(back, [469, 703.5, 938, 1407, 1500, -46.9])), "epoch -> step inverts it")
 

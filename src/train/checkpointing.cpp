@@ -57,6 +57,29 @@ std::string nothing_to_train(const TrainingState& pos, const Config& cfg) {
   return "";
 }
 
+std::string dropped_best_text(const TrainingState& pos, const Config& cfg, bool held) {
+  if (pos.best_step < 0) return "";
+  const bool other = pos.best_metric != best_metric_index(cfg.io.keep_best);
+  if (!other && held) return "";
+  char record[128];
+  std::snprintf(record, sizeof record, "%.4f at epoch %lld", pos.best_value, (long long)pos.best_epoch);
+  const std::string then = cfg.io.keep_best == "none"
+                               ? best_link(cfg.io.run_dir) + " is no longer updated"
+                               : "the best is chosen again from this run's validations";
+  if (other)
+    return std::string("the checkpoint's run kept the best by ") + best_metric_name(pos.best_metric) + " (" +
+           record + ", step " + std::to_string(pos.best_step) + ") and io.keep_best is '" + cfg.io.keep_best +
+           "': " + then;
+  return checkpoint_dir(cfg.io.run_dir) + " holds no checkpoint of step " + std::to_string(pos.best_step) +
+         ", which has the best " + best_metric_name(pos.best_metric) + " so far (" + record + "): " + then;
+}
+
+void forget_best(TrainingState& pos, const Config& cfg) {
+  pos.best_metric = best_metric_index(cfg.io.keep_best);
+  pos.best_value = 0.0;
+  pos.best_step = -1;
+}
+
 std::string save_checkpoint(const std::string& run_dir, int keep, const Model& model, Optimizer& optimizer,
                             const TrainingState& state, const Config& cfg, const DataFingerprint* data) {
   return save_checkpoint(run_dir, keep, model, snapshot_of(optimizer), state, run_input(cfg), data);

@@ -74,6 +74,16 @@ std::string early_stop_text(const TrainingState& pos, const Config& cfg);
 // (...); raise train.epochs ..." or "the run stopped early at epoch E: ...; raise
 // train.patience ...".
 std::string nothing_to_train(const TrainingState& pos, const Config& cfg);
+// A checkpoint's io.keep_best record (pos.best_*) carries on into a start from it where
+// io.keep_best names the record's metric and the run directory holds the record's
+// checkpoint (`held`, looked at by the caller; not read where the metrics differ).
+// Returns "" where it carries on or there is none, else why not and what follows, one
+// text for the trainer's line and --check's: "<dir>/checkpoints holds no checkpoint of
+// step 10, which has the best val_loss so far (0.5400 at epoch 2): the best is chosen
+// again from this run's validations".
+std::string dropped_best_text(const TrainingState& pos, const Config& cfg, bool held);
+// The position without a record: of io.keep_best's metric, none chosen yet.
+void forget_best(TrainingState& pos, const Config& cfg);
 
 // find_start_checkpoint of io/checkpoint.hpp, per cfg.io (resume, run_dir, init_from,
 // allow_data_change). Collective. `shares`, `values`: see there.

@@ -330,20 +330,10 @@ namespace {
 // io.keep_best's record; or, where it is the run's end, that it would train nothing.
 std::string resume_text(const Config& cfg, const Checkpoint& ck) {
   TrainingState pos = ck.state;
-  // The record the resume carries on (Trainer::restore): of io.keep_best's metric, its
-  // checkpoint in this run directory.
-  std::string dropped;
-  if (pos.best_step >= 0 && pos.best_metric != best_metric_index(cfg.io.keep_best))
-    dropped = "; the checkpoint's run kept the best by " + std::string(best_metric_name(pos.best_metric));
-  else if (pos.best_step >= 0 && !holds_checkpoint(cfg.io.run_dir, pos.best_step))
-    dropped = "; " + checkpoint_dir(cfg.io.run_dir) + " holds no checkpoint of step " +
-              std::to_string(pos.best_step) + ", which has the best " + best_metric_name(pos.best_metric) +
-              " so far";
-  if (!dropped.empty()) {
-    dropped += cfg.io.keep_best == "none" ? ": " + best_link(cfg.io.run_dir) + " is no longer updated"
-                                          : ": the best is chosen again";
-    pos.best_step = -1;
-  }
+  // The record the resume carries on (Trainer::restore's test): rank 0 says it.
+  const std::string dropped =
+      dropped_best_text(pos, cfg, pos.best_step >= 0 && holds_checkpoint(cfg.io.run_dir, pos.best_step));
+  if (!dropped.empty() || pos.best_metric != best_metric_index(cfg.io.keep_best)) forget_best(pos, cfg);
   const std::string done = nothing_to_train(pos, cfg);
   if (!done.empty())
     return "checkpoint: would start from " + ck.path + " (epoch " + std::to_string(pos.epoch) + ", step " +
@@ -357,7 +347,7 @@ std::string resume_text(const Config& cfg, const Checkpoint& ck) {
                   checkpoint_name(pos.best_step).c_str());
     text += best;
   }
-  return text + dropped;
+  return dropped.empty() ? text : text + "; " + dropped;
 }
 
 }  // namespace

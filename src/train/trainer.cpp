@@ -327,35 +327,18 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
   watchdog::set_step(step_);  // a hang before the first step names the resumed one
   pos_ = ck.state;
   pos_.world_size = comm_.size();
-  const std::int64_t best = best_metric_index(cfg_.io.keep_best);
-  if (pos_.best_metric != best) {  // io.keep_best changed since the checkpoint: its record does not apply
-    if (pos_.best_step >= 0)
-      log::info("io.keep_best is '" + cfg_.io.keep_best + "' and the checkpoint's run kept the best by " +
-                best_metric_name(pos_.best_metric) + " (step " + std::to_string(pos_.best_step) + "): " +
-                (best == 0 ? best_link(cfg_.io.run_dir) + " is no longer updated"
-                           : "the best is chosen again from this run's validations"));
-    pos_.best_metric = best;
-    pos_.best_value = 0.0;
-    pos_.best_step = -1;
-  }
-  if (pos_.best_step >= 0) {
-    // The record holds only where this run directory holds its checkpoint (not when
-    // resumed from another directory's, or after a rotation of a continuation left
-    // behind): rank 0 looks, and every rank takes its answer.
-    double held = comm_.rank() == 0 && restore_best_link(cfg_.io.run_dir, pos_.best_step) ? 1.0 : 0.0;
-    comm_.allreduce_sum_host(&held, 1);
-    if (held == 0.0) {
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "io.keep_best: %s holds no checkpoint of step %lld, which has the best %s so far (%.4f): "
-                    "the best is chosen again from this run's validations",
-                    checkpoint_dir(cfg_.io.run_dir).c_str(), (long long)pos_.best_step,
-                    best_metric_name(pos_.best_metric), pos_.best_value);
-      log::info(line);
-      pos_.best_value = 0.0;
-      pos_.best_step = -1;
-    }
-  }
+  // io.keep_best's record carries on where this run directory holds its checkpoint (not
+  // when resumed from another directory's, or after a rotation of a continuation left
+  // behind): rank 0 looks (and points best.h5 at it), and every rank takes its answer.
+  const bool same = pos_.best_metric == best_metric_index(cfg_.io.keep_best);
+  double held =
+      same && pos_.best_step >= 0 && comm_.rank() == 0 && restore_best_link(cfg_.io.run_dir, pos_.best_step)
+          ? 1.0
+          : 0.0;
+  if (same && pos_.best_step >= 0) comm_.allreduce_sum_host(&held, 1);
+  const std::string dropped = dropped_best_text(pos_, cfg_, held != 0.0);
+  if (!dropped.empty()) log::info("checkpoint: " + dropped);
+  if (!same || !dropped.empty()) forget_best(pos_, cfg_);
   if (ck.state.world_size != comm_.size()) {
     // The schedule is a function of the step, and steps per epoch change with the
     // rank count: continue it at the same fraction of the epoch instead, so that the

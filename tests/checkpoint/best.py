@@ -181,12 +181,13 @@ check(code == 0 and f"checkpoint: {every}/checkpoints/best.h5 names {name}" in o
 elsewhere = run_dir + "_elsewhere"
 shutil.rmtree(elsewhere, ignore_errors=True)
 said = check_line(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
+# The trainer's line and --check's say the same of a record dropped.
+dropped = (f"{elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best val_loss so "
+           f"far ({best['val_loss']:.4f} at epoch {best['epoch']}): the best is chosen again from this run's validations")
 check(said == f"checkpoint: would resume from {straight}/checkpoints/{newest} (epoch 7, step {recs[-1]['step']}); "
-      f"{elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best val_loss so far: "
-      "the best is chosen again", f"--check from another directory's checkpoint: {said}")
+      + dropped, f"--check from another directory's checkpoint: {said}")
 code, out, _ = train(elsewhere, *loss_args, f"io.resume={straight}/checkpoints/{newest}", "train.epochs=7")
-line = (f"io.keep_best: {elsewhere}/checkpoints holds no checkpoint of step {best['step']}, which has the best "
-        f"val_loss so far ({best['val_loss']:.4f}): the best is chosen again from this run's validations")
+line = "checkpoint: " + dropped
 last = records(elsewhere)[-1]
 check(code == 0 and line in out and link(elsewhere) == f"ckpt_{last['step']:09d}.h5",
       f"resumed from another directory's checkpoint: the line, best.h5 {link(elsewhere)} is epoch 7's")
@@ -216,11 +217,16 @@ check([r.get("best_val_acc") for r in recs_acc] ==
 
 # 5. Another metric on resume: chosen again from this run's validations.
 said = check_line(parts, "train.epochs=7", "io.keep_best=val_acc", "io.keep_checkpoints=1")
+dropped = (f"the checkpoint's run kept the best by val_loss ({best['val_loss']:.4f} at epoch {best['epoch']}, step "
+           f"{best['step']}) and io.keep_best is 'val_acc': the best is chosen again from this run's validations")
 check(said == f"checkpoint: would resume from {parts}/checkpoints/{newest} (epoch 7, step {recs[-1]['step']}); "
-      "the checkpoint's run kept the best by val_loss: the best is chosen again", f"--check with val_acc: {said}")
+      + dropped, f"--check with val_acc: {said}")
+said = check_line(straight, "train.epochs=7", "io.keep_best=none")
+check(said == f"checkpoint: would resume from {straight}/checkpoints/{newest} (epoch 7, step {recs[-1]['step']}); " +
+      dropped.replace("'val_acc': the best is chosen again from this run's validations",
+                      f"'none': {straight}/checkpoints/best.h5 is no longer updated"), f"--check with none: {said}")
 code, out, _ = train(parts, "train.epochs=7", "io.keep_best=val_acc", "io.keep_checkpoints=1", fresh=False)
-line = (f"io.keep_best is 'val_acc' and the checkpoint's run kept the best by val_loss (step {best['step']}): "
-        "the best is chosen again from this run's validations")
+line = "checkpoint: " + dropped
 last = records(parts)[-1]
 check(code == 0 and line in out and link(parts) == f"ckpt_{last['step']:09d}.h5",
       f"resumed with val_acc: the line, and best.h5 {link(parts)} names epoch 7's checkpoint")

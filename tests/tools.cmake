@@ -14,6 +14,15 @@ if(NOT DDP_ENABLE_CUDA)
                        FIXTURES_REQUIRED "e2e_data;fashion" SKIP_RETURN_CODE 77)
 endif()
 
+# tools/gpu_check off a GPU node: its one-line refusals and its tests part's verdict,
+# from a ctest run of a made-up build tree (tests/tools/gpu_check_test.sh).
+if(NOT DDP_ENABLE_CUDA)
+  add_test(NAME tools_gpu_check
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/gpu_check_test.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  set_tests_properties(tools_gpu_check PROPERTIES LABELS tools TIMEOUT 60 PASS_REGULAR_EXPRESSION
+                       "gpu_check_test: all passed")
+endif()
+
 ddp_find_python(DDP_TOOLS_PYTHON "import h5py, numpy, PIL.Image" "python3 with numpy, h5py and PIL, for the tool tests"
                 ${DDP_PYTHON} /usr/bin/python3)
 if(NOT DDP_TOOLS_PYTHON)

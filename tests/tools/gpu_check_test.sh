@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tools/gpu_check off a GPU node: its one-line refusals (no part, a CPU build, a
+# build without the part's programs, no GPU), and the verdict of its tests part, read
+# from a real ctest run of a made-up build tree whose tests pass, fail and skip (exit
+# 77, as a GPU test without its device), with a stand-in nvidia-smi that names a GPU.
+# usage: gpu_check_test.sh SOURCE_DIR BUILD_DIR (the CPU build)
+set -u
+src=$1
+cpu_build=$2
+tool=$src/tools/gpu_check
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+# expect CODE 'TEXT' [VAR=value ...] -- ARGS: the tool's exit code, and TEXT as its last line
+expect() {
+  local code=$1 text=$2 env=()
+  shift 2
+  while [[ $1 != -- ]]; do env+=("$1"); shift; done
+  shift
+  local out got
+  out=$(env "${env[@]}" "$tool" "$@" 2>&1)
+  got=$?
+  local last
+  last=$(printf '%s\n' "$out" | tail -n 1)
+  if [[ $got == "$code" && $last == "$text" ]]; then
+    echo "ok: gpu_check $* -> $code: $last"
+  else
+    echo "FAIL: gpu_check $* (${env[*]}): exit $got, last line '$last'; want $code, '$text'"
+    printf '%s\n' "$out" | tail -n 8 | sed 's/^/  | /'
+    failures=$((failures + 1))
+  fi
+}
+
+# A made-up GPU build tree: the tests part's programs (stand-ins) and tests whose
+# names the default list matches, and one it does not.
+tree=$work/build-gpu
+mkdir -p "$tree/tests" "$work/gpu-bin" "$work/no-gpu-bin"
+for p in ddp_train ddp_bench bn_bench; do printf '#!/bin/sh\nexit 0\n' > "$tree/$p"; done
+for p in step_compare gpu_selftest layers_precision_test layers_narrow_test layers_library_batchnorm_test \
+         model_layers_test test_step_graph; do
+  printf '#!/bin/sh\nexit 0\n' > "$tree/tests/$p"
+done
+chmod +x "$tree"/* "$tree"/tests/*
+cat > "$tree/CTestTestfile.cmake" <<'CT'
+add_test(gpu_step_compare "/bin/sh" "-c" "echo 'no CUDA device'; exit 77")
+set_tests_properties(gpu_step_compare PROPERTIES SKIP_RETURN_CODE 77)
+add_test(layers_narrow_test "/bin/true")
+add_test(model_layers_test "/bin/sh" "-c" "echo 'a layer off by 1e-3'; exit 1")
+add_test(checkpoint_cpu_only "/bin/false")
+CT
+printf '#!/bin/sh\necho "NVIDIA H200"\n' > "$work/gpu-bin/nvidia-smi"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver" >&2\nexit 9\n' \
+  > "$work/no-gpu-bin/nvidia-smi"
+chmod +x "$work/gpu-bin/nvidia-smi" "$work/no-gpu-bin/nvidia-smi"
+gpu_path=PATH=$work/gpu-bin:$PATH
+no_gpu_path=PATH=$work/no-gpu-bin:$PATH
+
+expect 2 "usage: tools/gpu_check tests|table|split|switches   (tools/gpu_check --programs: what to bundle)" --
+expect 2 "usage: tools/gpu_check tests|table|split|switches   (tools/gpu_check --programs: what to bundle)" -- bench
+expect 2 "gpu_check tests: $cpu_build is a CPU build (DDP_ENABLE_CUDA is not ON in its CMakeCache.txt): give the GPU build (BUILD_DIR)" \
+  BUILD_DIR="$cpu_build" "$gpu_path" -- tests
+expect 2 "gpu_check tests: $work is not a build tree (BUILD_DIR; on the node: source ddp_bundle/env.sh first)" \
+  BUILD_DIR="$work" "$gpu_path" -- tests
+rm "$tree/tests/model_layers_test" "$tree/bn_bench"
+expect 2 "gpu_check tests: $tree lacks model_layers_test (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
+  BUILD_DIR="$tree" "$gpu_path" -- tests
+expect 2 "gpu_check switches: $tree lacks bn_bench (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
+  BUILD_DIR="$tree" "$gpu_path" -- switches
+printf '#!/bin/sh\nexit 0\n' > "$tree/tests/model_layers_test"
+chmod +x "$tree/tests/model_layers_test"
+expect 2 "gpu_check tests: nvidia-smi finds no GPU on $(hostname): run it on a GPU node" \
+  BUILD_DIR="$tree" "$no_gpu_path" -- tests
+# The verdict: a skipped test is a GPU test that did not see its device, a failure here.
+expect 1 "gpu_check tests: 1 of 3 passed on NVIDIA H200; failed: model_layers_test; skipped (no device seen): gpu_step_compare" \
+  BUILD_DIR="$tree" "$gpu_path" -- tests
+expect 1 "gpu_check tests: 1 of 2 passed on NVIDIA H200; skipped (no device seen): gpu_step_compare" \
+  BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^(gpu_step_compare|layers_narrow_test)$' -- tests
+expect 0 "gpu_check tests: 1 of 1 passed on NVIDIA H200" \
+  BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^layers_narrow_test$' -- tests
+expect 1 "gpu_check tests: no test of $tree matches ^nothing$" \
+  BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^nothing$' -- tests
+# --programs names what the parts run, for tools/bundle_gpu.
+programs=$("$tool" --programs)
+for p in ddp_train ddp_bench bn_bench step_compare gpu_selftest model_layers_test; do
+  [[ " $programs " == *" $p "* ]] || { echo "FAIL: --programs lacks $p: $programs"; failures=$((failures + 1)); }
+done
+((failures == 0)) || { echo "gpu_check_test: $failures failure(s)"; exit 1; }
+echo "gpu_check_test: all passed"

@@ -179,6 +179,55 @@ if torch_python:
     for kind in ("convolution forward", "batch norm", "element-wise", "optimizer", "GEMM"):
         if not kinds.get(kind, 0) > 0:
             fail(f"profile: no time of kind {kind} in {kinds}")
+    # tools/step_split: ddp_bench's step of the same model beside that profile, by kind.
+    small = ["model.layers=conv2d(8, 3, pad=1, bias=false), batchnorm2d, relu, resblock(8, stride=2), "
+             "globalavgpool, flatten, linear(10)"]
+    ddp_out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
+                   os.path.join(source, "inputs", "fashion_resnet.nml"), shard, *small,
+                   "io.run_dir=runs/bench_tools_split"], {"DDP_LAUNCH_COUNT": "times"})
+    ddp_kinds = {k: (float(ms), float(n)) for ms, n, k in re.findall(
+        r"^ +([0-9.]+) ms +([0-9.]+) x  (.*)$", ddp_out.partition("  kinds ")[2].partition("  memory")[0], re.M)}
+    ddp_step = json.loads([l for l in ddp_out.splitlines() if l.startswith("json: ")][0][6:])["step_ms"]
+    torch_kinds = {k: (float(ms), float(n)) for ms, n, k in
+                   re.findall(r"^ +([0-9.]+) ms +([0-9.]+) x  (.*)$", m.group(3), re.M)}
+    os.makedirs("runs", exist_ok=True)
+    with open("runs/bench_tools_split_ddp.txt", "w") as f:
+        f.write(ddp_out)
+    with open("runs/bench_tools_split_torch.txt", "w") as f:
+        f.write(out)
+    split = subprocess.run([sys.executable, os.path.join(source, "tools", "step_split"), "runs/bench_tools_split_ddp.txt",
+                            "runs/bench_tools_split_torch.txt"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=60)
+    print(split.stdout)
+    table = [[c.strip() for c in l.strip("|").split("|")] for l in split.stdout.splitlines() if l.startswith("| ")]
+    if split.returncode != 0 or len(table) < 3 or table[0][0] != "kind":
+        fail(f"step_split exited {split.returncode} with no table")
+    body = {r[0]: r[1:] for r in table[2:]}
+    cell = lambda v, i, f: f.format(v[i]) if v else ""
+    diffs = []
+    for k in set(ddp_kinds) | set(torch_kinds):
+        d, t = ddp_kinds.get(k), torch_kinds.get(k)
+        diff = (d[0] if d else 0) - (t[0] if t else 0)
+        want = [cell(d, 0, "{:.3f}"), cell(d, 1, "{:.2f}"), cell(t, 0, "{:.3f}"), cell(t, 1, "{:.2f}")]
+        if k not in body or body[k][:4] != want or abs(float(body[k][4]) - diff) > 1.5e-3:
+            fail(f"step_split's row of {k}: {body.get(k)}; the outputs say {want}, {diff:+.3f}")
+    got = [float(r[5]) for r in table[2:] if r[0] in ddp_kinds or r[0] in torch_kinds]
+    if len(got) != len(set(ddp_kinds) | set(torch_kinds)) or got != sorted(got, reverse=True):
+        fail(f"step_split's rows: {len(got)} kinds, not each once with the largest excess first: {got}")
+    sums = body.get("all kinds", [])
+    if not sums or abs(float(sums[0]) - sum(v[0] for v in ddp_kinds.values())) > 2e-3 or \
+            abs(float(sums[2]) - sum(v[0] for v in torch_kinds.values())) > 2e-3:
+        fail(f"step_split's sums {sums}")
+    wall = body.get("the step (wall)", [])
+    if not wall or wall[0] != f"{ddp_step:.3f}" or wall[2] != f"{step_ms:.3f}":
+        fail(f"step_split's step line {wall}: ddp_bench's step {ddp_step:.3f} ms, the profile's {step_ms:.3f}")
+    # Its inputs swapped: one line naming the file that is not ddp_bench's, exit 2.
+    split = subprocess.run([sys.executable, os.path.join(source, "tools", "step_split"),
+                            "runs/bench_tools_split_torch.txt", "runs/bench_tools_split_ddp.txt"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    if split.returncode != 2 or split.stdout != ("step_split: runs/bench_tools_split_torch.txt holds no table by kind "
+                                                 "of ddp_bench (run it with DDP_LAUNCH_COUNT=device or =times)\n"):
+        fail(f"step_split with its inputs swapped: exit {split.returncode}, {split.stdout!r}")
     # AMP's mode (autocast bf16, channels_last), as bench_gpu runs it on a GPU, here on the CPU.
     out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "--mode", "amp", "-n", "2",
                os.path.join(source, "inputs", "fashion_resnet.nml"), shard,

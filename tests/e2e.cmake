@@ -144,6 +144,16 @@ if(DDP_ENABLE_CUDA)
                        LABELS "e2e;errors;faults;gpu" TIMEOUT 240 PROCESSORS 2 SKIP_RETURN_CODE 77)
 endif()
 
+# train.schedule = 'multistep': each epoch's learning rate is PyTorch's MultiStepLR's, on
+# 2 ranks and resumed on 3 across a milestone.
+if(DDP_TORCH_PYTHON)
+  add_test(NAME e2e_multistep_lr_np3
+           COMMAND ${DDP_PYTHON} ${E2E}/multistep_lr.py ${DDP_TORCH_PYTHON} ${MPIEXEC_EXECUTABLE}
+                   $<TARGET_FILE:ddp_train> ${TINY} runs/multistep)
+  set_tests_properties(e2e_multistep_lr_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;torch" TIMEOUT 240
+                       PROCESSORS 2)
+endif()
+
 # train.clip_grad_norm: NaN gradients behind a finite loss (DDP_INJECT_FAULT=nan_gradient
 # on one rank of 2, in its second step) make the total norm NaN; 'stop' ends every
 # rank with one line naming the step, the values and the norm (`.` for the line's ';',

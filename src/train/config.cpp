@@ -153,13 +153,16 @@ const std::vector<Key>& keys() {
       {"train", "betas", field<&C::train, &T::betas>, pair_in_unit_interval(), false,
        "adamw: decay rates of the moment estimates"},
       {"train", "eps", field<&C::train, &T::eps>, above(0), false, "adamw: added to the denominator"},
-      {"train", "schedule", field<&C::train, &T::schedule>, one_of({"constant", "step", "cosine"}), false,
-       "learning-rate schedule after warm-up"},
+      {"train", "schedule", field<&C::train, &T::schedule>,
+       one_of({"constant", "step", "multistep", "cosine"}), false, "learning-rate schedule after warm-up"},
       {"train", "warmup_steps", field<&C::train, &T::warmup_steps>, at_least(0), false,
        "optimizer steps of linear warm-up"},
       {"train", "step_epochs", field<&C::train, &T::step_epochs>, at_least(1), false,
        "step: epochs between decays"},
-      {"train", "gamma", field<&C::train, &T::gamma>, above(0), false, "step: decay factor"},
+      {"train", "milestones", field<&C::train, &T::milestones>, at_least(1), false,
+       "multistep: lr is multiplied by gamma once more after each of these numbers of epochs (PyTorch's "
+       "MultiStepLR milestones); increasing"},
+      {"train", "gamma", field<&C::train, &T::gamma>, above(0), false, "step, multistep: decay factor"},
       {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false, "cosine: final learning rate"},
       {"train", "seed", field<&C::train, &T::seed>, any(), false,
        "initialisation, sampler permutation, dropout"},
@@ -593,6 +596,17 @@ Config parse_config(const std::string& text, const std::string& path,
         "then configure again); set io.tensorboard = F");
   if (cfg.io.trace_steps[0] > cfg.io.trace_steps[1])
     set_by[find_key("io", "trace_steps")].value_error("the first step must not come after the last");
+  if (t.schedule == "multistep" && t.milestones.empty())
+    set_by[find_key("train", "schedule")].value_error(
+        "needs train.milestones, the epoch counts after which lr is multiplied by train.gamma");
+  if (t.schedule != "multistep" && !t.milestones.empty())
+    set_by[find_key("train", "milestones")].value_error(
+        "is for train.schedule = 'multistep'; this run's is '" + t.schedule + "'");
+  for (std::size_t i = 1; i < t.milestones.size(); ++i)
+    if (t.milestones[i] <= t.milestones[i - 1])
+      set_by[find_key("train", "milestones")].value_error("must increase (" +
+                                                          std::to_string(t.milestones[i]) + " after " +
+                                                          std::to_string(t.milestones[i - 1]) + ")");
   if (t.schedule == "cosine" && t.min_lr > t.lr)
     set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;

@@ -51,10 +51,11 @@ struct TrainConfig {
   double label_smoothing = 0.0;              // cross_entropy, as torch.nn.CrossEntropyLoss(label_smoothing=)
   std::vector<double> betas = {0.9, 0.999};  // adamw
   double eps = 1e-8;                         // adamw
-  std::string schedule = "constant";         // 'constant' | 'step' | 'cosine'
-  int warmup_steps = 0;                      // linear warm-up from 0 (cosine and step)
+  std::string schedule = "constant";         // 'constant' | 'step' | 'multistep' | 'cosine'
+  int warmup_steps = 0;                      // linear warm-up from 0 (any schedule)
   int step_epochs = 30;                      // step: multiply lr by gamma every step_epochs epochs
-  double gamma = 0.1;                        // step
+  std::vector<std::int64_t> milestones;      // multistep: multiply lr by gamma at each of these epochs
+  double gamma = 0.1;                        // step, multistep
   double min_lr = 0.0;                       // cosine: final learning rate
   std::int64_t seed = 0;                     // initialisation, sampler permutation, dropout
   int log_every = 100;                       // optimizer steps between progress lines; 0: none

@@ -18,6 +18,12 @@ double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t ste
     const std::int64_t epoch = step / steps_per_epoch;
     return cfg.lr * std::pow(cfg.gamma, static_cast<double>(epoch / cfg.step_epochs));
   }
+  if (cfg.schedule == "multistep") {
+    const std::int64_t epoch = step / steps_per_epoch;
+    const auto passed =
+        std::upper_bound(cfg.milestones.begin(), cfg.milestones.end(), epoch) - cfg.milestones.begin();
+    return cfg.lr * std::pow(cfg.gamma, static_cast<double>(passed));
+  }
   if (cfg.schedule == "cosine") {
     const std::int64_t total = static_cast<std::int64_t>(cfg.epochs) * steps_per_epoch;
     const double pi = std::acos(-1.0);
@@ -27,7 +33,8 @@ double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t ste
     return cfg.min_lr + (cfg.lr - cfg.min_lr) * (1.0 + std::cos(pi * t / T)) / 2.0;
   }
   if (cfg.schedule == "constant") return cfg.lr;
-  throw InputError("train.schedule = '" + cfg.schedule + "': expected one of 'constant', 'step', 'cosine'");
+  throw InputError("train.schedule = '" + cfg.schedule +
+                   "': expected one of 'constant', 'step', 'multistep', 'cosine'");
 }
 
 }  // namespace ddp

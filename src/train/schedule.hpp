@@ -9,6 +9,8 @@
 //             lr * (step + 1) / warmup_steps      -- never 0, reaches lr at its last step
 //   constant: lr
 //   step:     lr * gamma^floor(epoch / step_epochs),  epoch = step / steps_per_epoch
+//   multistep: lr * gamma^(milestones <= epoch), as torch.optim.lr_scheduler.MultiStepLR
+//             stepped once an epoch
 //   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2,
 //             t = step - warmup_steps, T = total - warmup_steps (t clamped to [0, T];
 //             T <= 0 gives lr)

@@ -52,6 +52,7 @@ void expect_same(const ddp::Config& a, const ddp::Config& b) {
   EXPECT_EQ(s.schedule, t.schedule);
   EXPECT_EQ(s.warmup_steps, t.warmup_steps);
   EXPECT_EQ(s.step_epochs, t.step_epochs);
+  EXPECT_EQ(s.milestones, t.milestones);
   EXPECT_EQ(s.gamma, t.gamma);
   EXPECT_EQ(s.min_lr, t.min_lr);
   EXPECT_EQ(s.seed, t.seed);
@@ -180,7 +181,7 @@ TEST(Config, Enumerations) {
   EXPECT_EQ(error_of("&data train_files = 'a', mode = 'mmap' /"),
             "x.nml:1: data.mode = 'mmap': expected one of 'auto', 'preload', 'stream'");
   EXPECT_EQ(error_of(kRequired, {"train.schedule=linear"}),
-            "command line: train.schedule=linear: expected one of 'constant', 'step', 'cosine'");
+            "command line: train.schedule=linear: expected one of 'constant', 'step', 'multistep', 'cosine'");
 }
 
 TEST(Config, CrossFieldChecksSeeFinalValues) {
@@ -192,6 +193,26 @@ TEST(Config, CrossFieldChecksSeeFinalValues) {
   EXPECT_EQ(error_of(with_train("nesterov = .true."), {"train.momentum=0.9"}), "");
   EXPECT_EQ(error_of(with_train("schedule = 'cosine', lr = 0.1, min_lr = 0.5")),
             "x.nml:3: train.min_lr = 0.5: must be <= train.lr (0.1)");
+}
+
+// train.schedule = 'multistep' and its train.milestones: each needs the other, and the
+// milestones increase; the one that comes last on the line is named.
+TEST(Config, MultistepMilestones) {
+  EXPECT_EQ(
+      error_of(with_train("schedule = 'multistep'")),
+      "x.nml:3: train.schedule = 'multistep': needs train.milestones, the epoch counts after which lr is "
+      "multiplied by train.gamma");
+  EXPECT_EQ(error_of(with_train("schedule = 'step', milestones = 30, 60")),
+            "x.nml:3: train.milestones = 30, 60: is for train.schedule = 'multistep'; this run's is 'step'");
+  EXPECT_EQ(error_of(with_train("schedule = 'multistep', milestones = 30, 30")),
+            "x.nml:3: train.milestones = 30, 30: must increase (30 after 30)");
+  EXPECT_EQ(error_of(kRequired, {"train.schedule=multistep", "train.milestones=60,30"}),
+            "command line: train.milestones=60,30: must increase (30 after 60)");
+  EXPECT_EQ(error_of(with_train("schedule = 'multistep', milestones = 0, 30")),
+            "x.nml:3: train.milestones = 0, 30: every value must be >= 1");
+  EXPECT_EQ(error_of(with_train("schedule = 'multistep', milestones = 30, 60, 80")), "");
+  EXPECT_EQ(parse(with_train("schedule = 'multistep', milestones = 30, 60, 80")).train.milestones,
+            (std::vector<std::int64_t>{30, 60, 80}));
 }
 
 // io.tensorboard: on by default where the build has protobuf; asking for it in a
@@ -252,7 +273,8 @@ TEST(Config, ToNamelistRoundTrips) {
       "&model layers = 'conv2d(8, 3)', 'relu', 'linear(10)', loss = 'mse' /\n"
       "&train epochs = 4, batch_size = 17, accumulation_steps = 3, optimizer = 'sgd',\n"
       "       lr = 0.1, momentum = 0.9, nesterov = T, weight_decay = 5e-4, betas = 0.85, 0.995,\n"
-      "       eps = 1e-7, schedule = 'cosine', warmup_steps = 10, step_epochs = 2, gamma = 0.5,\n"
+      "       eps = 1e-7, schedule = 'multistep', warmup_steps = 10, step_epochs = 2, milestones = 2, 30,\n"
+      "       gamma = 0.5,\n"
       "       min_lr = 1e-5, seed = -3, log_every = 0 /\n",
       {"io.run_dir=runs/it's", "train.lr=0.30000000000000004"});
   const std::string text = a.to_namelist();

@@ -187,6 +187,7 @@ ddp::TrainConfig schedule(const std::string& kind, int warmup) {
   cfg.warmup_steps = warmup;
   cfg.epochs = 5;  // with 10 steps per epoch: 50 steps
   cfg.step_epochs = 2;
+  cfg.milestones = {2, 3};
   cfg.gamma = 0.5;
   cfg.min_lr = 0.01;
   return cfg;
@@ -210,6 +211,19 @@ TEST(Schedule, StepDecaysEveryStepEpochs) {
   EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 39, 10), 0.05);
   EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 40, 10), 0.025);
   EXPECT_DOUBLE_EQ(ddp::learning_rate(schedule("step", 5), 2, 10), 0.06);  // warm-up first
+}
+
+// As torch.optim.lr_scheduler.MultiStepLR(milestones=[2, 3], gamma=0.5) stepped after
+// each epoch: epochs 0 and 1 at lr, epoch 2 at lr * 0.5, epoch 3 on at lr * 0.25.
+TEST(Schedule, MultistepDecaysAtEachMilestone) {
+  const auto cfg = schedule("multistep", 0);
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 0, 10), 0.1);
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 19, 10), 0.1);   // epoch 1
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 20, 10), 0.05);  // epoch 2
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 29, 10), 0.05);
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 30, 10), 0.025);                     // epoch 3
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 49, 10), 0.025);                     // past the last milestone
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(schedule("multistep", 5), 2, 10), 0.06);  // warm-up first
 }
 
 TEST(Schedule, CosineAfterWarmup) {

@@ -152,6 +152,14 @@ if(DDP_TORCH_PYTHON)
                    $<TARGET_FILE:ddp_train> ${TINY} runs/multistep)
   set_tests_properties(e2e_multistep_lr_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;torch" TIMEOUT 240
                        PROCESSORS 2)
+  # train.schedule = 'plateau': each epoch's rate is ReduceLROnPlateau's fed the run's own
+  # validations (val_loss and val_acc; cooldown, min_lr), a resume in cooldown is the
+  # straight run, and a metric the model has not is one error line.
+  add_test(NAME e2e_plateau_lr_np2
+           COMMAND ${DDP_PYTHON} ${E2E}/plateau_lr.py ${DDP_TORCH_PYTHON} ${MPIEXEC_EXECUTABLE}
+                   $<TARGET_FILE:ddp_train> ${TINY} runs/plateau)
+  set_tests_properties(e2e_plateau_lr_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;torch;checkpoint"
+                       TIMEOUT 300 PROCESSORS 2)
 endif()
 
 # train.clip_grad_norm: NaN gradients behind a finite loss (DDP_INJECT_FAULT=nan_gradient

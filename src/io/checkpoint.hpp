@@ -108,6 +108,15 @@ struct TrainingState {
   // Its value and epoch (with min_delta 0, the best's).
   double patience_value = 0.0;
   std::int64_t patience_epoch = 0;
+  // train.schedule = 'plateau' (0 in all five otherwise): the rate after warm-up (0:
+  // train.lr, none reduced yet), the best value of train.plateau_metric so far and the
+  // epochs done then (0: none yet), the epochs since that counted as not better, and the
+  // cooldown epochs left.
+  double plateau_lr = 0.0;
+  double plateau_best = 0.0;
+  std::int64_t plateau_epoch = 0;
+  std::int64_t plateau_bad_epochs = 0;
+  std::int64_t plateau_cooldown = 0;
 };
 
 // io.keep_best's names by TrainingState::best_metric: "none", "val_loss", "val_acc",

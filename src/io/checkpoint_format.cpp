@@ -146,6 +146,13 @@ void add_state(Blobs& blobs, const TrainingState& state) {
     blobs["/state/patience_value"] = scalar(state.patience_value);
     blobs["/state/patience_epoch"] = scalar(state.patience_epoch);
   }
+  if (state.plateau_lr > 0) {  // train.schedule = 'plateau'
+    blobs["/state/plateau_lr"] = scalar(state.plateau_lr);
+    blobs["/state/plateau_best"] = scalar(state.plateau_best);
+    blobs["/state/plateau_epoch"] = scalar(state.plateau_epoch);
+    blobs["/state/plateau_bad_epochs"] = scalar(state.plateau_bad_epochs);
+    blobs["/state/plateau_cooldown"] = scalar(state.plateau_cooldown);
+  }
 }
 
 void add_fingerprint(Blobs& blobs, const DataFingerprint& data) {

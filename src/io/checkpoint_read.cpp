@@ -267,6 +267,14 @@ TrainingState read_state(const Blobs& blobs) {
       s.patience_value = patience ? need_real(blobs, "/state/patience_value") : s.best_value;
       s.patience_epoch = patience ? need_int(blobs, "/state/patience_epoch") : s.best_epoch;
     }
+  // train.schedule = 'plateau''s position, where the run had that schedule.
+  if (blobs.count("/state/plateau_lr")) {
+    s.plateau_lr = need_real(blobs, "/state/plateau_lr");
+    s.plateau_best = need_real(blobs, "/state/plateau_best");
+    s.plateau_epoch = need_int(blobs, "/state/plateau_epoch");
+    s.plateau_bad_epochs = need_int(blobs, "/state/plateau_bad_epochs");
+    s.plateau_cooldown = need_int(blobs, "/state/plateau_cooldown");
+  }
   return s;
 }
 

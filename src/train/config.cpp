@@ -154,7 +154,8 @@ const std::vector<Key>& keys() {
        "adamw: decay rates of the moment estimates"},
       {"train", "eps", field<&C::train, &T::eps>, above(0), false, "adamw: added to the denominator"},
       {"train", "schedule", field<&C::train, &T::schedule>,
-       one_of({"constant", "step", "multistep", "cosine"}), false, "learning-rate schedule after warm-up"},
+       one_of({"constant", "step", "multistep", "cosine", "plateau"}), false,
+       "learning-rate schedule after warm-up"},
       {"train", "warmup_steps", field<&C::train, &T::warmup_steps>, at_least(0), false,
        "optimizer steps of linear warm-up"},
       {"train", "step_epochs", field<&C::train, &T::step_epochs>, at_least(1), false,
@@ -162,8 +163,20 @@ const std::vector<Key>& keys() {
       {"train", "milestones", field<&C::train, &T::milestones>, at_least(1), false,
        "multistep: lr is multiplied by gamma once more after each of these numbers of epochs (PyTorch's "
        "MultiStepLR milestones); increasing"},
-      {"train", "gamma", field<&C::train, &T::gamma>, above(0), false, "step, multistep: decay factor"},
-      {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false, "cosine: final learning rate"},
+      {"train", "gamma", field<&C::train, &T::gamma>, above(0), false,
+       "step, multistep: decay factor; plateau: the factor of each reduction (< 1)"},
+      {"train", "min_lr", field<&C::train, &T::min_lr>, at_least(0), false,
+       "cosine: final learning rate; plateau: the rate is not reduced below it"},
+      {"train", "plateau_metric", field<&C::train, &T::plateau_metric>,
+       one_of({"val_loss", "val_acc", "val_acc5"}), false,
+       "plateau: the validation metric whose stalling reduces the rate (val_loss lowest, accuracies "
+       "highest)"},
+      {"train", "plateau_patience", field<&C::train, &T::plateau_patience>, at_least(0), false,
+       "plateau: epochs without a better plateau_metric after which lr is multiplied by gamma"},
+      {"train", "plateau_threshold", field<&C::train, &T::plateau_threshold>, unit_interval(), false,
+       "plateau: an epoch is better where it beats the best by more than this fraction of it"},
+      {"train", "plateau_cooldown", field<&C::train, &T::plateau_cooldown>, at_least(0), false,
+       "plateau: epochs after a reduction that count neither way"},
       {"train", "seed", field<&C::train, &T::seed>, any(), false,
        "initialisation, sampler permutation, dropout"},
       {"train", "log_every", field<&C::train, &T::log_every>, at_least(0), false,
@@ -607,7 +620,13 @@ Config parse_config(const std::string& text, const std::string& path,
       set_by[find_key("train", "milestones")].value_error("must increase (" +
                                                           std::to_string(t.milestones[i]) + " after " +
                                                           std::to_string(t.milestones[i - 1]) + ")");
-  if (t.schedule == "cosine" && t.min_lr > t.lr)
+  if (t.schedule == "plateau" && cfg.data.val_files.empty())
+    set_by[find_key("train", "schedule")].value_error(
+        "needs data.val_files (the rate is reduced where validation stalls)");
+  if (t.schedule == "plateau" && t.gamma >= 1)
+    set_by[find_key("train", "gamma")].value_error(
+        "must be < 1 for train.schedule = 'plateau', whose reductions multiply the rate by it");
+  if ((t.schedule == "cosine" || t.schedule == "plateau") && t.min_lr > t.lr)
     set_by[find_key("train", "min_lr")].value_error("must be <= train.lr (" + format_number(t.lr) + ")");
   return cfg;
 }

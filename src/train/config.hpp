@@ -51,12 +51,17 @@ struct TrainConfig {
   double label_smoothing = 0.0;              // cross_entropy, as torch.nn.CrossEntropyLoss(label_smoothing=)
   std::vector<double> betas = {0.9, 0.999};  // adamw
   double eps = 1e-8;                         // adamw
-  std::string schedule = "constant";         // 'constant' | 'step' | 'multistep' | 'cosine'
+  std::string schedule = "constant";         // 'constant' | 'step' | 'multistep' | 'cosine' | 'plateau'
   int warmup_steps = 0;                      // linear warm-up from 0 (any schedule)
   int step_epochs = 30;                      // step: multiply lr by gamma every step_epochs epochs
   std::vector<std::int64_t> milestones;      // multistep: multiply lr by gamma at each of these epochs
   double gamma = 0.1;                        // step, multistep
-  double min_lr = 0.0;                       // cosine: final learning rate
+  double min_lr = 0.0;                       // cosine: final learning rate; plateau: the floor
+  // plateau: as torch.optim.lr_scheduler.ReduceLROnPlateau, after each validation
+  std::string plateau_metric = "val_loss";   // 'val_loss' (lower is better) | 'val_acc' | 'val_acc5'
+  int plateau_patience = 10;                 // epochs without a better metric before lr *= gamma
+  double plateau_threshold = 1e-4;           // better: by more than this fraction of the best
+  int plateau_cooldown = 0;                  // epochs after a reduction in which none count
   std::int64_t seed = 0;                     // initialisation, sampler permutation, dropout
   int log_every = 100;                       // optimizer steps between progress lines; 0: none
   std::string nonfinite = "stop";            // non-finite loss or gradient: 'stop' the run | 'skip' the step

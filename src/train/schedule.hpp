@@ -14,13 +14,27 @@
 //   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2,
 //             t = step - warmup_steps, T = total - warmup_steps (t clamped to [0, T];
 //             T <= 0 gives lr)
+//   plateau:  plateau_lr (lr until a reduction), set by plateau_step at validations
 
 #include <cstdint>
 
+#include "io/checkpoint.hpp"
 #include "train/config.hpp"
 
 namespace ddp {
 
-double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t steps_per_epoch);
+double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t steps_per_epoch,
+                     double plateau_lr = 0.0);
+
+// train.schedule = 'plateau', after a validation whose train.plateau_metric is `value`
+// (`lower`: val_loss, lower is better), as torch.optim.lr_scheduler.ReduceLROnPlateau's
+// step(value) in its 'rel' threshold mode: better where it beats the best so far by more
+// than plateau_threshold of it (the first finite value always); more than
+// plateau_patience epochs not better (cooldown epochs count neither way) reduce the rate
+// to max(rate * gamma, min_lr), then plateau_cooldown epochs of cooldown. The position
+// is pos.plateau_* (pos.epoch: the epochs done, this one's included). Returns the epochs
+// not better that made a reduction (0: none made; a reduction of less than 1e-8, at
+// min_lr, is none, as PyTorch's eps).
+std::int64_t plateau_step(TrainingState& pos, const TrainConfig& cfg, double value, bool lower);
 
 }  // namespace ddp

@@ -36,6 +36,15 @@ constexpr double kPrefetchPreloadedBytes = 1024.0 * 1024.0;
 
 namespace {
 
+// The validation metrics a run chooses by name, with their keys: io.keep_best's, and
+// train.plateau_metric where the schedule is 'plateau'.
+std::vector<std::pair<std::string, std::string>> validation_metrics(const Config& cfg) {
+  std::vector<std::pair<std::string, std::string>> named;
+  if (cfg.io.keep_best != "none") named.emplace_back("io.keep_best", cfg.io.keep_best);
+  if (cfg.train.schedule == "plateau") named.emplace_back("train.plateau_metric", cfg.train.plateau_metric);
+  return named;
+}
+
 // Whether a preload of `bytes`, held once per node (`shared`) or by each rank, fits
 // the room each node's first rank finds (comm/memory_room.hpp): "" where it does or
 // nothing is known, else the lowest short node's words, on every rank. Past a cgroup's limit (Slurm's --mem)
@@ -247,11 +256,12 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
       data.train->check_labels(out[0]);
       if (data.val) data.val->check_labels(out[0]);
       setup.loss = LossKind::CrossEntropy;
-      if (cfg.io.keep_best == "val_acc5" && out[0] <= 5)
-        throw InputError(
-            "io.keep_best = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes "
-            "have; this one has " +
-            std::to_string(out[0]) + ": use 'val_acc' or 'val_loss'");
+      for (const auto& [key, metric] : validation_metrics(cfg))
+        if (metric == "val_acc5" && out[0] <= 5)
+          throw InputError(key +
+                           " = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes have; "
+                           "this one has " +
+                           std::to_string(out[0]) + ": use 'val_acc' or 'val_loss'");
     } else {
       if (labels)
         throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");
@@ -262,9 +272,10 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
       setup.loss = LossKind::MSE;
       if (cfg.train.label_smoothing != 0.0)
         throw InputError("train.label_smoothing needs model.loss = 'cross_entropy'; this run's loss is mse");
-      if (cfg.io.keep_best == "val_acc" || cfg.io.keep_best == "val_acc5")
-        throw InputError("io.keep_best = '" + cfg.io.keep_best +
-                         "' needs model.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'");
+      for (const auto& [key, metric] : validation_metrics(cfg))
+        if (metric == "val_acc" || metric == "val_acc5")
+          throw InputError(key + " = '" + metric +
+                           "' needs model.loss = 'cross_entropy'; this run's loss is mse: use 'val_loss'");
     }
     log::info(setup.model->summary());
     return setup;

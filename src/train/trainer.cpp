@@ -19,6 +19,7 @@
 #include "model/backend.hpp"
 #include "model/rng.hpp"
 #include "train/checkpointing.hpp"
+#include "train/schedule.hpp"
 #include "train/signals.hpp"
 #include "train/trainer_internal.hpp"
 
@@ -86,6 +87,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   pos_.seed = cfg_.train.seed;
   pos_.world_size = comm_.size();
   pos_.best_metric = best_metric_index(cfg_.io.keep_best);
+  if (cfg_.train.schedule == "plateau") pos_.plateau_lr = cfg_.train.lr;
 
   const DistributedSampler sampler(train_.size(), comm_.size(), comm_.rank(), cfg_.data.shuffle,
                                    std::uint64_t(cfg_.train.seed), cfg_.data.drop_last);
@@ -145,6 +147,11 @@ void Trainer::make_reducer() {
 }
 
 namespace {
+// A validation's value of a metric named as io.keep_best and train.plateau_metric name them.
+double metric_value(const ValStats& v, const std::string& metric) {
+  return metric == "val_loss" ? v.loss : metric == "val_acc" ? v.accuracy : v.accuracy5;
+}
+
 std::string mb_and_bytes(std::int64_t b) {
   char t[64];
   std::snprintf(t, sizeof t, "%.2f MB (%lld B)", double(b) / (1024.0 * 1024.0), (long long)b);
@@ -339,6 +346,13 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
   const std::string dropped = dropped_best_text(pos_, cfg_, held != 0.0);
   if (!dropped.empty()) log::info("checkpoint: " + dropped);
   if (!same || !dropped.empty()) forget_best(pos_, cfg_);
+  // train.schedule = 'plateau' goes on from the checkpoint's position where its run had
+  // that schedule, else starts at train.lr; no other schedule keeps one.
+  if (cfg_.train.schedule != "plateau" || pos_.plateau_lr <= 0) {
+    pos_.plateau_lr = cfg_.train.schedule == "plateau" ? cfg_.train.lr : 0.0;
+    pos_.plateau_best = 0.0;
+    pos_.plateau_epoch = pos_.plateau_bad_epochs = pos_.plateau_cooldown = 0;
+  }
   if (ck.state.world_size != comm_.size()) {
     // The schedule is a function of the step, and steps per epoch change with the
     // rank count: continue it at the same fraction of the epoch instead, so that the
@@ -567,7 +581,7 @@ bool Trainer::record_best(const ValStats& v) {
   if (pos_.best_metric == 0) return false;
   const std::string metric = best_metric_name(pos_.best_metric);
   const bool lower = metric == "val_loss";
-  const double value = lower ? v.loss : metric == "val_acc" ? v.accuracy : v.accuracy5;
+  const double value = metric_value(v, metric);
   if (!std::isfinite(value)) return false;
   // train.patience's reference: improved on by more than train.min_delta, as Keras's
   // EarlyStopping (current - min_delta > best, or current + min_delta < best for a loss).
@@ -583,6 +597,22 @@ bool Trainer::record_best(const ValStats& v) {
   pos_.best_step = step_;
   pos_.best_epoch = pos_.epoch;
   return true;
+}
+
+std::string Trainer::reduce_on_plateau(const ValStats& v) {
+  const TrainConfig& t = cfg_.train;
+  const double before = pos_.plateau_lr;
+  const std::int64_t bad =
+      plateau_step(pos_, t, metric_value(v, t.plateau_metric), t.plateau_metric == "val_loss");
+  if (bad == 0) return "";
+  char line[512];
+  std::snprintf(
+      line, sizeof line,
+      "plateau: lr %.6g -> %.6g from epoch %lld: %s has not improved on %.4f (epoch %lld) by more than "
+      "%g of it for %lld epochs (train.plateau_patience = %d)",
+      before, pos_.plateau_lr, (long long)pos_.epoch + 1, t.plateau_metric.c_str(), pos_.plateau_best,
+      (long long)pos_.plateau_epoch, t.plateau_threshold, (long long)bad, t.plateau_patience);
+  return line;
 }
 
 int Trainer::fit_epochs(MetricsWriter* metrics) {
@@ -610,7 +640,9 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
       eta_.validated(val_seconds);
     }
     const bool best = val_ && record_best(v);  // before the records, which carry the best so far
+    const std::string plateau = val_ && cfg_.train.schedule == "plateau" ? reduce_on_plateau(v) : "";
     log_epoch(e, v, val_seconds);
+    if (!plateau.empty()) log::info(plateau);
     if (metrics) write_metrics(*metrics, e, v, val_seconds);
     if (tb_) write_tensorboard(e, e.step - first_step, v, classify);
 

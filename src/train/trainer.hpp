@@ -204,6 +204,9 @@ class Trainer {
   // io.keep_best, every rank alike: whether the epoch's validation `v` beats the best so
   // far; then pos_ records it, and the checkpoint made next holds it and becomes best.h5.
   bool record_best(const ValStats& v);
+  // train.schedule = 'plateau', every rank alike: the epoch's validation `v` into
+  // pos_.plateau_* (plateau_step); the line saying the rate was reduced, or "".
+  std::string reduce_on_plateau(const ValStats& v);
   // Every rank calls it; rank 0 writes pos_ (`in_background`: starts its write on
   // background_'s thread), after finishing the one under way there.
   std::string checkpoint(bool in_background = false);

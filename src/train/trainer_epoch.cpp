@@ -260,7 +260,7 @@ void Trainer::progress_line(EpochRun& r) {
   r.mark_consumed = pos_.consumed;
   const double fraction = std::clamp(double(pos_.consumed) / double(epoch_positions_), 0.0, 1.0);
   const double loss = window_loss / double(r.window_samples);
-  const double lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
+  const double lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_, pos_.plateau_lr);
   // The last step's total gradient norm, before clipping (clip_grad_norm_'s value).
   char norm[40] = "";
   if (cfg_.train.clip_grad_norm > 0) std::snprintf(norm, sizeof norm, "  grad_norm %.4g", grad_norm_);
@@ -331,7 +331,7 @@ EpochStats Trainer::end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader,
   stats.train_loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
   stats.train_seconds = seconds;
   stats.samples_per_s = totals[2] / seconds;
-  stats.lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_);
+  stats.lr = learning_rate(cfg_.train, pos_.lr_step - 1, steps_per_epoch_, pos_.plateau_lr);
   stats.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   stats.complete = !r.stopped;
   if (!r.stopped) {

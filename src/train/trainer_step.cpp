@@ -190,7 +190,7 @@ void Trainer::take_step(double step_scale, EpochStats& stats) {
     ++stats.grad_norm_steps;
     stats.clipped_steps += coef < 1.0;
   }
-  const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_);
+  const double lr = learning_rate(cfg_.train, pos_.lr_step, steps_per_epoch_, pos_.plateau_lr);
   optimizer_->step(model_.parameters(), model_.gradients(), lr, float(step_scale));
   // ZeRO: each rank updated its share; every rank needs every share for the next step.
   // On one node through the reducer's shared window, else the communicator.

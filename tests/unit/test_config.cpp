@@ -53,6 +53,10 @@ void expect_same(const ddp::Config& a, const ddp::Config& b) {
   EXPECT_EQ(s.warmup_steps, t.warmup_steps);
   EXPECT_EQ(s.step_epochs, t.step_epochs);
   EXPECT_EQ(s.milestones, t.milestones);
+  EXPECT_EQ(s.plateau_metric, t.plateau_metric);
+  EXPECT_EQ(s.plateau_patience, t.plateau_patience);
+  EXPECT_EQ(s.plateau_threshold, t.plateau_threshold);
+  EXPECT_EQ(s.plateau_cooldown, t.plateau_cooldown);
   EXPECT_EQ(s.gamma, t.gamma);
   EXPECT_EQ(s.min_lr, t.min_lr);
   EXPECT_EQ(s.seed, t.seed);
@@ -181,7 +185,8 @@ TEST(Config, Enumerations) {
   EXPECT_EQ(error_of("&data train_files = 'a', mode = 'mmap' /"),
             "x.nml:1: data.mode = 'mmap': expected one of 'auto', 'preload', 'stream'");
   EXPECT_EQ(error_of(kRequired, {"train.schedule=linear"}),
-            "command line: train.schedule=linear: expected one of 'constant', 'step', 'multistep', 'cosine'");
+            "command line: train.schedule=linear: expected one of 'constant', 'step', 'multistep', 'cosine', "
+            "'plateau'");
 }
 
 TEST(Config, CrossFieldChecksSeeFinalValues) {
@@ -193,6 +198,32 @@ TEST(Config, CrossFieldChecksSeeFinalValues) {
   EXPECT_EQ(error_of(with_train("nesterov = .true."), {"train.momentum=0.9"}), "");
   EXPECT_EQ(error_of(with_train("schedule = 'cosine', lr = 0.1, min_lr = 0.5")),
             "x.nml:3: train.min_lr = 0.5: must be <= train.lr (0.1)");
+}
+
+// train.schedule = 'plateau' needs validation and a factor below 1; min_lr <= lr.
+TEST(Config, PlateauChecks) {
+  const std::string val =
+      "&data train_files = 'd/train_*.h5', val_files = 'd/val.h5' /\n&model layers = 'linear(10)' /\n";
+  EXPECT_EQ(error_of(with_train("schedule = 'plateau'")),
+            "x.nml:3: train.schedule = 'plateau': needs data.val_files (the rate is reduced where validation "
+            "stalls)");
+  EXPECT_EQ(
+      error_of(val + "&train schedule = 'plateau', gamma = 1 /\n"),
+      "x.nml:3: train.gamma = 1: must be < 1 for train.schedule = 'plateau', whose reductions multiply the "
+      "rate by it");
+  EXPECT_EQ(error_of(val + "&train schedule = 'plateau', lr = 0.1, min_lr = 0.2 /\n"),
+            "x.nml:3: train.min_lr = 0.2: must be <= train.lr (0.1)");
+  EXPECT_EQ(error_of(val + "&train schedule = 'plateau', plateau_threshold = 1 /\n"),
+            "x.nml:3: train.plateau_threshold = 1: must be in [0, 1)");
+  EXPECT_EQ(error_of(val + "&train schedule = 'plateau', plateau_metric = 'loss' /\n"),
+            "x.nml:3: train.plateau_metric = 'loss': expected one of 'val_loss', 'val_acc', 'val_acc5'");
+  const ddp::Config c = parse(val +
+                              "&train schedule = 'plateau', plateau_metric = 'val_acc', plateau_patience = 3,"
+                              " plateau_threshold = 0.01, plateau_cooldown = 2 /\n");
+  EXPECT_EQ(c.train.plateau_metric, "val_acc");
+  EXPECT_EQ(c.train.plateau_patience, 3);
+  EXPECT_EQ(c.train.plateau_threshold, 0.01);
+  EXPECT_EQ(c.train.plateau_cooldown, 2);
 }
 
 // train.schedule = 'multistep' and its train.milestones: each needs the other, and the

@@ -226,6 +226,71 @@ TEST(Schedule, MultistepDecaysAtEachMilestone) {
   EXPECT_DOUBLE_EQ(ddp::learning_rate(schedule("multistep", 5), 2, 10), 0.06);  // warm-up first
 }
 
+// 'plateau': warm-up to lr, then the position's rate (lr until a reduction).
+TEST(Schedule, PlateauAfterWarmup) {
+  const auto cfg = schedule("plateau", 4);
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 1, 10, 0.01), 0.05);  // warm-up: to train.lr
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 4, 10, 0.01), 0.01);
+  EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 49, 10, 0.0), 0.1);  // none reduced yet
+}
+
+// plateau_step as ReduceLROnPlateau.step (mode 'min', threshold 0.1 'rel', patience 1,
+// cooldown 1, factor 0.5, min_lr 0.01): the first finite value is the best; a value
+// within 10% of the best is not better; the second epoch not better reduces; the epoch
+// after a reduction is cooldown, not counted; a reduction below 1e-8 (at min_lr) is none.
+TEST(Schedule, PlateauStepAsReduceLROnPlateau) {
+  auto cfg = schedule("plateau", 0);
+  cfg.plateau_patience = 1;
+  cfg.plateau_threshold = 0.1;
+  cfg.plateau_cooldown = 1;
+  cfg.gamma = 0.5;
+  cfg.min_lr = 0.01;
+  ddp::TrainingState pos;
+  pos.plateau_lr = 0.1;
+  struct Epoch {
+    double value;
+    std::int64_t bad;  // what plateau_step returns
+    double lr;         // the rate after it
+    std::int64_t best_epoch;
+  };
+  const Epoch epochs[] = {
+      {std::nan(""), 0, 0.1, 0},  // NaN is never better, not even first: 1 bad epoch
+      {1.0, 0, 0.1, 2},           // the first finite value
+      {0.95, 0, 0.1, 2},          // within 10%: 1 bad epoch
+      {0.92, 2, 0.05, 2},         // 2 bad epochs > patience 1: halved, cooldown 1
+      {0.92, 0, 0.05, 2},         // cooldown: not counted
+      {0.92, 0, 0.05, 2},         // 1 bad
+      {0.92, 2, 0.025, 2},        // 2 bad: halved
+      {0.5, 0, 0.025, 8},         // better (and in cooldown)
+      {0.6, 0, 0.025, 8},         // 1 bad
+      {0.7, 2, 0.0125, 8},        // 2 bad: halved
+      {0.7, 0, 0.0125, 8},        // cooldown
+      {0.7, 0, 0.0125, 8},        // 1 bad
+      {0.7, 2, 0.01, 8},          // 2 bad: max(0.00625, min_lr)
+      {0.7, 0, 0.01, 8},          // cooldown
+      {0.7, 0, 0.01, 8},          // 1 bad
+      {0.7, 0, 0.01, 8},          // 2 bad: max(0.005, 0.01) = 0.01, no change: no reduction
+  };
+  for (const Epoch& e : epochs) {
+    ++pos.epoch;
+    EXPECT_EQ(ddp::plateau_step(pos, cfg, e.value, /*lower=*/true), e.bad) << "epoch " << pos.epoch;
+    EXPECT_DOUBLE_EQ(pos.plateau_lr, e.lr) << "epoch " << pos.epoch;
+    EXPECT_EQ(pos.plateau_epoch, e.best_epoch) << "epoch " << pos.epoch;
+  }
+  // 'max' (accuracies): better where above the best by more than 10% of it.
+  ddp::TrainingState acc;
+  acc.plateau_lr = 0.1;
+  acc.epoch = 1;
+  ddp::plateau_step(acc, cfg, 0.5, /*lower=*/false);
+  acc.epoch = 2;
+  ddp::plateau_step(acc, cfg, 0.54, false);
+  EXPECT_EQ(acc.plateau_epoch, 1);
+  acc.epoch = 3;
+  ddp::plateau_step(acc, cfg, 0.56, false);
+  EXPECT_EQ(acc.plateau_epoch, 3);
+  EXPECT_DOUBLE_EQ(acc.plateau_best, 0.56);
+}
+
 TEST(Schedule, CosineAfterWarmup) {
   const auto cfg = schedule("cosine", 10);                   // T = 50 - 10 = 40
   EXPECT_DOUBLE_EQ(ddp::learning_rate(cfg, 4, 10), 0.05);    // warm-up: 0.1 * 5 / 10

@@ -358,6 +358,21 @@ std::string resume_text(const Config& cfg, const Checkpoint& ck) {
                   checkpoint_name(pos.best_step).c_str());
     text += best;
   }
+  // train.schedule = 'plateau' goes on from the checkpoint's position (Trainer::restore).
+  if (cfg.train.schedule == "plateau" && pos.plateau_lr > 0) {
+    char plateau[256];
+    std::snprintf(plateau, sizeof plateau, "; train.schedule = 'plateau' at lr %.6g", pos.plateau_lr);
+    text += plateau;
+    if (pos.plateau_epoch > 0) {
+      const std::string cooldown =
+          pos.plateau_cooldown > 0 ? ", " + std::to_string(pos.plateau_cooldown) + " of cooldown" : "";
+      std::snprintf(plateau, sizeof plateau, " (best %s %.4f at epoch %lld; %lld epoch%s not better%s)",
+                    cfg.train.plateau_metric.c_str(), pos.plateau_best, (long long)pos.plateau_epoch,
+                    (long long)pos.plateau_bad_epochs, pos.plateau_bad_epochs == 1 ? "" : "s",
+                    cooldown.c_str());
+      text += plateau;
+    }
+  }
   return dropped.empty() ? text : text + "; " + dropped;
 }
 

@@ -10,8 +10,8 @@ ranks:
 2. val_acc (higher is better), the same: PyTorch's rates in its 'max' mode, reduced at
    least twice;
 3. the val_loss run stopped just after its first reduction (cooldown running, in
-   /state/plateau_cooldown) and resumed: its records equal the straight run's, every
-   field but the timings;
+   /state/plateau_cooldown): --check says where the schedule goes on; resumed, its
+   records equal the straight run's, every field but the timings;
 4. train.plateau_metric = 'val_acc5' on a model of 3 classes: one error line, exit 1.
 
 usage: plateau_lr.py TORCH_PYTHON MPIEXEC DDP_TRAIN INPUT RUN_DIR
@@ -106,6 +106,16 @@ with h5py.File(f"{parts}/checkpoints/ckpt_{loss_recs[first - 1]['step']:09d}.h5"
     state = {k: f["state"][k][()] for k in f["state"] if k.startswith("plateau_")}
 if state.get("plateau_cooldown") != cooldown or state.get("plateau_lr") != lr * factor:
     fail(f"the checkpoint after epoch {first}: {state}; expected cooldown {cooldown}, rate {lr * factor}")
+# --check says where the schedule goes on.
+cmd = [mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", "2", binary, "--check", nml, *plateau,
+       "train.plateau_metric=val_loss", f"train.epochs={epochs}", f"io.run_dir={parts}"]
+said = [l for l in subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout.splitlines()
+        if l.startswith("checkpoint: ")]
+want = (f"checkpoint: would resume from {parts}/checkpoints/ckpt_{loss_recs[first - 1]['step']:09d}.h5 (epoch "
+        f"{first + 1}, step {loss_recs[first - 1]['step']}); train.schedule = 'plateau' at lr {lr * factor:g} (best "
+        f"val_loss {state['plateau_best']:.4f} at epoch {state['plateau_epoch']}; 0 epochs not better, 1 of cooldown)")
+if said != [want]:
+    fail(f"--check after epoch {first}: {said}; expected [{want!r}]")
 train(parts, epochs, "train.plateau_metric=val_loss", fresh=False)
 strip = lambda rs: [{k: v for k, v in r.items() if not any(t in k for t in TIMINGS)} for r in rs]
 if strip(records(parts)) != strip(loss_recs):

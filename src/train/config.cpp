@@ -172,7 +172,8 @@ const std::vector<Key>& keys() {
        "plateau: the validation metric whose stalling reduces the rate (val_loss lowest, accuracies "
        "highest)"},
       {"train", "plateau_patience", field<&C::train, &T::plateau_patience>, at_least(0), false,
-       "plateau: epochs without a better plateau_metric after which lr is multiplied by gamma"},
+       "plateau: epochs without a better plateau_metric that pass; the next one without multiplies lr by "
+       "gamma"},
       {"train", "plateau_threshold", field<&C::train, &T::plateau_threshold>, unit_interval(), false,
        "plateau: an epoch is better where it beats the best by more than this fraction of it"},
       {"train", "plateau_cooldown", field<&C::train, &T::plateau_cooldown>, at_least(0), false,

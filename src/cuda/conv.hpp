@@ -33,9 +33,9 @@ bool env_flag(const char* name, bool unset = false);
 
 class CudnnConv {
  public:
-  // Heuristic: cudnnGet*_v7 (fast, no trial runs). Benchmark: cudnnFind* (times the
-  // candidates per shape, a warm-up and three rounds, by the median; worth it for
-  // long runs on fixed shapes).
+  // Heuristic: cudnnGet*_v7's first choice (fast, no trial runs). Benchmark: each
+  // algorithm cudnnGet*_v7 lists run on the shape and timed on the stream (a warm-up
+  // and three rounds, by the median; conv.cpp, time_each).
   enum class Search { Heuristic, Benchmark };
 
   // Tensors of type `dtype`, accumulation in fp32; x, y and their gradients NHWC

@@ -92,9 +92,9 @@ bool narrow_convolutions() {
   return on;
 }
 
-// DDP_CUDNN_BENCHMARK=1: cuDNN times its algorithms for each convolution shape at
-// first use (cudnnFind...) and the fastest deterministic one is taken, as PyTorch's
-// cudnn.benchmark does; timings can then choose differently in another run, so two
+// DDP_CUDNN_BENCHMARK=1: each convolution shape's algorithms are run and timed at
+// first use (CudnnConv::Search::Benchmark) and the fastest deterministic one is taken,
+// as PyTorch's cudnn.benchmark does; timings can then choose differently in another run, so two
 // runs, or a run and its resume, need not repeat bit for bit. Unset: cuDNN's
 // heuristics, the same choice every run.
 CudnnConv::Search convolution_search() {

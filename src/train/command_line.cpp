@@ -213,8 +213,8 @@ const Item kEnvironment[] = {
      "batch norm's backward computes its fused relu's mask again from its input, bn(x) > 0, instead of "
      "reading its output (a third fewer bytes read; for measuring the two against each other)"},
     {"DDP_CUDNN_BENCHMARK=1",
-     "cuDNN times its convolution algorithms per shape and the fastest deterministic one runs, not its "
-     "heuristics' choice; runs may then not repeat bit for bit (GPU build)"},
+     "the convolution algorithms cuDNN lists are run and timed per shape and the fastest deterministic one "
+     "runs, not its heuristics' choice; runs may then not repeat bit for bit (GPU build)"},
     {"DDP_CUDNN_DETERMINISTIC=0",
      "cuDNN may run a nondeterministic convolution algorithm where it ranks first, as PyTorch's "
      "cudnn.benchmark does; runs and resumes then do not repeat bit for bit (GPU build)"},

@@ -30,12 +30,6 @@ std::string call_detail(const ConvShape& s, DType t) {
   return text;
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // The timed search's own clock. Each algorithm cuDNN lists as supported for the shape
 // (cudnnGet*_v7) runs twice back to back between two events on the stream, with its
 // own workspace, as the step will call it; its perf's time is the mean of the two (ms).

@@ -43,3 +43,13 @@
       DDP_FATAL(#call << " failed: " << ncclGetErrorString(ddp_nccl_rc_) << " (" \
                       << ncclGetLastError(nullptr) << ")");                      \
   } while (0)
+
+namespace ddp::cuda {
+// Whether `stream` is being captured into a CUDA graph (where the host must not wait
+// on it, nor time it).
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status == cudaStreamCaptureStatusActive;
+}
+}  // namespace ddp::cuda

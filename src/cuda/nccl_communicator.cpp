@@ -37,14 +37,6 @@ NcclCommunicator::~NcclCommunicator() {
   cudaStreamDestroy(stream_);
 }
 
-namespace {
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status == cudaStreamCaptureStatusActive;
-}
-}  // namespace
-
 template <class Call>
 void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, Call&& call, bool join) {
   last_op_ = std::string(op) + " of " + std::to_string(n) + " " + type;

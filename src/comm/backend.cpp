@@ -1,10 +1,9 @@
 #include "comm/backend.hpp"
 
 #include <algorithm>
-#include <climits>
-#include <cstdlib>
 
 #include "comm/check.hpp"
+#include "comm/watchdog.hpp"
 
 namespace ddp {
 
@@ -59,22 +58,63 @@ DeviceChoice pick_device(int device_count, int local_rank, const char* slurm_loc
   if (device_count == 1) {
     d.device = 0;
     d.reason = "device 0, the one visible to this rank";
-    return d;
+  } else {
+    d.device = local_rank % device_count;
+    d.reason = "device " + std::to_string(d.device) + " of " + std::to_string(device_count) + " (local rank " +
+               std::to_string(local_rank) + ")";
   }
-  int local = local_rank;
-  std::string from = "local rank ";
-  if (slurm_localid && *slurm_localid) {
-    char* end = nullptr;
-    long v = std::strtol(slurm_localid, &end, 10);
-    if (*end == '\0' && v >= 0 && v <= INT_MAX) {
-      local = int(v);
-      from = "SLURM_LOCALID ";
-    }
-  }
-  d.device = local % device_count;
-  d.reason = "device " + std::to_string(d.device) + " of " + std::to_string(device_count) + " (" + from +
-             std::to_string(local) + ")";
+  if (slurm_localid && *slurm_localid && slurm_localid != std::to_string(local_rank))
+    d.reason += "; SLURM_LOCALID=" + std::string(slurm_localid) +
+                " differs from MPI's node-local rank " + std::to_string(local_rank) +
+                " (mpirun inside an allocation passes on the batch step's), not used";
   return d;
+}
+
+std::string shared_gpus(const std::vector<HeldGpu>& held, const std::vector<int>& ranks) {
+  std::string text;
+  std::vector<bool> named(held.size(), false);
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (named[i] || held[i].bus_id.empty()) continue;
+    std::vector<int> holders = {ranks[i]};
+    for (std::size_t j = i + 1; j < held.size(); ++j)
+      if (!named[j] && held[j].bus_id == held[i].bus_id && held[j].nccl_host == held[i].nccl_host) {
+        named[j] = true;
+        holders.push_back(ranks[j]);
+      }
+    if (holders.size() < 2) continue;
+    std::string who;
+    for (std::size_t k = 0; k < holders.size(); ++k)
+      who += (k == 0 ? "" : k + 1 == holders.size() ? " and " : ", ") + std::to_string(holders[k]);
+    text += (text.empty() ? "" : "; ") + std::string("ranks ") + who + " hold GPU " + held[i].bus_id;
+  }
+  return text;
+}
+
+std::string gpus_shared_on_nodes(MPI_Comm comm, const HeldGpu& mine) {
+  // Fixed-size records: a bus id is 12 to 16 characters, NCCL_HOSTID is cut at 255.
+  constexpr std::size_t kBus = 64, kHost = 256, kRecord = kBus + kHost;
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int local_size = 1;
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  std::vector<char> record(kRecord, '\0'), all(kRecord * std::size_t(local_size));
+  mine.bus_id.copy(record.data(), kBus - 1);
+  mine.nccl_host.copy(record.data() + kBus, kHost - 1);
+  std::vector<int> ranks(static_cast<std::size_t>(local_size));
+  {
+    const watchdog::Collective guard("the gather of the node's GPUs (MPI_Allgather)");
+    MPI_CHECK(MPI_Allgather(record.data(), int(kRecord), MPI_CHAR, all.data(), int(kRecord), MPI_CHAR, node));
+    MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, node));
+  }
+  MPI_CHECK(MPI_Comm_free(&node));
+  std::vector<HeldGpu> held(static_cast<std::size_t>(local_size));
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    held[i].bus_id = all.data() + i * kRecord;
+    held[i].nccl_host = all.data() + i * kRecord + kBus;
+  }
+  return first_words(comm, shared_gpus(held, ranks));
 }
 
 void broadcast_bytes(MPI_Comm comm, void* data, std::size_t n, int root) {

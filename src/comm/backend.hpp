@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -38,16 +39,39 @@ Backend choose_backend(const std::string& requested, bool nccl_available, bool d
                        bool mpi_cuda_aware, std::string* reason);
 
 // The GPU a rank binds to. device_count: what cudaGetDeviceCount reports (<= 0: none,
-// or it failed). local_rank: the rank within the node (Context::local_rank).
-// slurm_localid: $SLURM_LOCALID or nullptr. One visible device (Slurm's
-// --gpus-per-task / --gpu-bind, or a CUDA_VISIBLE_DEVICES set per rank) means
-// device 0; otherwise node-local rank modulo the device count, the node-local
-// rank taken from SLURM_LOCALID when Slurm launched the job. -1 without a device.
+// or it failed). local_rank: MPI's node-local rank (Context::local_rank), the one
+// source. One visible device (Slurm's --gpus-per-task / --gpu-bind, or a
+// CUDA_VISIBLE_DEVICES set per rank) means device 0; otherwise node-local rank modulo
+// the device count. slurm_localid: $SLURM_LOCALID or nullptr, a cross-check only:
+// under mpirun inside an sbatch allocation every rank inherits the batch step's
+// SLURM_LOCALID=0, so a value that differs from the local rank is named in the reason,
+// never followed. -1 without a device.
 struct DeviceChoice {
   int device = -1;
   std::string reason;  // "no CUDA device (...)", "device 1 of 4 (local rank 5)", ...
 };
 DeviceChoice pick_device(int device_count, int local_rank, const char* slurm_localid);
+
+// What a rank holds once bound: its GPU's PCI bus id ("0000:3B:00.0"; "" for none)
+// and the host NCCL sees it on ($NCCL_HOSTID, or "" for the node itself: NCCL tells
+// hosts apart by that variable where it is set, by the host's name otherwise).
+struct HeldGpu {
+  std::string bus_id;
+  std::string nccl_host;
+};
+
+// Which ranks of one node hold the same GPU, the only case in which ranks share one:
+// never decided by counts, since Slurm's --gpus-per-task shows each of 8 ranks one GPU
+// of 8. held[i]: node-local rank i's; ranks[i]: its rank in the job. Two ranks share
+// when both bus id and NCCL's host are equal (NCCL then refuses them: its duplicate-GPU
+// check is per host). "" where none share; else "ranks 0 and 8 hold GPU 0000:3B:00.0",
+// every such GPU named, "; " between them.
+std::string shared_gpus(const std::vector<HeldGpu>& held, const std::vector<int>& ranks);
+
+// shared_gpus over the ranks of each node of `comm` (MPI_Comm_split_type), `mine` this
+// rank's: the lowest rank's non-empty text ("" where no node has ranks sharing a GPU),
+// the same on every rank. Collective, under the watchdog.
+std::string gpus_shared_on_nodes(MPI_Comm comm, const HeldGpu& mine);
 
 // Broadcast n bytes from `root`, any n (MPI's int counts: in pieces of 2^30).
 void broadcast_bytes(MPI_Comm comm, void* data, std::size_t n, int root);

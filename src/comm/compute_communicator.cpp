@@ -2,6 +2,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdlib>
+
 #include "comm/check.hpp"
 #include "comm/cuda_aware.hpp"
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -15,25 +17,18 @@ std::unique_ptr<Communicator> make_compute_communicator(MPI_Comm comm, const std
                                                         double timeout_s, CommChoice* choice) {
 #if defined(KOKKOS_ENABLE_CUDA)
   // The rank's GPU is bound (Context), and gradients live on it. NCCL runs one rank
-  // per GPU: where ranks of a node share one (more ranks than GPUs), it cannot.
-  MPI_Comm node = MPI_COMM_NULL;
-  int local_size = 1, rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  MPI_CHECK(MPI_Comm_size(node, &local_size));
-  MPI_CHECK(MPI_Comm_free(&node));
-  const int devices = cuda::device_count();
-  int shared = local_size > devices ? 1 : 0, any_shared = 0;
-  MPI_CHECK(MPI_Allreduce(&shared, &any_shared, 1, MPI_INT, MPI_MAX, comm));
-  if (any_shared && requested == "nccl")
-    throw InputError("comm.backend = 'nccl' but ranks share a GPU (" + std::to_string(local_size) +
-                     " ranks on a node with " + std::to_string(devices) +
-                     " GPU(s)) and NCCL needs one GPU per rank: use 'mpi' or 'auto', or one rank per GPU");
-  CommChoice c = choose_comm(requested, /*nccl_available=*/!any_shared, /*device_buffers=*/true,
+  // per GPU: ranks that hold the same GPU (by its bus id, as NCCL sees them) cannot
+  // use it. How many GPUs a rank sees says nothing: under --gpus-per-task each sees one.
+  HeldGpu mine;
+  mine.bus_id = cuda::current_bus_id();
+  if (const char* host = std::getenv("NCCL_HOSTID")) mine.nccl_host = host;
+  const std::string shared = gpus_shared_on_nodes(comm, mine);
+  if (!shared.empty() && requested == "nccl")
+    throw InputError("comm.backend = 'nccl' but " + shared +
+                     " and NCCL needs a GPU of its own for each rank: use 'mpi' or 'auto', or one rank per GPU");
+  CommChoice c = choose_comm(requested, /*nccl_available=*/shared.empty(), /*device_buffers=*/true,
                              mpi_cuda_aware(nullptr));
-  if (any_shared && requested == "auto")
-    c.reason += ": ranks share a GPU (" + std::to_string(local_size) + " ranks, " + std::to_string(devices) +
-                " GPU(s) on a node) and NCCL needs one GPU per rank";
+  if (!shared.empty() && requested == "auto") c.reason += ": " + shared + " and NCCL needs a GPU of its own for each rank";
   if (choice) *choice = c;
   cuda::NcclCommunicator::Options options;
   options.timeout_s = timeout_s;

@@ -30,6 +30,14 @@ bool device_memory(std::int64_t* used, std::int64_t* total) {
   return true;
 }
 
+std::string current_bus_id() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  char id[64] = "";
+  CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device));
+  return id;
+}
+
 DeviceChoice bind_device(int local_rank) {
   std::string why;
   int n = device_count(&why);

@@ -13,6 +13,10 @@ namespace ddp::cuda {
 // (...)" when there is none or cudaGetDeviceCount fails (no driver): never aborts.
 DeviceChoice bind_device(int local_rank);
 
+// The PCI bus id of the current device ("0000:3B:00.0"): what tells two ranks'
+// GPUs apart (ddp::shared_gpus), whatever CUDA_VISIBLE_DEVICES numbers them.
+std::string current_bus_id();
+
 // cudaGetDeviceCount, 0 on any failure; `why` (optional) receives CUDA's error text.
 int device_count(std::string* why = nullptr);
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -128,14 +129,109 @@ TEST(Device, LocalRankModuloCount) {
   EXPECT_EQ(d.reason, "device 2 of 4 (local rank 6)");
 }
 
-TEST(Device, SlurmLocalIdWins) {
-  ddp::DeviceChoice d = ddp::pick_device(4, 0, "3");
-  EXPECT_EQ(d.device, 3);
-  EXPECT_EQ(d.reason, "device 3 of 4 (SLURM_LOCALID 3)");
-  EXPECT_EQ(ddp::pick_device(2, 0, "5").device, 1);
-  // Not a number: the MPI node-local rank.
+TEST(Device, LocalRankWinsOverSlurmLocalId) {
+  // mpirun inside an sbatch allocation: every rank inherits the batch step's SLURM_LOCALID=0.
+  for (int local = 0; local < 4; ++local) {
+    ddp::DeviceChoice d = ddp::pick_device(4, local, "0");
+    EXPECT_EQ(d.device, local);
+    if (local == 0) {
+      EXPECT_EQ(d.reason, "device 0 of 4 (local rank 0)");
+    } else {
+      EXPECT_EQ(d.reason, "device " + std::to_string(local) + " of 4 (local rank " + std::to_string(local) +
+                              "); SLURM_LOCALID=0 differs from MPI's node-local rank " + std::to_string(local) +
+                              " (mpirun inside an allocation passes on the batch step's), not used");
+    }
+  }
+  EXPECT_EQ(ddp::pick_device(2, 0, "5").device, 0);
   EXPECT_EQ(ddp::pick_device(4, 2, "x1").device, 2);
   EXPECT_EQ(ddp::pick_device(4, 2, "-1").device, 2);
+  // srun: SLURM_LOCALID is the local rank, nothing to say.
+  EXPECT_EQ(ddp::pick_device(4, 3, "3").reason, "device 3 of 4 (local rank 3)");
+}
+
+// Stand-in tables of what each node-local rank holds.
+std::vector<ddp::HeldGpu> held_on(const std::vector<int>& devices, const std::string& nccl_host_prefix = "") {
+  std::vector<ddp::HeldGpu> held;
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    char bus[32];
+    std::snprintf(bus, sizeof bus, "0000:%02X:00.0", 0x18 + 0x10 * devices[i]);
+    held.push_back({bus, nccl_host_prefix.empty() ? "" : nccl_host_prefix + std::to_string(i)});
+  }
+  return held;
+}
+
+std::vector<int> iota_ranks(int n, int first = 0) {
+  std::vector<int> r;
+  for (int i = 0; i < n; ++i) r.push_back(first + i);
+  return r;
+}
+
+TEST(Device, EightRanksEachSeeingOneGpuShareNone) {
+  // --gpus-per-task=1: each of 8 ranks sees one GPU, its own, as CUDA device 0.
+  std::vector<int> devices;
+  for (int local = 0; local < 8; ++local) {
+    EXPECT_EQ(ddp::pick_device(1, local, std::to_string(local).c_str()).device, 0);
+    devices.push_back(local);  // the node's GPU behind it: Slurm gave each task another
+  }
+  EXPECT_EQ(ddp::shared_gpus(held_on(devices), iota_ranks(8)), "");
+}
+
+TEST(Device, EightRanksSeeingEightGpusTakeOneEach) {
+  std::vector<int> devices;
+  for (int local = 0; local < 8; ++local) {
+    const ddp::DeviceChoice d = ddp::pick_device(8, local, nullptr);
+    EXPECT_EQ(d.device, local);
+    devices.push_back(d.device);
+  }
+  EXPECT_EQ(ddp::shared_gpus(held_on(devices), iota_ranks(8, 8)), "");  // the job's second node
+}
+
+TEST(Device, SixteenRanksOnEightGpusAreNamed) {
+  std::vector<int> devices;
+  for (int local = 0; local < 16; ++local) devices.push_back(ddp::pick_device(8, local, nullptr).device);
+  const std::string text = ddp::shared_gpus(held_on(devices), iota_ranks(16));
+  EXPECT_EQ(text.rfind("ranks 0 and 8 hold GPU 0000:18:00.0; ranks 1 and 9 hold GPU 0000:28:00.0; ", 0), 0u)
+      << text;
+  EXPECT_NE(text.find("; ranks 7 and 15 hold GPU 0000:88:00.0"), std::string::npos) << text;
+  // Three on one GPU, the others alone.
+  EXPECT_EQ(ddp::shared_gpus(held_on({0, 1, 0, 2, 0}), {4, 5, 6, 7, 8}), "ranks 4, 6 and 8 hold GPU 0000:18:00.0");
+  EXPECT_EQ(ddp::shared_gpus({{"", ""}, {"", ""}}, {0, 1}), "");  // no GPU held: nothing shared
+}
+
+TEST(Device, OwnNcclHostIdPerRankIsNotSharing) {
+  // NCCL_HOSTID=host<rank> on one GPU (the tests' multi-rank NCCL): NCCL sees a host per rank.
+  EXPECT_EQ(ddp::shared_gpus(held_on({0, 0, 0, 0}, "host"), iota_ranks(4)), "");
+  // The same NCCL_HOSTID everywhere is one host again.
+  std::vector<ddp::HeldGpu> same = held_on({0, 0});
+  for (ddp::HeldGpu& h : same) h.nccl_host = "h";
+  EXPECT_EQ(ddp::shared_gpus(same, {0, 1}), "ranks 0 and 1 hold GPU 0000:18:00.0");
+}
+
+TEST(Device, SharingIsGatheredOverTheNode) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Every rank on this machine claims the same GPU: shared from 2 ranks on.
+  const std::string all = ddp::gpus_shared_on_nodes(MPI_COMM_WORLD, {"0000:18:00.0", ""});
+  std::string want;
+  if (size > 1) {
+    want = "ranks ";
+    for (int r = 0; r < size; ++r) want += (r == 0 ? "" : r + 1 == size ? " and " : ", ") + std::to_string(r);
+    want += " hold GPU 0000:18:00.0";
+  }
+  EXPECT_EQ(all, want);
+  // Each its own, or each its own NCCL host: none.
+  char bus[32];
+  std::snprintf(bus, sizeof bus, "0000:%02X:00.0", 0x18 + rank);
+  EXPECT_EQ(ddp::gpus_shared_on_nodes(MPI_COMM_WORLD, {bus, ""}), "");
+  EXPECT_EQ(ddp::gpus_shared_on_nodes(MPI_COMM_WORLD, {"0000:18:00.0", "host" + std::to_string(rank)}), "");
+  // Only the last two ranks share: every rank gets the same text.
+  const bool pair = size > 2 && rank >= size - 2;
+  std::snprintf(bus, sizeof bus, "0000:%02X:00.0", pair ? 0xF0 : 0x18 + rank);
+  const std::string last_two = ddp::gpus_shared_on_nodes(MPI_COMM_WORLD, {bus, ""});
+  EXPECT_EQ(last_two, size > 2 ? "ranks " + std::to_string(size - 2) + " and " + std::to_string(size - 1) +
+                                     " hold GPU 0000:F0:00.0"
+                               : "");
 }
 
 TEST(CudaAware, EnvironmentOverridesTheQuery) {

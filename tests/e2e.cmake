@@ -72,6 +72,8 @@ ddp_add_error_test(trace_steps_reversed NP 2 REGEX "io.trace_steps=9,3: the firs
                    ARGS ${TINY} --trace io.trace_steps=9,3)
 ddp_add_error_test(unwritable_run_dir NP 2 REGEX "io.run_dir: cannot create directory '/proc/ddp_train'"
                    ARGS ${TINY} io.run_dir=/proc/ddp_train/x)
+ddp_add_error_test(abort_hook_malformed NP 2 REGEX "DDP_TEST_ABORT_HOOK='say@rank1': expected block@rank<r>"
+                   ARGS ${TINY} ENV DDP_TEST_ABORT_HOOK=say@rank1)
 ddp_add_error_test(step_delay_malformed NP 2 REGEX "DDP_TEST_STEP_DELAY_US='1ms': expected a number of microseconds"
                    ARGS ${TINY} ENV DDP_TEST_STEP_DELAY_US=1ms)
 ddp_add_error_test(inject_fault_malformed NP 2
@@ -202,6 +204,12 @@ ddp_add_error_test(params_differ_at_checkpoint NP 2 ENV DDP_INJECT_FAULT=perturb
 ddp_add_fault_test(exception NP 2 FAULT exception@rank1:step3
                    REGEX "^rank 1 \\([^)]*\\): uncaught std::runtime_error: injected fault \\(DDP_INJECT_FAULT=exception@rank1:step3\\)$"
                    ARGS ${TINY} io.run_dir=runs/fault_exception)
+# The same with an abort hook that never returns on the failing rank (as an
+# ncclCommAbort whose peer is gone): it runs after the error line, and MPI_Abort
+# still ends the job within seconds of it.
+ddp_add_fault_test(exception_blocking_abort_hook NP 2 FAULT exception@rank1:step3
+                   REGEX "^DDP_TEST_ABORT_HOOK on rank 1: the abort hook blocks$"
+                   ARGS ${TINY} io.run_dir=runs/fault_exception_abort_hook ENV DDP_TEST_ABORT_HOOK=block@rank1)
 if(NOT DDP_ENABLE_CUDA)  # the GPU build has no oneDNN
   ddp_add_fault_test(dnnl NP 2 FAULT dnnl@rank1:step2
                      REGEX "^rank 1 \\([^)]*\\): uncaught dnnl::error: could not create a primitive descriptor"
@@ -456,6 +464,16 @@ if(DDP_ENABLE_CUDA)
     set_tests_properties(e2e_error_gpu_cuda_graph_${what} PROPERTIES FIXTURES_REQUIRED e2e_data
                          LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77)
   endforeach()
+  # Two ranks bound to the one GPU with comm.backend = 'nccl' (no NCCL_HOSTID of their
+  # own): one line at start-up naming the GPU by its bus id and both ranks.
+  add_test(NAME e2e_error_gpu_nccl_shared_gpu_np2
+           COMMAND ${DDP_WITH_GPU} env -u NCCL_HOSTID
+                   ${E2E}/expect_error.sh "comm.backend = 'nccl' but ranks 0 and 1 hold GPU [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+[.][0-9] and NCCL needs a GPU of its own for each rank" --
+                   ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY} comm.backend=nccl
+                   io.run_dir=runs/error_gpu_nccl_shared_gpu)
+  set_tests_properties(e2e_error_gpu_nccl_shared_gpu_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
+                       LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
+                       ENVIRONMENT CUDA_VISIBLE_DEVICES=0)
   # DDP_ELEMENT_WARPS (warps a block of the element loops) out of 1..16: one line at
   # start-up on 2 ranks; skipped (77) without a device.
   add_test(NAME e2e_error_gpu_element_warps

@@ -9,8 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <typeinfo>
+#include <utility>
+#include <vector>
 
 #include "comm/fault_injection.hpp"
 #include "comm/watchdog.hpp"
@@ -63,6 +67,31 @@ std::atomic<bool> g_failing{false};
 
 thread_local bool t_capturing = false;
 
+std::mutex g_hooks_mutex;
+std::vector<std::pair<AbortHook, void*>>& hooks() {
+  static auto* h = new std::vector<std::pair<AbortHook, void*>>;  // never freed: a fatal may come at exit
+  return *h;
+}
+
+// The hooks on a thread of their own, waited for 5 s at most: one that blocks (an
+// ncclCommAbort on a communicator whose peer is gone) must not keep the job alive.
+void run_abort_hooks() {
+  std::vector<std::pair<AbortHook, void*>> todo;
+  {
+    const std::lock_guard<std::mutex> lock(g_hooks_mutex);
+    todo.swap(hooks());
+  }
+  if (todo.empty()) return;
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread([todo, done] {
+    for (const auto& [hook, arg] : todo) hook(arg);
+    done->store(true);
+  }).detach();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!done->load() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 [[noreturn]] void fail(const std::string& what, const std::string& msg_in) {
   const std::string msg =
       t_capturing ? msg_in +
@@ -79,7 +108,8 @@ thread_local bool t_capturing = false;
   std::fprintf(stderr, "rank %d (%s): %s: %s\n", world_rank(), host, what.c_str(), one_line(msg).c_str());
   std::fflush(stderr);
   watchdog::set_phase(Phase::failing);  // the other ranks' watchdogs: this line is the job's
-  inject_abort_delay();                 // tests only: a slow end
+  run_abort_hooks();
+  inject_abort_delay();  // tests only: a slow end
   abort_all(1);
 }
 
@@ -159,6 +189,18 @@ void fatal(const char* file, int line, const std::string& msg) {
 }
 
 void fatal_as(const std::string& what, const std::string& msg) { fail(what, msg); }
+
+void add_abort_hook(AbortHook hook, void* arg) {
+  const std::lock_guard<std::mutex> lock(g_hooks_mutex);
+  hooks().emplace_back(hook, arg);
+}
+
+void remove_abort_hook(AbortHook hook, void* arg) {
+  const std::lock_guard<std::mutex> lock(g_hooks_mutex);
+  auto& h = hooks();
+  for (auto it = h.begin(); it != h.end();)
+    it = it->first == hook && it->second == arg ? h.erase(it) : it + 1;
+}
 
 void install_terminate_handler() {
   g_main_thread = std::this_thread::get_id();

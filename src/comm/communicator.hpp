@@ -41,6 +41,12 @@ class Communicator {
   // The same on a small host array (flags, metric sums), done when it returns.
   virtual void allreduce_sum_host(double* data, std::size_t n) = 0;
   virtual void barrier() = 0;
+  // The host waits for the device work queued so far on the compute stream, the
+  // collectives it waits for included, as if in the collective `what` (a string
+  // literal) for the hang watchdog: NCCL's collectives, queued on streams, are waited
+  // for here, polling NCCL's errors. MPI's calls wait in themselves: nothing to do
+  // (the caller's fence or copy then waits for the kernels alone).
+  virtual void wait_device(const char* /*what*/) {}
   // The bucketed gradient all-reduce of this backend over `grads` (n floats in the
   // tensors' memory space), overlapping backward: overlap = 'poll' | 'thread' (MPI
   // progress modes; NCCL progresses on its own stream whatever is asked). With

@@ -168,6 +168,24 @@ long long step_delay_us() {
   return us;
 }
 
+// DDP_TEST_ABORT_HOOK=block@rank<r>: the rank; -1 when unset, -2 when malformed.
+int read_abort_hook_rank() {
+  const char* env = std::getenv("DDP_TEST_ABORT_HOOK");
+  if (!env || !*env) return -1;
+  const std::string s = env;
+  std::size_t at = 0;
+  long long rank = -1;
+  if (!read_word(s, &at, "block@rank") || (rank = read_digits(s, &at, 9)) < 0 || at != s.size()) return -2;
+  return int(rank);
+}
+
+// An abort hook that never returns, as an ncclCommAbort whose peer is gone.
+void blocking_abort_hook(void*) {
+  std::fprintf(stderr, "DDP_TEST_ABORT_HOOK on rank %d: the abort hook blocks\n", log::rank());
+  std::fflush(stderr);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 }  // namespace
 
 bool inject_fault(FaultSite site, std::int64_t step) {
@@ -244,6 +262,11 @@ void check_test_variables(MPI_Comm world) {
   if (step_delay_us() < 0)
     fatal_all(world, "DDP_TEST_STEP_DELAY_US='" + std::string(std::getenv("DDP_TEST_STEP_DELAY_US")) +
                          "': expected a number of microseconds");
+  const int hook_rank = read_abort_hook_rank();
+  if (hook_rank == -2)
+    fatal_all(world, "DDP_TEST_ABORT_HOOK='" + std::string(std::getenv("DDP_TEST_ABORT_HOOK")) +
+                         "': expected block@rank<r>");
+  if (hook_rank == log::rank()) add_abort_hook(blocking_abort_hook, nullptr);
 }
 
 void inject_exit_delay() {

@@ -64,7 +64,8 @@ enum class FaultSite {
 // is due here (perturb, nan_gradient, no_locks).
 bool inject_fault(FaultSite site, std::int64_t step);
 
-// Reads DDP_INJECT_FAULT, DDP_TEST_EXIT_DELAY_MS and DDP_TEST_STEP_DELAY_US (below);
+// Reads DDP_INJECT_FAULT, DDP_TEST_EXIT_DELAY_MS, DDP_TEST_STEP_DELAY_US and
+// DDP_TEST_ABORT_HOOK (below);
 // a malformed value ends the run as an input error, one line from rank 0 (every rank
 // has the same environment). Collective, while MPI runs; Context calls it.
 void check_test_variables(MPI_Comm world);
@@ -86,6 +87,14 @@ void inject_exit_delay();
 // with no line of its own: a job slow to end, in which the other ranks' watchdogs
 // must not report it again. fail() (comm/check.cpp) calls it.
 void inject_abort_delay();
+
+// An abort hook (comm/check.hpp) that never returns, as an ncclCommAbort whose peer
+// is gone, on rank r, for the test that a fatal error still ends the job:
+//
+//   DDP_TEST_ABORT_HOOK=block@rank<r>
+//
+// check_test_variables registers it; when it runs it prints `DDP_TEST_ABORT_HOOK on
+// rank <r>: the abort hook blocks` to stderr.
 
 // A paced run, for tests that must act on a job while it trains (the Slurm requeue
 // test signals it once it has trained some epochs):

@@ -285,6 +285,11 @@ void stop() {
   g_slot.store(g_fallback);
 }
 
+bool running() {
+  const State* s = g_state;
+  return s && s->thread.joinable();
+}
+
 void set_step(std::int64_t step) { store(kStep, step); }
 void set_phase(Phase phase) {
   store(kPhase, std::int64_t(phase));

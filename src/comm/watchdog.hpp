@@ -52,6 +52,11 @@ void set_phase(Phase phase);
 // this at least every comm.timeout_s. Entering a phase counts as a call.
 void progress();
 
+// A Watchdog's thread watches this rank (comm.timeout_s > 0, between its construction
+// and stop()): a wait that polls on its own (NCCL's) leaves the deadline to it, which
+// names the ranks and tells a slow rank from a stuck one.
+bool running();
+
 // Stops this rank's watchdog thread and takes its heartbeat out of the window, before
 // an MPI_Finalize that the Watchdog's destructor does not precede: the fatal path's
 // exit of all ranks together (comm/check.cpp). The thread's tick, written into window

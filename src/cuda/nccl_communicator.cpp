@@ -7,34 +7,53 @@
 
 #include "comm/backend.hpp"
 #include "comm/trace.hpp"
+#include "comm/watchdog.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace ddp::cuda {
 
+namespace {
+void abort_hook(void* self) { static_cast<NcclCommunicator*>(self)->abort(); }
+}  // namespace
+
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options options)
-    : compute_(compute), options_(options) {
+    : compute_(compute), host_(make_mpi_communicator(comm)), options_(options) {
   MPI_CHECK(MPI_Comm_dup(comm, &mpi_comm_));
   MPI_CHECK(MPI_Comm_rank(comm, &rank_));
   MPI_CHECK(MPI_Comm_size(comm, &size_));
-  ncclUniqueId id;
-  bootstrap_id(comm, &id, sizeof id,
-               [](void* out) { NCCL_CHECK(ncclGetUniqueId(static_cast<ncclUniqueId*>(out))); });
-  NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  {
+    // A rank that never comes leaves the others inside ncclCommInitRank: named.
+    const watchdog::Collective guard("the NCCL communicator's start (its id's MPI_Bcast, ncclCommInitRank)");
+    ncclUniqueId id;
+    bootstrap_id(comm, &id, sizeof id,
+                 [](void* out) { NCCL_CHECK(ncclGetUniqueId(static_cast<ncclUniqueId*>(out))); });
+    NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+  add_abort_hook(abort_hook, this);
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&host_wait_, cudaEventDisableTiming));
   CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
 }
 
 NcclCommunicator::~NcclCommunicator() {
   synchronize();
+  remove_abort_hook(abort_hook, this);
   ncclCommDestroy(comm_);
   MPI_Comm_free(&mpi_comm_);
   cudaFree(scratch_);
-  if (host_staging_) cudaFree(host_staging_);
+  cudaEventDestroy(host_wait_);
   cudaEventDestroy(done_);
   cudaEventDestroy(ready_);
   cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::abort() {
+  const std::lock_guard<std::mutex> lock(abort_mutex_);
+  if (aborted_) return;
+  aborted_ = true;
+  ncclCommAbort(comm_);
 }
 
 template <class Call>
@@ -62,21 +81,11 @@ void NcclCommunicator::join() {
   CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
 }
 
-void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) {
-  if (n == 0 || size_ == 1) return;
-  if (n > host_staging_count_) {
-    synchronize();  // the old copy's last use is done
-    if (host_staging_) CUDA_CHECK(cudaFree(host_staging_));
-    CUDA_CHECK(cudaMalloc(&host_staging_, n * sizeof(double)));
-    host_staging_count_ = n;
-  }
-  last_op_ = "all_reduce of " + std::to_string(n) + " host doubles";
-  CUDA_CHECK(cudaMemcpyAsync(host_staging_, data, n * sizeof(double), cudaMemcpyHostToDevice, stream_));
-  NCCL_CHECK(ncclAllReduce(host_staging_, host_staging_, n, ncclFloat64, ncclSum, comm_, stream_));
-  CUDA_CHECK(cudaMemcpyAsync(data, host_staging_, n * sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaEventRecord(done_, stream_));
-  done_in_capture_ = false;  // a host copy is never captured
-  synchronize();
+void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) { host_->allreduce_sum_host(data, n); }
+
+void NcclCommunicator::wait_device(const char* what) {
+  CUDA_CHECK(cudaEventRecord(host_wait_, compute_));
+  poll(host_wait_, what);
 }
 
 namespace {
@@ -226,36 +235,65 @@ void NcclCommunicator::barrier() {
 }
 
 void NcclCommunicator::synchronize() {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(options_.timeout_s);
-  // done_ was recorded after the last collective: polling it, not blocking in
-  // cudaEventSynchronize, lets a dead peer or a network error be seen and reported.
-  // Recorded inside a captured graph, it cannot be polled: the graph's replays run on
-  // the compute stream, NCCL's branch joined, so an event recorded there now follows
-  // the last collective replayed (seen on an H100: cudaErrorInvalidValue from the
-  // query at the end of a 1-rank run with train.cuda_graph = 'on').
+  // done_ was recorded after the last collective. Recorded inside a captured graph, it
+  // cannot be polled: the graph's replays run on the compute stream, NCCL's branch
+  // joined, so an event recorded there now follows the last collective replayed (seen
+  // on an H100: cudaErrorInvalidValue from the query at the end of a 1-rank run with
+  // train.cuda_graph = 'on').
   if (done_in_capture_) {
     CUDA_CHECK(cudaEventRecord(done_, compute_));
     done_in_capture_ = false;
   }
+  poll(done_, "a wait for NCCL's collectives (cudaEventQuery)");
+}
+
+void NcclCommunicator::poll(cudaEvent_t event, const char* what) {
+  using clock = std::chrono::steady_clock;
+  // Polling, not blocking in cudaEventSynchronize, lets a dead peer or a network
+  // error be seen and reported, and the watchdog see this rank waiting.
+  const watchdog::Collective guard(what);
+  const bool own_deadline = !watchdog::running() && options_.timeout_s > 0;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::duration<double>(options_.timeout_s);
   for (;;) {
-    cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) CUDA_CHECK(q);
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    ncclResult_t async = ncclSuccess, asked = ncclSuccess;
+    cudaError_t state = cudaErrorNotReady;
+    bool gone = false;
+    {
+      const std::lock_guard<std::mutex> lock(abort_mutex_);
+      gone = aborted_;
+      if (!gone) {
+        state = cudaEventQuery(event);
+        if (state == cudaErrorNotReady) asked = ncclCommGetAsyncError(comm_, &async);
+      }
+    }
+    // Aborted by a fatal error on another thread (the watchdog's line): MPI_Abort is
+    // on its way, and the communicator is gone.
+    if (gone) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      continue;
+    }
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) CUDA_CHECK(state);
+    NCCL_CHECK(asked);
     if (async != ncclSuccess && async != ncclInProgress) {
-      ncclCommAbort(comm_);
-      DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ": "
-                        << ncclGetErrorString(async) << "; communicator aborted");
+      abort();
+      DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ", waiting in " << what
+                        << ": " << ncclGetErrorString(async) << "; communicator aborted");
     }
-    if (clock::now() > deadline) {
-      ncclCommAbort(comm_);
-      DDP_FATAL("NCCL " << last_op_ << " did not complete within " << options_.timeout_s << " s on rank "
-                        << rank_ << " of " << size_
-                        << " (a rank died, hung or never called it); communicator aborted");
+    if (own_deadline && clock::now() > deadline) {
+      abort();
+      fatal_as("hang", "waited " + std::to_string(int(options_.timeout_s)) + " s (comm.timeout_s) in " + what +
+                           " after NCCL " + last_op_ + " on rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size_) +
+                           " (a rank died, hung or never called it; no watchdog to name it); communicator aborted");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // The step's wait is on the hot path (a step of the MLP takes about 0.1 ms on an
+    // H100): spin for the first 2 ms, then sleep between looks.
+    if (clock::now() - start < std::chrono::milliseconds(2))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 

@@ -3,15 +3,20 @@
 // others by MPI_Bcast (ddp::bootstrap_id). Collectives run on the communicator's own
 // stream, ordered against the caller's compute stream by events in both directions:
 // a collective starts after the compute work queued before it and the compute work
-// queued after it waits for it, and the host never waits on the hot path. Only
-// barrier() and synchronize() wait, under a watchdog that aborts the communicator
-// (ncclCommAbort) on an asynchronous NCCL error or when the wait exceeds the timeout.
+// queued after it waits for it, and the host never waits on the hot path. The host
+// waits on NCCL work in wait_device (the step's, the epoch end's), barrier() and
+// synchronize(), each inside a watchdog::Collective, so that the hang watchdog names
+// the ranks that did not arrive; each polls ncclCommGetAsyncError, and a fatal error
+// on any thread (the watchdog's line among them) aborts the communicator
+// (ncclCommAbort) before MPI_Abort. Host arrays are summed by MPI.
 
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "comm/communicator.hpp"
@@ -36,8 +41,10 @@ class NcclCommunicator final : public Communicator {
   void allreduce_sum(float* data, std::size_t n) override;
   void allreduce_sum(double* data, std::size_t n) override;
   void broadcast(float* data, std::size_t n, int root) override;
-  // Host buffers: through a device copy on the NCCL stream, waited for under the watchdog.
+  // Host arrays (flags, metric sums): MPI_Allreduce, under the watchdog; no device copy.
   void allreduce_sum_host(double* data, std::size_t n) override;
+  // The host waits for the compute stream's work queued so far, collectives included.
+  void wait_device(const char* what) override;
   // Every rank's queued collectives done (a one-element all-reduce, then a wait).
   void barrier() override;
   MPI_Comm mpi_comm() const override { return mpi_comm_; }
@@ -71,12 +78,18 @@ class NcclCommunicator final : public Communicator {
 
   // Wait, under the watchdog, until the collectives queued so far have completed.
   void synchronize();
+  // ncclCommAbort, once (the abort hook; any thread).
+  void abort();
   cudaStream_t stream() const { return stream_; }
 
  private:
   // join: the compute stream waits for this collective (else only join() makes it).
   template <class Call>
   void enqueue(const char* op, std::size_t n, const char* type, Call&& call, bool join = true);
+  // The host waits until `event` completes, inside watchdog::Collective(what) (a string
+  // literal), polling NCCL's asynchronous error. Its own deadline, options_.timeout_s,
+  // only where no Watchdog runs: the watchdog's knows more.
+  void poll(cudaEvent_t event, const char* what);
 
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate of the constructor's communicator
@@ -85,9 +98,11 @@ class NcclCommunicator final : public Communicator {
   // done_ was last recorded while the stream was captured into a CUDA graph
   // (train.cuda_graph): outside that capture CUDA refuses to query or wait on it.
   bool done_in_capture_ = false;
+  cudaEvent_t host_wait_ = nullptr;               // wait_device's, on the compute stream
   float* scratch_ = nullptr;                      // barrier()'s one element
-  double* host_staging_ = nullptr;                // allreduce_sum_host's device copy
-  std::size_t host_staging_count_ = 0;
+  std::unique_ptr<Communicator> host_;            // MPI, for allreduce_sum_host
+  std::mutex abort_mutex_;                        // abort() against poll()'s NCCL calls
+  bool aborted_ = false;
   int rank_ = 0, size_ = 1;
   Options options_;
   std::string last_op_ = "none";  // named by the watchdog

@@ -4,9 +4,13 @@
 
 namespace ddp {
 
-std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale) {
+std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale,
+                                    Kokkos::View<double*>& scratch) {
   const std::int64_t blocks = (end - begin + kShareAlign - 1) / kShareAlign;
-  Kokkos::View<double*> sums("clip::block_sums", std::size_t(blocks));
+  if (scratch.extent(0) < std::size_t(blocks))
+    scratch = Kokkos::View<double*>(Kokkos::view_alloc("clip::block_sums", Kokkos::WithoutInitializing),
+                                    std::size_t(blocks));
+  const Kokkos::View<double*> sums = scratch;
   // Four interleaved partial sums per block, combined in one order: the adds of one
   // chain overlap three others', and the result depends on the data alone.
   Kokkos::parallel_for(
@@ -20,8 +24,11 @@ std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::i
         }
         sums(k) = (acc[0] + acc[1]) + (acc[2] + acc[3]);
       });
-  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
-  return std::vector<double>(host.data(), host.data() + blocks);
+  std::vector<double> out(static_cast<std::size_t>(blocks));
+  Kokkos::deep_copy(Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                        out.data(), out.size()),
+                    Kokkos::subview(sums, std::make_pair(std::size_t(0), std::size_t(blocks))));
+  return out;
 }
 
 double sum_in_order(const std::vector<double>& block_sums) {

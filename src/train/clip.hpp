@@ -28,7 +28,11 @@ namespace ddp {
 // (no overflow from any float gradient: the sum is non-finite exactly when some
 // gradient is). One labelled Kokkos kernel over the default execution space; the
 // sums are copied to the host. Deterministic: no thread count or schedule enters.
-std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale);
+// scratch: where the kernel writes the sums, grown here when short and kept by the
+// caller from step to step (on a GPU a View made per step is a cudaMalloc and a
+// device-wide cudaFree per step).
+std::vector<double> grad_block_sums(ConstView1 grads, std::int64_t begin, std::int64_t end, float scale,
+                                    Kokkos::View<double*>& scratch);
 
 // The block sums added in order: the squared total norm.
 double sum_in_order(const std::vector<double>& block_sums);

@@ -419,6 +419,7 @@ std::string Trainer::checkpoint(bool in_background) {
   pos_.loss_scale = scaler_ ? scaler_->scale() : 0.0;
   pos_.loss_scale_clean_steps = scaler_ ? scaler_->clean_steps() : 0;
   const trace::Span span("checkpoint", "io");
+  comm_.wait_device("the collectives before a checkpoint (NCCL, on the device)");  // ZeRO's all-gather
   watchdog::set_phase(Phase::checkpoint);  // the other ranks wait for rank 0 in the agreement below
   // The file holds the whole optimizer state whatever the stage: under ZeRO rank 0
   // gathers the shares first (io/checkpoint.hpp, OptimizerSnapshot).

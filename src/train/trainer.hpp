@@ -302,6 +302,8 @@ class Trainer {
   // (epoch, since the last progress line, this step) sums of the per-sample loss, in
   // double on the device; a step's sum joins the others when the step is taken.
   Kokkos::View<double[3]> loss_acc_;
+  Kokkos::View<std::int64_t> step_nonfinite_{"Trainer::step_nonfinite"};  // count_step_nonfinite's
+  Kokkos::View<double*> clip_sums_;  // grad_block_sums' scratch, kept from step to step
 
   InputStage stage_;  // batches to the compute space, one on its way while a step runs
   Tensor x_;          // (B, sample...) the step's slot of stage_

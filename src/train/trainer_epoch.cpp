@@ -243,11 +243,15 @@ bool Trainer::after_step(EpochRun& r, const Agreed& a) {
   r.micro = 0;
   // Every rank trains the same number of samples: positions of the global order done.
   pos_.consumed = r.start + r.samples * comm_.size();
-  if (cfg_.comm.check_every > 0 && step_ % cfg_.comm.check_every == 0) {
+  const bool check = cfg_.comm.check_every > 0 && step_ % cfg_.comm.check_every == 0;
+  const bool log = cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0;
+  // Both read device memory, after the step's last collectives (ZeRO's all-gather).
+  if (check || log) comm_.wait_device("the step's last collectives (NCCL, on the device)");
+  if (check) {
     r.problem = parameters_disagree(comm_.mpi_comm(), model_, step_);
     if (!r.problem.empty()) return false;
   }
-  if (cfg_.train.log_every > 0 && step_ % cfg_.train.log_every == 0) progress_line(r);
+  if (log) progress_line(r);
   return true;
 }
 
@@ -310,7 +314,9 @@ bool Trainer::checkpoint_mid_epoch(EpochRun& r, const Agreed& a) {
 }
 
 EpochStats Trainer::end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader, EpochStats& stats) {
-  Kokkos::fence();  // a GPU may still be running the last step's kernels
+  // A GPU may still be running the last step's kernels and collectives.
+  comm_.wait_device("the end of the epoch's collectives (NCCL, on the device)");
+  Kokkos::fence();
   const double seconds = now() - r.t0;
   eta_.trained(r.t0 + seconds - r.mark, pos_.consumed - r.mark_consumed);
   stats.data_wait_seconds = loader->wait_seconds();
@@ -354,7 +360,10 @@ ValStats Trainer::validate(ShardDataset& data) {
   // Batch norm's running statistics are each rank's own, updated from its own
   // batches (unless synchronised); rank 0's are the model's, as DDP's broadcast_buffers
   // makes them: those its checkpoints hold, and every rank validates with them.
-  if (const std::size_t n = model_.buffers().extent(0); n > 0) comm_.broadcast(model_.buffers().data(), n, 0);
+  if (const std::size_t n = model_.buffers().extent(0); n > 0) {
+    comm_.broadcast(model_.buffers().data(), n, 0);
+    comm_.wait_device("the broadcast of rank 0's batch-norm statistics (NCCL, on the device)");
+  }
   const std::int64_t B = cfg_.train.batch_size;
   const std::int64_t n = data.size();
   const std::int64_t chunks = (n + B - 1) / B;

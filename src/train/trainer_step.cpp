@@ -39,13 +39,14 @@ void close_step_loss(const Kokkos::View<double[3]>& acc, bool taken) {
 }
 
 // The non-finite values of the reduced gradients, plus kLossNonfinite when the
-// step's loss sum acc(2) is not finite: one reduction, so one wait for the device
-// per step. (With the loss read apart, two waits, the MLP on one H100 ran at a
-// median 181,300 samples/s against 191,843 before the check; with one, 191,265.)
+// step's loss sum acc(2) is not finite, into `count`: one reduction, so one wait for
+// the device per step. (With the loss read apart, two waits, the MLP on one H100 ran
+// at a median 181,300 samples/s against 191,843 before the check; with one, 191,265.)
+// Queued, not waited for, on a GPU: the host waits in the communicator's wait_device.
 constexpr std::int64_t kLossNonfinite = std::int64_t(1) << 48;
-std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc) {
+void count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc,
+                          const Kokkos::View<std::int64_t>& count_out) {
   const std::size_t n = grads.extent(0);
-  std::int64_t bad = 0;
   // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device. A
   // team per chunk of gradients, its vector lanes over them, so that the host's loop
   // vectorises: a reduction over single elements ran scalar, 0.3 ms of the MLP's 3.5
@@ -76,8 +77,7 @@ std::int64_t count_step_nonfinite(const View1& grads, const Kokkos::View<double[
           if (team.league_rank() == 0 && !(loss - loss == 0.0)) count += kLossNonfinite;
         });
       },
-      bad);
-  return bad;
+      count_out);
 }
 
 // "a.h5 rows 3, 9; b.h5 row 4 (global samples 3, 9, 44)": at most 8 samples named.
@@ -129,13 +129,17 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   const bool scattered = cfg_.comm.zero == 2;
   const Shares::Part mine = scattered ? shares_.part(comm_.rank()) : Shares::Part{0, n};
   const std::int64_t summed = reducer_ ? reducer_->nonfinite_sums() : -1;
-  const std::int64_t bad =
-      summed >= 0 ? summed + count_step_nonfinite(View1(), loss_acc_)
-                  : count_step_nonfinite(
-                        scattered ? View1(Kokkos::subview(grads, std::make_pair(std::size_t(mine.begin),
-                                                                                std::size_t(mine.end))))
-                                  : grads,
-                        loss_acc_);
+  count_step_nonfinite(summed >= 0 ? View1()
+                       : scattered ? View1(Kokkos::subview(grads, std::make_pair(std::size_t(mine.begin),
+                                                                                 std::size_t(mine.end))))
+                                   : grads,
+                       loss_acc_, step_nonfinite_);
+  // The host's first wait on the step's collectives: a rank that never sends its
+  // gradients is named here, by the watchdog, on NCCL as on MPI.
+  comm_.wait_device("the step's gradient reduction (NCCL, on the device)");
+  std::int64_t bad = 0;
+  Kokkos::deep_copy(bad, step_nonfinite_);
+  if (summed >= 0) bad += summed;
   grads_nonfinite_ = bad % kLossNonfinite;
   loss_nonfinite_ = bad >= kLossNonfinite;
   // train.clip_grad_norm: the total norm of the averaged gradients (g * inv), here so
@@ -146,7 +150,7 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   // plus zeros: exact).
   const bool clip = cfg_.train.clip_grad_norm > 0.0;
   std::vector<double> blocks;
-  if (clip) blocks = grad_block_sums(grads, mine.begin, mine.end, float(inv));
+  if (clip) blocks = grad_block_sums(grads, mine.begin, mine.end, float(inv), clip_sums_);
   const double minutes = cfg_.io.checkpoint_every_minutes;
   constexpr std::size_t kFlags = 6;
   std::vector<double> flags = {

@@ -28,8 +28,14 @@ class DeviceMpiCommunicator final : public Communicator {
   void allgather_shares(float* data, const std::vector<std::int64_t>& bounds) override {
     run(data, std::size_t(bounds.back()), [&](auto* p) { mpi_->allgather_shares(p, bounds); });
   }
+  // Stage 2 sums the whole buffer as stage 0 does (one MPI_Allreduce), so the stages
+  // are bitwise equal on any number of ranks: MPI_Reduce_scatter adds in another
+  // order from 3 ranks on. Staged, the whole buffer crosses to the host either way;
+  // CUDA-aware, the host's in-place move of the scattered sums (place_scattered)
+  // cannot touch device memory, and Open MPI 4's coll/cuda stages no
+  // MPI_Reduce_scatter. The rest of `data` holds the other shares' sums, allowed.
   void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) override {
-    run(data, std::size_t(bounds.back()), [&](auto* p) { mpi_->reduce_scatter_shares(p, bounds); });
+    allreduce_sum(data, std::size_t(bounds.back()));
   }
   void allreduce_sum_host(double* data, std::size_t n) override { mpi_->allreduce_sum_host(data, n); }
   void barrier() override {

@@ -194,8 +194,11 @@ const Item kEnvironment[] = {
     {"DDP_CONV_LAYOUT=plain|nhwc",
      "oneDNN's convolutions on NCHW/OIHW, or on channels-last with the activations kept so, not on its "
      "blocked layouts (CPU build; nhwc tests the GPU's bf16 layout on the host)"},
-    {"CUDA_VISIBLE_DEVICES, SLURM_LOCALID",
-     "the GPU of each rank (GPU build): the one device visible, else the node-local rank modulo the devices"},
+    {"CUDA_VISIBLE_DEVICES",
+     "the GPU of each rank (GPU build): the one device visible, else MPI's node-local rank modulo the devices"},
+    {"NCCL_HOSTID",
+     "the host NCCL takes a rank to be on: ranks share a GPU when they hold the same one on the same host (GPU "
+     "build)"},
     {"DDP_MPI_CUDA_AWARE=0|1",
      "whether MPI takes device buffers (GPU build, comm.backend = 'mpi'); unset: MPI is asked"},
     {"DDP_CUDNN_NARROW=0",

@@ -61,7 +61,12 @@ void NcclCommunicator::enqueue(const char* op, std::size_t n, const char* type, 
   last_op_ = std::string(op) + " of " + std::to_string(n) + " " + type;
   CUDA_CHECK(cudaEventRecord(ready_, compute_));
   CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
-  NCCL_CHECK(call());
+  {
+    // Queuing returns at once, except where NCCL first connects to its peers (a
+    // communicator's first collective of a kind): a peer that never comes is named.
+    const watchdog::Collective guard("the start of a NCCL collective (NCCL connecting to its peers)");
+    NCCL_CHECK(call());
+  }
   CUDA_CHECK(cudaEventRecord(done_, stream_));
   done_in_capture_ = capturing(stream_);
   if (join) CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));

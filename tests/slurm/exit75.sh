@@ -32,15 +32,7 @@ id=$(submit -n 2 --job-name=ddp_exit75 --output="$out/job-%j.out" "$jobs/cpu.sba
      train.epochs=100000 train.log_every=0 io.checkpoint_every=0 io.run_dir=$run)
 log=$out/job-$id.out
 echo "job $id: SLURM_KILL_BAD_EXIT=1 DDP_TEST_EXIT_DELAY_MS=$DDP_TEST_EXIT_DELAY_MS cpu.sbatch $e2e/tiny.nml ... io.run_dir=$run"
-deadline=$((SECONDS + 90))
-until grep -q "^epoch 3/" "$log" 2>/dev/null; do
-  if [ $SECONDS -ge $deadline ] || [ -z "$(squeue -h -j "$id" 2>/dev/null)" ]; then
-    show_job "$id" "$log"
-    echo "FAIL: job $id did not start training in time"
-    exit 1
-  fi
-  sleep 0.1
-done
+wait_log "$id" "$log" "^epoch 3/" 90
 echo "job $id trains: scancel --signal=USR1 $id"
 stop_job "$id" "$log"
 state=$(wait_final "$id" $((kill_wait + 60))) || true

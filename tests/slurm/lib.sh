@@ -11,10 +11,14 @@ PATH=$PATH:/usr/sbin
 # 2 ranks on a 2-core node next to slurmctld, slurmd and this script: Open MPI
 # ranks that spin while waiting starve the rest for seconds. Waiting ranks yield.
 export OMPI_MCA_mpi_yield_when_idle=1
-submitted=()
+# The ids of the jobs submitted, kept in a file: `id=$(submit ...)` runs submit in a
+# subshell, whose variables the test never sees.
+submitted=$(mktemp "${TMPDIR:-/tmp}/ddp_slurm_jobs.XXXXXX")
 
 cleanup_jobs() {
-  if [ ${#submitted[@]} -gt 0 ]; then scancel "${submitted[@]}" 2>/dev/null || true; fi
+  # shellcheck disable=SC2046
+  if [ -s "$submitted" ]; then scancel $(cat "$submitted") 2>/dev/null || true; fi
+  rm -f "$submitted"
 }
 trap cleanup_jobs EXIT
 
@@ -28,7 +32,7 @@ submit() {
   local id
   id=$(sbatch --parsable "$@") || { echo "FAIL: sbatch $*" >&2; exit 1; }
   id=${id%%;*}
-  submitted+=("$id")
+  echo "$id" >>"$submitted"
   echo "$id"
 }
 
@@ -80,4 +84,86 @@ stop_job() {
     done
     echo "job $1 shows no sign of SIGUSR1 after 5 s (attempt $attempt): sending it again"
   done
+}
+
+# task_probe DIR DDP_TRAIN: writes DIR/ddp_train, a stand-in that records in each task
+# what Slurm gave it into DIR/task<SLURM_PROCID>, then execs DDP_TRAIN with its
+# arguments. Cpus_allowed_list is the kernel's, of the very process that becomes
+# ddp_train (/proc/$$ before exec); the others are the task's environment.
+task_probe() {
+  mkdir -p "$1"
+  cat >"$1/ddp_train" <<PROBE
+#!/bin/sh
+{
+  echo "SLURM_LOCALID=\$SLURM_LOCALID"
+  echo "CUDA_VISIBLE_DEVICES=\${CUDA_VISIBLE_DEVICES-unset}"
+  echo "OMP_NUM_THREADS=\${OMP_NUM_THREADS-unset}"
+  sed -n 's/^Cpus_allowed_list:[[:space:]]*/Cpus_allowed_list=/p' /proc/\$\$/status
+} >$(printf %q "$1")/task\$SLURM_PROCID
+exec $(printf %q "$2") "\$@"
+PROBE
+  chmod +x "$1/ddp_train"
+}
+
+# task_field DIR TASK NAME: one line of what task_probe recorded for task TASK.
+task_field() {
+  sed -n "s/^$3=//p" "$1/task$2" 2>/dev/null
+}
+
+# cpu_count LIST: how many CPUs a Cpus_allowed_list such as 0-1,4 names.
+cpu_count() {
+  local n=0 part parts
+  IFS=, read -ra parts <<<"$1"
+  for part in "${parts[@]}"; do
+    if [[ $part == *-* ]]; then n=$((n + ${part#*-} - ${part%-*} + 1)); else n=$((n + 1)); fi
+  done
+  echo "$n"
+}
+
+# wait_completed JOBID LOG SECONDS: waits for the job's end and shows it (state, exit
+# code, LOG less its progress lines); fails the test unless COMPLETED with ExitCode 0:0.
+wait_completed() {
+  local state code
+  state=$(wait_final "$1" "$3") || true
+  code=$(job_field "$1" ExitCode)
+  echo "job $1: JobState=$state ExitCode=$code"
+  grep -v "^epoch \|^  " "$2" || true
+  if [ "$state" != COMPLETED ] || [ "$code" != 0:0 ]; then
+    show_job "$1" "$2"
+    echo "FAIL: job $1 should end COMPLETED with ExitCode 0:0"
+    exit 1
+  fi
+}
+
+# wait_log JOBID LOG PATTERN SECONDS: waits until a line of LOG matches PATTERN (grep),
+# the job still queued or running; fails the test when it is not there in time.
+wait_log() {
+  local deadline=$((SECONDS + $4))
+  until grep -q "$3" "$2" 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ] || [ -z "$(squeue -h -j "$1" 2>/dev/null)" ]; then
+      show_job "$1" "$2"
+      echo "FAIL: job $1 printed no line /$3/ in time"
+      exit 1
+    fi
+    sleep 0.2
+  done
+}
+
+# wait_requeued JOBID LOG SECONDS: waits until the job is pending again after a requeue
+# (Restarts 1 or more); fails the test when it ends instead, or is not requeued in time.
+wait_requeued() {
+  local deadline=$((SECONDS + $3)) state restarts
+  while :; do
+    state=$(job_field "$1" JobState)
+    restarts=$(job_field "$1" Restarts)
+    if [ "${restarts:-0}" -ge 1 ] && [ "$state" = PENDING ]; then break; fi
+    case $state in
+      COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL) ;;
+      *) if [ $SECONDS -lt $deadline ]; then sleep 0.2; continue; fi ;;
+    esac
+    show_job "$1" "$2"
+    echo "FAIL: job $1 should have been requeued (JobState=$state Restarts=${restarts:-0})"
+    exit 1
+  done
+  echo "job $1 requeued: JobState=$state Restarts=$restarts Reason=$(job_field "$1" Reason)"
 }

@@ -55,8 +55,8 @@ chmod +x "$work/gpu-bin/nvidia-smi" "$work/no-gpu-bin/nvidia-smi"
 gpu_path=PATH=$work/gpu-bin:$PATH
 no_gpu_path=PATH=$work/no-gpu-bin:$PATH
 
-expect 2 "usage: tools/gpu_check tests|table|split|switches   (tools/gpu_check --programs: what to bundle)" --
-expect 2 "usage: tools/gpu_check tests|table|split|switches   (tools/gpu_check --programs: what to bundle)" -- bench
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches   (tools/gpu_check --programs: what to bundle)" --
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches   (tools/gpu_check --programs: what to bundle)" -- bench
 expect 2 "gpu_check tests: $cpu_build is a CPU build (DDP_ENABLE_CUDA is not ON in its CMakeCache.txt): give the GPU build (BUILD_DIR)" \
   BUILD_DIR="$cpu_build" "$gpu_path" -- tests
 expect 2 "gpu_check tests: $work is not a build tree (BUILD_DIR; on the node: source ddp_bundle/env.sh first)" \

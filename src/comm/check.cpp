@@ -75,16 +75,18 @@ std::vector<std::pair<AbortHook, void*>>& hooks() {
 
 // The hooks on a thread of their own, waited for 5 s at most: one that blocks (an
 // ncclCommAbort on a communicator whose peer is gone) must not keep the job alive.
+// That thread holds the hooks' lock while they run, so a remove_abort_hook (the
+// communicator's destructor) waits for a hook under way before its object goes.
 void run_abort_hooks() {
-  std::vector<std::pair<AbortHook, void*>> todo;
   {
     const std::lock_guard<std::mutex> lock(g_hooks_mutex);
-    todo.swap(hooks());
+    if (hooks().empty()) return;
   }
-  if (todo.empty()) return;
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread([todo, done] {
-    for (const auto& [hook, arg] : todo) hook(arg);
+  std::thread([done] {
+    const std::lock_guard<std::mutex> lock(g_hooks_mutex);
+    for (const auto& [hook, arg] : hooks()) hook(arg);
+    hooks().clear();
     done->store(true);
   }).detach();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);

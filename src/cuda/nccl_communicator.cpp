@@ -38,9 +38,11 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options 
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  synchronize();
-  remove_abort_hook(abort_hook, this);
-  ncclCommDestroy(comm_);
+  remove_abort_hook(abort_hook, this);  // waits for one under way
+  if (!aborted_) {  // aborted: freed already, and MPI_Abort is on its way
+    synchronize();
+    ncclCommDestroy(comm_);
+  }
   MPI_Comm_free(&mpi_comm_);
   cudaFree(scratch_);
   cudaEventDestroy(host_wait_);
@@ -49,9 +51,12 @@ NcclCommunicator::~NcclCommunicator() {
   cudaStreamDestroy(stream_);
 }
 
+// Only while the main thread waits in poll(): NCCL takes no two calls on one
+// communicator at once, and elsewhere the main thread may be inside one (queuing a
+// collective, launching a graph). There MPI_Abort ends the process, kernels and all.
 void NcclCommunicator::abort() {
   const std::lock_guard<std::mutex> lock(abort_mutex_);
-  if (aborted_) return;
+  if (aborted_ || !in_poll_) return;
   aborted_ = true;
   ncclCommAbort(comm_);
 }
@@ -257,6 +262,17 @@ void NcclCommunicator::poll(cudaEvent_t event, const char* what) {
   // Polling, not blocking in cudaEventSynchronize, lets a dead peer or a network
   // error be seen and reported, and the watchdog see this rank waiting.
   const watchdog::Collective guard(what);
+  struct InPoll {  // abort() may act while this lives
+    NcclCommunicator& c;
+    explicit InPoll(NcclCommunicator& comm) : c(comm) {
+      const std::lock_guard<std::mutex> lock(c.abort_mutex_);
+      c.in_poll_ = true;
+    }
+    ~InPoll() {
+      const std::lock_guard<std::mutex> lock(c.abort_mutex_);
+      c.in_poll_ = false;
+    }
+  } in_poll(*this);
   const bool own_deadline = !watchdog::running() && options_.timeout_s > 0;
   const auto start = clock::now();
   const auto deadline = start + std::chrono::duration<double>(options_.timeout_s);
@@ -281,13 +297,13 @@ void NcclCommunicator::poll(cudaEvent_t event, const char* what) {
     if (state == cudaSuccess) return;
     if (state != cudaErrorNotReady) CUDA_CHECK(state);
     NCCL_CHECK(asked);
+    // The line first; the fatal path's hook then aborts the communicator, within its
+    // bound (an ncclCommAbort may block where a peer is gone).
     if (async != ncclSuccess && async != ncclInProgress) {
-      abort();
       DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ", waiting in " << what
                         << ": " << ncclGetErrorString(async) << "; communicator aborted");
     }
     if (own_deadline && clock::now() > deadline) {
-      abort();
       fatal_as("hang", "waited " + std::to_string(int(options_.timeout_s)) + " s (comm.timeout_s) in " + what +
                            " after NCCL " + last_op_ + " on rank " + std::to_string(rank_) + " of " +
                            std::to_string(size_) +

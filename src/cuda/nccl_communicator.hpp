@@ -3,12 +3,13 @@
 // others by MPI_Bcast (ddp::bootstrap_id). Collectives run on the communicator's own
 // stream, ordered against the caller's compute stream by events in both directions:
 // a collective starts after the compute work queued before it and the compute work
-// queued after it waits for it, and the host never waits on the hot path. The host
-// waits on NCCL work in wait_device (the step's, the epoch end's), barrier() and
-// synchronize(), each inside a watchdog::Collective, so that the hang watchdog names
-// the ranks that did not arrive; each polls ncclCommGetAsyncError, and a fatal error
-// on any thread (the watchdog's line among them) aborts the communicator
-// (ncclCommAbort) before MPI_Abort. Host arrays are summed by MPI.
+// queued after it waits for it. The host waits on NCCL work only in wait_device
+// (once a step, after the step's last kernel is queued; the epoch's end), barrier()
+// and synchronize(), each inside a watchdog::Collective, so that the hang watchdog
+// names the ranks that did not arrive; each polls ncclCommGetAsyncError, and a fatal
+// error on any thread (the watchdog's line among them) aborts the communicator
+// (ncclCommAbort) before MPI_Abort where the main thread waits in one of them. Host
+// arrays are summed by MPI.
 
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -78,7 +79,7 @@ class NcclCommunicator final : public Communicator {
 
   // Wait, under the watchdog, until the collectives queued so far have completed.
   void synchronize();
-  // ncclCommAbort, once (the abort hook; any thread).
+  // ncclCommAbort, once, if the main thread waits in poll() (the abort hook; any thread).
   void abort();
   cudaStream_t stream() const { return stream_; }
 
@@ -103,6 +104,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> host_;            // MPI, for allreduce_sum_host
   std::mutex abort_mutex_;                        // abort() against poll()'s NCCL calls
   bool aborted_ = false;
+  bool in_poll_ = false;                          // the main thread waits in poll()
   int rank_ = 0, size_ = 1;
   Options options_;
   std::string last_op_ = "none";  // named by the watchdog

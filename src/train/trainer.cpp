@@ -60,6 +60,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   make_optimizer_and_scaler();
   // Every rank starts from rank 0's weights, as DDP does at construction.
   comm_.broadcast(model_.parameters().data(), std::size_t(n_params), 0);
+  comm_.wait_device("the broadcast of rank 0's parameters (NCCL, on the device)");
   model_.set_communicator(&comm_);  // SyncBatchNorm's statistics
   graph_plan_ = collective_input(comm_.mpi_comm(), [&] {
     return plan_step_graphs(cfg_.train.cuda_graph, compute_backend().graphs_unsupported(),

@@ -302,7 +302,15 @@ class Trainer {
   // (epoch, since the last progress line, this step) sums of the per-sample loss, in
   // double on the device; a step's sum joins the others when the step is taken.
   Kokkos::View<double[3]> loss_acc_;
-  Kokkos::View<std::int64_t> step_nonfinite_{"Trainer::step_nonfinite"};  // count_step_nonfinite's
+  // count_step_nonfinite's, where the host reads it without a copy: pinned host memory
+  // on a GPU, which its kernel writes as it ends (a deep_copy fences the whole device,
+  // the next batch's copy included).
+#if defined(KOKKOS_ENABLE_CUDA)
+  using NonfiniteSpace = Kokkos::CudaHostPinnedSpace;
+#else
+  using NonfiniteSpace = Kokkos::HostSpace;
+#endif
+  Kokkos::View<std::int64_t, NonfiniteSpace> step_nonfinite_{"Trainer::step_nonfinite"};
   Kokkos::View<double*> clip_sums_;  // grad_block_sums' scratch, kept from step to step
 
   InputStage stage_;  // batches to the compute space, one on its way while a step runs

@@ -296,6 +296,7 @@ bool Trainer::background_written(EpochRun& r, const Agreed& a) {
 }
 
 bool Trainer::checkpoint_mid_epoch(EpochRun& r, const Agreed& a) {
+  comm_.wait_device("the step's last collectives, before a checkpoint (NCCL, on the device)");  // ZeRO's
   double partial[2] = {read_loss(loss_acc_, false)[0] + r.prior_loss,
                        double(r.loss_samples) + r.prior_samples};
   comm_.allreduce_sum_host(partial, 2);

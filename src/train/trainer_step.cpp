@@ -44,8 +44,8 @@ void close_step_loss(const Kokkos::View<double[3]>& acc, bool taken) {
 // at a median 181,300 samples/s against 191,843 before the check; with one, 191,265.)
 // Queued, not waited for, on a GPU: the host waits in the communicator's wait_device.
 constexpr std::int64_t kLossNonfinite = std::int64_t(1) << 48;
-void count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc,
-                          const Kokkos::View<std::int64_t>& count_out) {
+template <class Count>
+void count_step_nonfinite(const View1& grads, const Kokkos::View<double[3]>& acc, const Count& count_out) {
   const std::size_t n = grads.extent(0);
   // x - x is 0 for a finite x and NaN for inf or NaN; no <cmath> on the device. A
   // team per chunk of gradients, its vector lanes over them, so that the host's loop
@@ -137,9 +137,8 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   // The host's first wait on the step's collectives: a rank that never sends its
   // gradients is named here, by the watchdog, on NCCL as on MPI.
   comm_.wait_device("the step's gradient reduction (NCCL, on the device)");
-  std::int64_t bad = 0;
-  Kokkos::deep_copy(bad, step_nonfinite_);
-  if (summed >= 0) bad += summed;
+  ExecSpace().fence();  // the compute stream's kernels alone: NCCL's are done
+  const std::int64_t bad = step_nonfinite_() + (summed >= 0 ? summed : 0);
   grads_nonfinite_ = bad % kLossNonfinite;
   loss_nonfinite_ = bad >= kLossNonfinite;
   // train.clip_grad_norm: the total norm of the averaged gradients (g * inv), here so

@@ -1,5 +1,5 @@
-# src/model CNN layers: gradient checks, spec errors, numbers against PyTorch,
-# SyncBatchNorm across ranks. Labels "unit;layers" (MPI tests: "mpi;layers").
+# src/model CNN and transformer layers: gradient checks, spec errors, numbers against
+# PyTorch, SyncBatchNorm across ranks. Labels "unit;layers" (MPI tests: "mpi;layers").
 ddp_add_test(layers_grad_test SOURCES layers/grad_test.cpp LABELS layers CAPPED_ISA_TOO)
 
 # Numbers against PyTorch: a fixture writes torch_reference.h5 with the python that
@@ -41,3 +41,31 @@ if(NOT DDP_ENABLE_CUDA)
   set_tests_properties(layers_narrow_test_nhwc PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers"
                        ENVIRONMENT DDP_CONV_LAYOUT=nhwc)
 endif()
+
+# The transformer's layers end to end (layernorm, gelu; tests/e2e.cmake's functions):
+# a small MLP with them trains on 2 ranks (its loss falls, it beats chance on the 3
+# classes), its checkpoint holds layernorm's weight and bias under PyTorch's names
+# and shapes, both moved from their initial 1 and 0; --check's model summary lists
+# them; a bad argument is one error line.
+ddp_add_train_test(layernorm_gelu_np2 NP 2 RUN_DIR runs/layernorm_gelu FIXTURE e2e_data
+                   CHECK "--epochs 3 --loss-falls --min-val-acc 0.6"
+                   ARGS ${TINY} "model.layers=flatten,linear(64),layernorm,gelu,linear(3)" train.epochs=3)
+set_tests_properties(e2e_layernorm_gelu_np2 PROPERTIES FIXTURES_SETUP layernorm_gelu_run LABELS "e2e;layers")
+add_test(NAME e2e_layernorm_gelu_checkpoint
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layers/check_checkpoint_params.py
+                 runs/layernorm_gelu 1.weight=64x16 1.bias=64 2.weight=64 2.bias=64 4.weight=3x64 4.bias=3
+                 --trained 2.weight 2.bias)
+set_tests_properties(e2e_layernorm_gelu_checkpoint PROPERTIES FIXTURES_REQUIRED layernorm_gelu_run
+                     LABELS "e2e;layers;checkpoint" TIMEOUT 60 SKIP_RETURN_CODE 77)
+add_test(NAME e2e_layernorm_gelu_summary
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY}
+                 "model.layers=flatten,linear(64),layernorm,gelu(tanh),linear(3)" io.run_dir=runs/layernorm_gelu_summary)
+set_tests_properties(e2e_layernorm_gelu_summary PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;layers"
+                     TIMEOUT 90 SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION
+                     "\n2 +layernorm +\\(64\\) +128\n3 +gelu\\(tanh\\) +\\(64\\) +0\n.*check passed")
+ddp_add_error_test(gelu_argument NP 2
+                   REGEX "model.layers\\(3\\) = 'gelu\\(foo\\)': gelu takes 0 arguments, got 1; usage: gelu\\[\\(tanh\\)\\]"
+                   ARGS ${TINY} "model.layers=flatten,linear(8),gelu(foo),linear(3)")
+ddp_add_error_test(layernorm_argument NP 2
+                   REGEX "model.layers\\(3\\) = 'layernorm\\(3\\)': layernorm takes 0 arguments, got 1; usage: layernorm\\[\\(eps=e\\)\\]"
+                   ARGS ${TINY} "model.layers=flatten,linear(8),layernorm(3),linear(3)")

@@ -15,6 +15,8 @@
 #include "model/conv2d.hpp"
 #include "model/dropout.hpp"
 #include "model/flatten.hpp"
+#include "model/gelu.hpp"
+#include "model/layernorm.hpp"
 #include "model/linear.hpp"
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
@@ -135,6 +137,17 @@ const LayerRow kLayers[] = {
      "zero_init,sync",
      [](const Args& a, const Options& o) {
        return residual_block(ResBlock::Bottleneck, positive(a[0], "width"), o);
+     }},
+    {"gelu", "gelu[(tanh)]", 0, "tanh", "tanh",
+     [](const Args&, const Options& o) -> std::unique_ptr<Layer> {
+       return std::make_unique<Gelu>(bool_option(o, "tanh", false));
+     }},
+    {"layernorm", "layernorm[(eps=e)]", 0, "eps", "",
+     [](const Args&, const Options& o) -> std::unique_ptr<Layer> {
+       auto it = o.find("eps");
+       const float eps = it == o.end() ? 1e-5f : static_cast<float>(float_arg(it->second, "eps"));
+       if (!(eps > 0.0f)) throw InputError("eps must be > 0");  // as a float: 1e-50 is 0
+       return std::make_unique<LayerNorm>(eps);
      }},
 };
 

@@ -9,13 +9,16 @@
 
 namespace ddp {
 
+// (in) -> (out), or a sequence (T, in) -> (T, out), as nn.Linear on (B, T, in). An
+// image (C, H, W) stays an error: acting on its width is almost never what is meant.
 Shape Linear::output_shape(const Shape& in_sample) {
-  if (in_sample.size() != 1)
+  if (in_sample.size() != 1 && in_sample.size() != 2)
     throw InputError("linear needs a flat input (features) but gets " + shape_str(in_sample) +
                      ": add 'flatten' before it");
-  in_ = in_sample[0];
+  in_ = in_sample.back();
   in_sample_ = in_sample;
-  out_sample_ = {out_};
+  out_sample_ = in_sample;
+  out_sample_.back() = out_;
   return out_sample_;
 }
 
@@ -38,15 +41,16 @@ void Linear::init(Rng& rng) {
   fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
 }
 
+// x: (B, [T,] in) -> y: (B, [T,] out); the GEMM over its N = B (or B T) rows.
 void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  const std::int64_t B = x.batch(), in = in_, out = out_;
-  resize(y, B, out_sample_, "Linear::y");
-  // y (B, out) = x (B, in) W^T (in, out)
-  gemm(false, true, B, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out, precision());
+  const std::int64_t N = x.numel() / in_, in = in_, out = out_;
+  resize(y, x.batch(), out_sample_, "Linear::y");
+  // y (N, out) = x (N, in) W^T (in, out)
+  gemm(false, true, N, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out, precision());
   float* yp = y.data.data();
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
-  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {B, out});
+  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {N, out});
   if (fused_relu_) {
     Kokkos::parallel_for(
         "Linear::forward_bias_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
@@ -61,32 +65,32 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 }
 
 void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
-  const std::int64_t B = x.batch(), in = in_, out = out_;
+  const std::int64_t N = x.numel() / in_, in = in_, out = out_;  // rows, as forward's
   const bool add = !overwrite_gradients();
   if (fused_relu_) {  // dy is the relu's to mask: no layer reads it after this one
     ConstView1 yv = y.data;
     View1 dyv = dy.data;
     Kokkos::parallel_for(
-        "Linear::relu_backward", Range(0, B * out),
+        "Linear::relu_backward", Range(0, N * out),
         KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
   }
-  // dW (out, in) += (or =) dy^T (out, B) x (B, in)
-  gemm(true, false, out, in, B, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
+  // dW (out, in) += (or =) dy^T (out, N) x (N, in)
+  gemm(true, false, out, in, N, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
        precision());
-  // db (1, out) += (or =) ones^T (1, B) dy (B, out): a GEMV streams dy's rows once. A
+  // db (1, out) += (or =) ones^T (1, N) dy (N, out): a GEMV streams dy's rows once. A
   // sum per feature down dy's column ran scalar and strided on the host, 3% of the
   // MLP's 2-rank training time (perf, AVX2 EPYC). In fp32 whatever the precision: a
   // bias gradient was never rounded.
-  if (ones_.extent(0) < std::size_t(B)) {  // grown only: a smaller batch uses a prefix
-    ones_ = View1("Linear::ones", std::size_t(B));
+  if (ones_.extent(0) < std::size_t(N)) {  // grown only: a smaller batch uses a prefix
+    ones_ = View1("Linear::ones", std::size_t(N));
     Kokkos::deep_copy(ones_, 1.0f);
   }
-  gemm(false, false, 1, out, B, 1.0f, ones_.data(), std::max<std::int64_t>(B, 1), dy.data.data(), out,
+  gemm(false, false, 1, out, N, 1.0f, ones_.data(), std::max<std::int64_t>(N, 1), dy.data.data(), out,
        add ? 1.0f : 0.0f, dbias_, out);
   if (!needs_input_grad()) return;
-  resize(dx, B, in_sample_, "Linear::dx");
-  // dx (B, in) = dy (B, out) W (out, in)
-  gemm(false, false, B, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
+  resize(dx, x.batch(), in_sample_, "Linear::dx");
+  // dx (N, in) = dy (N, out) W (out, in)
+  gemm(false, false, N, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
        precision());
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// linear(n): y = x W^T + b, PyTorch's nn.Linear. Input must be flat (B, in).
+// linear(n): y = x W^T + b, PyTorch's nn.Linear. Input flat (B, in), or a sequence
+// (B, T, in) acted on per token, as nn.Linear does: one GEMM over the B T rows.
 // With a relu fused (Model::fuse_layers), the bias pass writes relu(x W^T + b) and
 // backward masks dy by that output in place first (the relu's own pass, moved).
 
@@ -24,12 +25,12 @@ class Linear : public Layer {
   bool fused_relu_ = false;
   std::int64_t in_ = 0;
   std::int64_t out_;
-  Shape in_sample_, out_sample_;  // (in), (out): kept so resizing allocates nothing
+  Shape in_sample_, out_sample_;  // ([T,] in), ([T,] out): kept so resizing allocates nothing
   float* weight_ = nullptr;       // (out, in)
   float* bias_ = nullptr;         // (out)
   float* dweight_ = nullptr;      // (out, in)
   float* dbias_ = nullptr;        // (out)
-  View1 ones_;                    // (B) all 1: the bias gradient is the GEMV dy^T ones
+  View1 ones_;                    // (N) all 1, N = B [T]: the bias gradient is the GEMV dy^T ones
 };
 
 }  // namespace ddp

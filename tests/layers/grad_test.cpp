@@ -1,15 +1,19 @@
-// The CNN layers against central finite differences of L = sum(w * y), for the
-// input and for every parameter; their shapes, specs and error messages.
+// The CNN and transformer layers against central finite differences of
+// L = sum(w * y), for the input and for every parameter; their shapes, specs and error
+// messages.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <utility>
 
 #include "comm/check.hpp"
 #include "layer_fixture.hpp"
+#include "model/gelu.hpp"
+#include "model/model.hpp"
 
 namespace ddp {
 namespace {
@@ -322,6 +326,202 @@ TEST(Bottleneck, ZeroInitStartsTheLastGammaAtZero) {
   EXPECT_EQ(to_host(r.params, r.n)[4 * 4 * 9 + 8 + 4 * 4 * 9], 0.0f);  // bn2.weight[0]
 }
 
+// gelu on a sequence, a flat and an image input, both forms; eps small against the
+// curvature near 0 (x in [-1, 1]).
+TEST(Gelu, GradientCheckBothForms) {
+  for (const char* spec : {"gelu", "gelu(tanh)", "gelu(tanh=false)"})
+    for (const Shape& in : {Shape{5, 6}, Shape{9}, Shape{2, 3, 4}}) {
+      SCOPED_TRACE(std::string(spec) + " on " + shape_str(in));
+      BoundLayer b(spec, in);
+      EXPECT_EQ(b.out_sample, in);
+      EXPECT_EQ(b.n, 0);
+      grad_check(b, 3, CheckOptions{true, false, 1e-3, 1e-2, 1e-4});
+    }
+}
+
+// PyTorch's values at a few points (torch 1.13, float64 printed to 7 digits).
+TEST(Gelu, KnownValues) {
+  const std::vector<float> xs = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f};
+  // torch.nn.functional.gelu in float64, rounded to 7 decimals
+  const std::vector<float> exact = {-0.0040497f, -0.1586553f, -0.1542688f, 0.0f,
+                                    0.3457312f,  0.8413447f,  2.9959503f};
+  const std::vector<float> tanh = {-0.0036374f, -0.1588080f, -0.1542860f, 0.0f,
+                                   0.3457140f,  0.8411920f,  2.9963626f};
+  for (bool approx : {false, true}) {
+    BoundLayer b(approx ? "gelu(tanh)" : "gelu", {7});
+    Tensor x = make_tensor({1, 7}, xs), y;
+    b.layer->forward(x, y, false);
+    const std::vector<float> got = to_host(y.data, 7), want = approx ? tanh : exact;
+    for (std::size_t i = 0; i < xs.size(); ++i) EXPECT_NEAR(got[i], want[i], 5e-7f) << xs[i];
+  }
+}
+
+TEST(LayerNorm, ParametersAndInit) {
+  BoundLayer b("layernorm", {5, 4});
+  EXPECT_EQ(b.layer->kind(), "layernorm");
+  EXPECT_EQ(b.out_sample, (Shape{5, 4}));
+  const auto specs = b.layer->parameter_specs();
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[0].suffix, "weight");
+  EXPECT_EQ(specs[0].shape, Shape{4});
+  EXPECT_EQ(specs[1].suffix, "bias");
+  EXPECT_EQ(specs[1].shape, Shape{4});
+  EXPECT_TRUE(b.layer->buffer_specs().empty());
+  // weight 1, bias 0 (element by element: GCC 12.2 at -O3 miscompiles an EXPECT_EQ
+  // against the 8-float literal {1, 1, 1, 1, 0, 0, 0, 0}, reading it as all ones)
+  const std::vector<float> p = to_host(b.params, 8);
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(p[j], 1.0f) << j;
+    EXPECT_EQ(p[4 + j], 0.0f) << j;
+  }
+  BoundLayer flat("layernorm", {6});
+  EXPECT_EQ(flat.n, 12);
+}
+
+TEST(LayerNorm, NormalisesEachRow) {
+  BoundLayer b("layernorm", {3, 50});
+  Tensor x = make_tensor({2, 3, 50}, random_values(300, 7, -3.0f, 5.0f)), y;
+  b.layer->forward(x, y, true);
+  ASSERT_EQ(y.shape, x.shape);
+  const std::vector<float> yh = to_host(y.data, 300);
+  for (int r = 0; r < 6; ++r) {
+    double s = 0, ss = 0;
+    for (int j = 0; j < 50; ++j) {
+      s += yh[r * 50 + j];
+      ss += double(yh[r * 50 + j]) * yh[r * 50 + j];
+    }
+    EXPECT_NEAR(s / 50, 0.0, 1e-6) << r;
+    EXPECT_NEAR(ss / 50, 1.0, 1e-4) << r;  // biased variance, up to eps
+  }
+}
+
+TEST(LayerNorm, GradientCheck) {
+  for (const Shape& in : {Shape{4, 6}, Shape{7}, Shape{1, 5}}) {
+    SCOPED_TRACE(shape_str(in));
+    BoundLayer b("layernorm", in);
+    test::from_host(b.params, random_values(b.n, 9, 0.5f, 1.5f));  // weight, bias away from 1, 0
+    grad_check(b, 3, CheckOptions{true, false, 1e-3, 1e-2, 1e-4});
+  }
+}
+
+// Parameter gradients add to what the buffer holds, or overwrite it while
+// overwrite_gradients() is on; the same inputs give the same bits every time.
+TEST(LayerNorm, GradientsAccumulateOverwriteAndRepeat) {
+  BoundLayer b("layernorm", {33, 20});
+  test::from_host(b.params, random_values(b.n, 3, 0.5f, 1.5f));
+  Tensor x = make_tensor({5, 33, 20}, random_values(3300, 1, -2.0f, 2.0f)), y, dx;
+  Tensor dy = make_tensor({5, 33, 20}, random_values(3300, 2));
+  b.layer->forward(x, y, true);
+  b.layer->backward(x, y, dy, dx);
+  const std::vector<float> once = to_host(b.grads, b.n), dx_once = to_host(dx.data, dx.numel());
+  b.layer->backward(x, y, dy, dx);
+  const std::vector<float> twice = to_host(b.grads, b.n);
+  for (std::int64_t i = 0; i < b.n; ++i) EXPECT_FLOAT_EQ(twice[i], 2 * once[i]) << i;
+  b.layer->set_overwrite_gradients(true);
+  b.layer->forward(x, y, true);
+  b.layer->backward(x, y, dy, dx);
+  EXPECT_EQ(to_host(b.grads, b.n), once);
+  EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
+
+  // The parameter sums against the same sums in double on the host.
+  const std::vector<float> xh = to_host(x.data, 3300), dyh = to_host(dy.data, 3300),
+                           w = to_host(b.params, 20);
+  std::vector<double> dw(20, 0.0), db(20, 0.0);
+  for (int r = 0; r < 165; ++r) {
+    double mu = 0, var = 0;
+    for (int j = 0; j < 20; ++j) mu += xh[r * 20 + j];
+    mu /= 20;
+    for (int j = 0; j < 20; ++j) var += (xh[r * 20 + j] - mu) * (xh[r * 20 + j] - mu);
+    const double rstd = 1.0 / std::sqrt(var / 20 + 1e-5);
+    for (int j = 0; j < 20; ++j) {
+      dw[j] += dyh[r * 20 + j] * (xh[r * 20 + j] - mu) * rstd;
+      db[j] += dyh[r * 20 + j];
+    }
+  }
+  for (int j = 0; j < 20; ++j) {
+    EXPECT_NEAR(once[j], dw[j], 1e-5 * (1 + std::fabs(dw[j]))) << j;
+    EXPECT_NEAR(once[20 + j], db[j], 1e-5 * (1 + std::fabs(db[j]))) << j;
+  }
+}
+
+// A smaller batch after a larger one uses a prefix of the buffers (mean, rstd, the
+// partial sums) and gives what it gives alone.
+TEST(LayerNorm, SmallerBatchAfterLarger) {
+  BoundLayer big("layernorm", {4, 8}), alone("layernorm", {4, 8});
+  big.layer->set_overwrite_gradients(true);
+  alone.layer->set_overwrite_gradients(true);
+  Tensor x8 = make_tensor({8, 4, 8}, random_values(256, 5)),
+         x2 = make_tensor({2, 4, 8}, random_values(64, 6));
+  Tensor dy8 = make_tensor({8, 4, 8}, random_values(256, 7)),
+         dy2 = make_tensor({2, 4, 8}, random_values(64, 8));
+  Tensor y, dx, ya, dxa;
+  big.layer->forward(x8, y, true);
+  big.layer->backward(x8, y, dy8, dx);
+  big.layer->forward(x2, y, true);
+  big.layer->backward(x2, y, dy2, dx);
+  alone.layer->forward(x2, ya, true);
+  alone.layer->backward(x2, ya, dy2, dxa);
+  EXPECT_EQ(to_host(y.data, 64), to_host(ya.data, 64));
+  EXPECT_EQ(to_host(dx.data, 64), to_host(dxa.data, 64));
+  EXPECT_EQ(to_host(big.grads, big.n), to_host(alone.grads, alone.n));
+}
+
+// linear(n) on (T, d) acts on the last dimension, as nn.Linear on (B, T, d): each
+// token as a flat sample would be.
+TEST(Linear, SequenceInputActsPerToken) {
+  BoundLayer seq("linear(6)", {4, 5});
+  EXPECT_EQ(seq.out_sample, (Shape{4, 6}));
+  EXPECT_EQ(seq.layer->parameter_specs()[0].shape, (Shape{6, 5}));
+  grad_check(seq, 3);
+
+  BoundLayer flat("linear(6)", {5});
+  test::from_host(flat.params, to_host(seq.params, seq.n));
+  const std::vector<float> xs = random_values(3 * 4 * 5, 31), dys = random_values(3 * 4 * 6, 32);
+  Tensor xq = make_tensor({3, 4, 5}, xs), xf = make_tensor({12, 5}, xs), yq, yf, dxq, dxf;
+  seq.layer->set_overwrite_gradients(true);
+  flat.layer->set_overwrite_gradients(true);
+  seq.layer->forward(xq, yq, true);
+  flat.layer->forward(xf, yf, true);
+  EXPECT_EQ(yq.shape, (Shape{3, 4, 6}));
+  EXPECT_LE(test::max_relative_error(to_host(yq.data, 72), to_host(yf.data, 72)), 1e-6);
+  Tensor dyq = make_tensor({3, 4, 6}, dys), dyf = make_tensor({12, 6}, dys);
+  seq.layer->backward(xq, yq, dyq, dxq);
+  flat.layer->backward(xf, yf, dyf, dxf);
+  EXPECT_EQ(dxq.shape, (Shape{3, 4, 5}));
+  EXPECT_LE(test::max_relative_error(to_host(dxq.data, 60), to_host(dxf.data, 60)), 1e-6);
+  EXPECT_LE(test::max_relative_error(to_host(seq.grads, seq.n), to_host(flat.grads, flat.n)), 1e-6);
+}
+
+// The summary lists the layers with their shapes and parameter counts, and the
+// parameter table has layernorm's PyTorch names.
+TEST(Model, TransformerLayersInSummaryAndNames) {
+  const std::vector<std::string> specs = {"linear(16)", "layernorm", "gelu(tanh)",
+                                          "linear(8)",  "gelu",      "layernorm(eps=1e-6)"};
+  Model m(specs, {5, 12}, 0);
+  // "#  layer  output  parameters" rows: index, spec, shape, count
+  std::istringstream summary(m.summary());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(summary, line);) rows.push_back(line);
+  ASSERT_EQ(rows.size(), specs.size() + 3) << m.summary();
+  const std::vector<std::string> shapes = {"(5, 16)", "(5, 16)", "(5, 16)", "(5, 8)", "(5, 8)", "(5, 8)"};
+  const std::vector<std::string> counts = {"208", "32", "0", "136", "0", "16"};
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    std::istringstream row(rows[i + 2]);
+    std::string index, spec, shape_a, shape_b, count;
+    row >> index >> spec >> shape_a >> shape_b >> count;
+    EXPECT_EQ(index, std::to_string(i)) << rows[i + 2];
+    EXPECT_EQ(spec, specs[i]) << rows[i + 2];
+    EXPECT_EQ(shape_a + " " + shape_b, shapes[i]) << rows[i + 2];
+    EXPECT_EQ(count, counts[i]) << rows[i + 2];
+  }
+  std::vector<std::string> names;
+  for (const auto& e : m.parameter_table()) names.push_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.1.weight",
+                                             "layers.1.bias", "layers.3.weight", "layers.3.bias",
+                                             "layers.5.weight", "layers.5.bias"}));
+  EXPECT_EQ(m.num_parameters(), 208 + 32 + 136 + 16);
+}
+
 std::string spec_error(const std::string& spec, const Shape& in = {3, 8, 8}) {
   try {
     BoundLayer b(spec, in);
@@ -367,6 +567,28 @@ TEST(Registry, CnnSpecsAndErrors) {
             "bottleneck has no option 'groups'; usage: bottleneck(width[, stride=s][, zero_init][, sync])");
   EXPECT_EQ(spec_error("bottleneck(4)", {12}),
             "bottleneck needs an image input (channels, height, width) but gets (12)");
+}
+
+TEST(Registry, TransformerSpecsAndErrors) {
+  EXPECT_EQ(make_layer("GELU")->kind(), "gelu");
+  EXPECT_FALSE(dynamic_cast<Gelu&>(*make_layer("gelu")).tanh_approximation());
+  EXPECT_TRUE(dynamic_cast<Gelu&>(*make_layer("gelu( Tanh )")).tanh_approximation());
+  EXPECT_TRUE(dynamic_cast<Gelu&>(*make_layer("gelu(tanh=true)")).tanh_approximation());
+  EXPECT_FALSE(dynamic_cast<Gelu&>(*make_layer("gelu(tanh=false)")).tanh_approximation());
+  EXPECT_EQ(make_layer("LayerNorm")->kind(), "layernorm");
+  EXPECT_EQ(make_layer("layernorm(eps=1e-6)")->kind(), "layernorm");
+  EXPECT_NE(known_layers().find("gelu[(tanh)], layernorm[(eps=e)]"), std::string::npos) << known_layers();
+  EXPECT_EQ(spec_error("gelu(foo)", {8}), "gelu takes 0 arguments, got 1; usage: gelu[(tanh)]");
+  EXPECT_EQ(spec_error("gelu(approximate=tanh)", {8}),
+            "gelu has no option 'approximate'; usage: gelu[(tanh)]");
+  EXPECT_EQ(spec_error("gelu(tanh=maybe)", {8}), "tanh must be true or false, got 'maybe'");
+  EXPECT_EQ(spec_error("layernorm(3)", {8}), "layernorm takes 0 arguments, got 1; usage: layernorm[(eps=e)]");
+  EXPECT_EQ(spec_error("layernorm(eps=0)", {8}), "eps must be > 0");
+  EXPECT_EQ(spec_error("layernorm(eps=small)", {8}), "eps must be a number, got 'small'");
+  EXPECT_EQ(spec_error("layernorm"),
+            "layernorm needs a flat (features) or sequence (tokens, features) input but gets (3, 8, 8)");
+  EXPECT_EQ(spec_error("linear(4)"),
+            "linear needs a flat input (features) but gets (3, 8, 8): add 'flatten' before it");
 }
 
 }  // namespace

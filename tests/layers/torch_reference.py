@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch's numbers for the CNN layers, for tests/layers/torch_compare_test.cpp.
+"""PyTorch's numbers for the layers, for tests/layers/torch_compare_test.cpp.
 
 usage: torch_reference.py OUT.h5
 
@@ -7,7 +7,8 @@ One group per case, named after it, with attributes `spec` (our layer spec),
 `training` (0/1) and `in_shape`; datasets x, dy (the upstream gradient), y, dx,
 param.<name> (the parameters, as given to both sides), grad.<name>, and
 buffer.<name> for the module's buffers after the forward (BatchNorm running
-statistics). Group /model holds a whole nn.Sequential: its state_dict keys in order
+statistics). Groups /model (a CNN) and /seq_model (linear, layernorm and gelu on
+(B, T, d) samples) hold a whole nn.Sequential: its state_dict keys in order
 (attributes param_names, buffer_names), its parameters, x, dy, y and parameter
 gradients. Everything is float64 in the file; the computation is float32.
 """
@@ -40,7 +41,7 @@ def randomise(module):
                 b.fill_(3)
 
 
-def case(f, name, spec, module, in_shape, training=True):
+def case(f, name, spec, module, in_shape, training=True, x_scale=1.0, x_shift=0.0):
     randomise(module)
     module.train(training)
     g = f.create_group(name)
@@ -51,7 +52,7 @@ def case(f, name, spec, module, in_shape, training=True):
         g["param." + k] = p.detach().double().numpy()
     for k, b in module.named_buffers():
         g["buffer_before." + k] = b.detach().double().numpy()
-    x = torch.randn(*in_shape, requires_grad=True)
+    x = (x_scale * torch.randn(*in_shape) + x_shift).requires_grad_()
     y = module(x)
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -65,19 +66,36 @@ def case(f, name, spec, module, in_shape, training=True):
         g["buffer." + k] = b.detach().double().numpy()
 
 
-def model_group(f):
-    """The model-level test's nn.Sequential: the spec list of the C++ test."""
-    net = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), BasicBlock(8, 16, stride=2),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+def float64_case(f, name, src, module):
+    """Case `src`'s inputs and parameters through `module` in float64: the exact
+    numbers, for a case where float32's own rounding (PyTorch's) is what differs."""
+    s, g = f[src], f.create_group(name)
+    for k, v in s.attrs.items():
+        g.attrs[k] = v
+    module = module.double()
+    with torch.no_grad():
+        for k, p in module.named_parameters():
+            p.copy_(torch.from_numpy(s["param." + k][...]))
+    x = torch.from_numpy(s["x"][...]).requires_grad_()
+    y = module(x)
+    y.backward(torch.from_numpy(s["dy"][...]))
+    for k in ["x", "dy"] + ["param." + k for k, _ in module.named_parameters()]:
+        g[k] = s[k][...]
+    g["y"], g["dx"] = y.detach().numpy(), x.grad.numpy()
+    for k, p in module.named_parameters():
+        g["grad." + k] = p.grad.numpy()
+
+
+def model_group(f, name, net, in_shape):
+    """A model-level test's nn.Sequential: the spec list of the C++ test."""
     randomise(net)
     net.train()
-    g = f.create_group("model")
+    g = f.create_group(name)
     g.attrs["param_names"] = [k for k, _ in net.named_parameters()]
     g.attrs["buffer_names"] = [k for k, _ in net.named_buffers()]
     for k, v in net.state_dict().items():
         g["state." + k] = v.double().numpy()
-    x = torch.randn(4, 3, 12, 12)
+    x = torch.randn(*in_shape)
     y = net(x)
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -111,7 +129,31 @@ def main():
         case(f, "bottleneck_projection", "bottleneck(4, stride=2)", Bottleneck(8, 4, stride=2), (3, 8, 9, 9))
         case(f, "bottleneck_widen", "bottleneck(8)", Bottleneck(16, 8), (2, 16, 6, 6))
         case(f, "bottleneck_wide", "bottleneck(128)", Bottleneck(512, 128), (8, 512, 8, 8))
-        model_group(f)
+        model_group(f, "model", nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            BasicBlock(8, 16, stride=2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)), (4, 3, 12, 12))
+        # The transformer's layers, after the CNN's cases (so these draw the random numbers
+        # they always drew): on (B, T, d) and flat (B, d) samples, gelu's x spread to +-9
+        # so that the tails of erf and tanh count.
+        gelu, gelu_tanh = nn.GELU(), nn.GELU(approximate="tanh")
+        case(f, "gelu_seq", "gelu", gelu, (3, 5, 7), x_scale=3.0)
+        case(f, "gelu_flat", "gelu", gelu, (4, 33), x_scale=3.0)
+        case(f, "gelu_image", "gelu", gelu, (2, 3, 4, 5), x_scale=3.0)
+        case(f, "gelu_tanh_seq", "gelu(tanh)", gelu_tanh, (3, 5, 7), x_scale=3.0)
+        case(f, "gelu_tanh_flat", "gelu(tanh)", gelu_tanh, (4, 33), x_scale=3.0)
+        case(f, "layernorm_seq", "layernorm", nn.LayerNorm(16), (3, 5, 16))
+        case(f, "layernorm_flat", "layernorm", nn.LayerNorm(10), (4, 10))
+        # rows far from 0 against their spread: the variance without cancellation
+        case(f, "layernorm_offset", "layernorm", nn.LayerNorm(24), (2, 6, 24), x_scale=0.1, x_shift=10.0)
+        float64_case(f, "layernorm_offset_f64", "layernorm_offset", nn.LayerNorm(24))
+        case(f, "layernorm_eps", "layernorm(eps=1e-6)", nn.LayerNorm(12, eps=1e-6), (2, 7, 12))
+        case(f, "layernorm_gpt2", "layernorm", nn.LayerNorm(768), (2, 16, 768))
+        case(f, "linear_seq", "linear(6)", nn.Linear(5, 6), (3, 4, 5))
+        # GPT-2's MLP shape, C -> 4C -> C, between layer norms, a linear -> relu (fused in
+        # ddp_train's model) on the tokens, then a classifier.
+        model_group(f, "seq_model", nn.Sequential(
+            nn.LayerNorm(8), nn.Linear(8, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8), nn.LayerNorm(8),
+            nn.GELU(), nn.Linear(8, 12), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 12, 5)), (4, 6, 8))
 
 
 if __name__ == "__main__":

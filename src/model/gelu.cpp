@@ -1,0 +1,85 @@
+#include "model/gelu.hpp"
+
+#include "comm/check.hpp"
+
+namespace ddp {
+
+namespace {
+// Kokkos moved its math functions out of Experimental in 3.7; erf, exp and tanh are
+// in both (float overloads, on the host and the device).
+#if KOKKOS_VERSION >= 30700
+using Kokkos::erf;
+using Kokkos::exp;
+using Kokkos::tanh;
+#else
+using Kokkos::Experimental::erf;
+using Kokkos::Experimental::exp;
+using Kokkos::Experimental::tanh;
+#endif
+
+// PyTorch's constants (aten/src/ATen/native/cpu/Activation.cpp), in float as its
+// float kernels use them.
+constexpr float kSqrtHalf = 0.70710678118654752440f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi): the normal pdf's factor
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
+constexpr float kKappa = 0.044715f;
+
+// The exact form: y = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x).
+KOKKOS_INLINE_FUNCTION float gelu_exact(float x) { return x * 0.5f * (1.0f + erf(x * kSqrtHalf)); }
+KOKKOS_INLINE_FUNCTION float gelu_exact_grad(float x) {
+  const float cdf = 0.5f * (1.0f + erf(x * kSqrtHalf)), pdf = kInvSqrt2Pi * exp(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+// The tanh form: y = 0.5 x (1 + t), t = tanh(u), u = sqrt(2/pi) (x + kappa x^3);
+// dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 kappa x^2).
+KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
+  const float t = tanh(kSqrt2OverPi * (x + kKappa * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float x) {
+  const float x2 = x * x, t = tanh(kSqrt2OverPi * (x + kKappa * x2 * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kKappa * x2);
+}
+
+void require_fp32(const Tensor& t, const char* what) {
+  DDP_REQUIRE(t.type == Precision::fp32,
+              "gelu: " << what << " is " << precision_name(t.type) << ", not fp32");
+}
+}  // namespace
+
+// x: (B, sample...) -> y: (B, sample...) = gelu(x), in x's layout
+void Gelu::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  require_fp32(x, "the input");
+  resize_like(y, x, "Gelu::y");
+  ConstView1 xv = x.data;
+  View1 yv = y.data;
+  if (tanh_)
+    Kokkos::parallel_for(
+        "Gelu::forward_tanh", Range(0, x.storage_numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { yv(i) = gelu_tanh(xv(i)); });
+  else
+    Kokkos::parallel_for(
+        "Gelu::forward", Range(0, x.storage_numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { yv(i) = gelu_exact(xv(i)); });
+}
+
+// dy: (B, sample...) -> dx: (B, sample...) = dy gelu'(x)
+void Gelu::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  if (!needs_input_grad()) return;
+  require_fp32(dy, "the output gradient");
+  DDP_REQUIRE(dy.layout == x.layout, "gelu: the output gradient in another layout than the input");
+  resize_like(dx, x, "Gelu::dx");
+  ConstView1 xv = x.data, dyv = dy.data;
+  View1 dxv = dx.data;
+  if (tanh_)
+    Kokkos::parallel_for(
+        "Gelu::backward_tanh", Range(0, x.storage_numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * gelu_tanh_grad(xv(i)); });
+  else
+    Kokkos::parallel_for(
+        "Gelu::backward", Range(0, x.storage_numel()),
+        KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * gelu_exact_grad(xv(i)); });
+}
+
+}  // namespace ddp

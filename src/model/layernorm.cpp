@@ -1,0 +1,182 @@
+#include "model/layernorm.hpp"
+
+#include <cmath>
+
+#include "comm/check.hpp"
+#include "model/planes.hpp"  // for_each_team_thread
+
+namespace ddp {
+
+namespace {
+#if KOKKOS_VERSION >= 30700
+using Kokkos::sqrt;
+#else
+using Kokkos::Experimental::sqrt;
+#endif
+
+// The rows of a stretch of backward's parameter sums for `rows` rows: about sqrt(rows),
+// so that neither the stretches' sums nor the sum over stretches is a long chain of
+// reads. A function of the row count alone: the order of every sum is fixed.
+std::int64_t stretch_rows(std::int64_t rows) {
+  std::int64_t r = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(rows))));
+  return r < 1 ? 1 : r;
+}
+
+// (x - hi) - lo: x minus a mean held as two floats. Where a row sits far from 0
+// against its spread (x = 10 +- 0.1), the float mean alone is off by up to 6e-7, 6e-6
+// of the spread, in every normalised value; x - hi is exact there (Sterbenz), and lo
+// takes the rest.
+KOKKOS_INLINE_FUNCTION float centred(float x, float hi, float lo) { return (x - hi) - lo; }
+
+void require_plain(const Tensor& t, const char* what) {
+  DDP_REQUIRE(t.type == Precision::fp32 && t.layout == Layout::nchw,
+              "layernorm: " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
+                            << ", not fp32 in nchw");
+}
+}  // namespace
+
+Shape LayerNorm::output_shape(const Shape& in_sample) {
+  // An image's last dimension is its width: nn.LayerNorm(W) there is almost never meant.
+  if (in_sample.size() != 1 && in_sample.size() != 2)
+    throw InputError("layernorm needs a flat (features) or sequence (tokens, features) input but gets " +
+                     shape_str(in_sample));
+  d_ = in_sample.back();
+  sample_ = in_sample;
+  return in_sample;
+}
+
+std::vector<Layer::ParamSpec> LayerNorm::parameter_specs() const {
+  return {{"weight", {d_}}, {"bias", {d_}}};
+}
+
+void LayerNorm::bind(float* params, float* grads) {
+  weight_ = params;
+  bias_ = params + d_;
+  dweight_ = grads;
+  dbias_ = grads + d_;
+}
+
+// PyTorch's reset_parameters: weight 1, bias 0.
+void LayerNorm::init(Rng& /*rng*/) {
+  float *w = weight_, *b = bias_;
+  Kokkos::parallel_for(
+      "LayerNorm::init", Range(0, d_), KOKKOS_LAMBDA(std::int64_t j) {
+        w[j] = 1.0f;
+        b[j] = 0.0f;
+      });
+}
+
+// x: (B, [T,] d) -> y: (B, [T,] d). Per row r of d values: mean(r), rstd(r) =
+// 1 / sqrt(var + eps) with the biased variance, both from sums in double (the
+// variance as the mean of squared deviations: no cancellation); y = (x - mean) rstd
+// weight + bias, x - mean by centred(). A team thread per row, its vector lanes over
+// the row (a GPU warp reads it coalesced); the row's three passes hit the cache after
+// the first.
+void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  require_plain(x, "the input");
+  const std::int64_t d = d_, rows = x.numel() / d;
+  if (static_cast<std::int64_t>(mean_.extent(0)) < rows) {  // grown only: a smaller batch uses a prefix
+    mean_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::mean"), rows);
+    mean_lo_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::mean_lo"), rows);
+    rstd_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::rstd"), rows);
+  }
+  resize(y, x.batch(), sample_, "LayerNorm::y");
+  const float* xp = x.data.data();
+  float* yp = y.data.data();
+  const float *w = weight_, *b = bias_;
+  View1 mean = mean_, mean_lo = mean_lo_, rstd = rstd_;
+  const double eps = eps_;
+  for_each_team_thread(
+      "LayerNorm::forward", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
+        const float* xr = xp + r * d;
+        float* yr = yp + r * d;
+        double sum = 0.0, sq = 0.0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j, double& s) { s += xr[j]; }, sum);
+        const double mu = sum / double(d);
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, d),
+            [&](std::int64_t j, double& s) {
+              const double c = xr[j] - mu;
+              s += c * c;
+            },
+            sq);
+        const float hi = static_cast<float>(mu), lo = static_cast<float>(mu - double(hi)),
+                    rs = static_cast<float>(1.0 / sqrt(sq / double(d) + eps));
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d),
+                             [&](std::int64_t j) { yr[j] = centred(xr[j], hi, lo) * rs * w[j] + b[j]; });
+        Kokkos::single(Kokkos::PerThread(team), [&] {
+          mean(r) = hi;
+          mean_lo(r) = lo;
+          rstd(r) = rs;
+        });
+      });
+}
+
+// dy: (B, [T,] d) -> with xhat = (x - mean) rstd and g = dy weight per row:
+// dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) (the row's means over its d values),
+// dweight += (or =) sum over rows of dy xhat, dbias += (or =) sum over rows of dy.
+// The row sums in double as forward's; the parameter sums in double over stretches of
+// stretch_rows(rows) rows, a thread per (stretch, feature), then over the stretches
+// in order, a thread per feature: the same bits on any device and thread count for
+// the same rows.
+void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  require_plain(dy, "the output gradient");
+  const std::int64_t d = d_, rows = x.numel() / d;
+  const float *xp = x.data.data(), *dyp = dy.data.data(), *w = weight_;
+  const View1 mean = mean_, mean_lo = mean_lo_, rstd = rstd_;
+
+  const std::int64_t R = stretch_rows(rows), K = (rows + R - 1) / R;
+  if (static_cast<std::int64_t>(partial_.extent(0)) < 2 * K * d)
+    partial_ = Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::partial"),
+                                     2 * K * d);
+  const Kokkos::View<double*> partial = partial_;
+  Kokkos::parallel_for(
+      "LayerNorm::backward_param_sums", Range(0, K * d), KOKKOS_LAMBDA(std::int64_t p) {
+        const std::int64_t k = p / d, j = p - k * d, r0 = k * R, r1 = r0 + R < rows ? r0 + R : rows;
+        double sw = 0.0, sb = 0.0;
+        for (std::int64_t r = r0; r < r1; ++r) {
+          const float g = dyp[r * d + j], xhat = centred(xp[r * d + j], mean(r), mean_lo(r)) * rstd(r);
+          sw += double(g) * xhat;
+          sb += g;
+        }
+        partial(k * d + j) = sw;
+        partial((K + k) * d + j) = sb;
+      });
+  float *dw = dweight_, *db = dbias_;
+  const bool add = !overwrite_gradients();
+  Kokkos::parallel_for(
+      "LayerNorm::backward_param_grads", Range(0, d), KOKKOS_LAMBDA(std::int64_t j) {
+        double sw = 0.0, sb = 0.0;
+        for (std::int64_t k = 0; k < K; ++k) {
+          sw += partial(k * d + j);
+          sb += partial((K + k) * d + j);
+        }
+        dw[j] = add ? dw[j] + static_cast<float>(sw) : static_cast<float>(sw);
+        db[j] = add ? db[j] + static_cast<float>(sb) : static_cast<float>(sb);
+      });
+
+  if (!needs_input_grad()) return;
+  resize(dx, x.batch(), sample_, "LayerNorm::dx");
+  float* dxp = dx.data.data();
+  for_each_team_thread(
+      "LayerNorm::backward", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
+        const float *xr = xp + r * d, *dyr = dyp + r * d;
+        float* dxr = dxp + r * d;
+        const float hi = mean(r), lo = mean_lo(r), rs = rstd(r);
+        double sg = 0.0, sgx = 0.0;
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j, double& s) { s += dyr[j] * w[j]; }, sg);
+        Kokkos::parallel_reduce(
+            Kokkos::ThreadVectorRange(team, d),
+            [&](std::int64_t j, double& s) { s += double(dyr[j] * w[j]) * (centred(xr[j], hi, lo) * rs); },
+            sgx);
+        const float mg = static_cast<float>(sg / double(d)), mgx = static_cast<float>(sgx / double(d));
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j) {
+          const float xhat = centred(xr[j], hi, lo) * rs;
+          dxr[j] = rs * (dyr[j] * w[j] - mg - xhat * mgx);
+        });
+      });
+}
+
+}  // namespace ddp

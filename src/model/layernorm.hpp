@@ -1,0 +1,41 @@
+#pragma once
+// layernorm[(eps=e)]: PyTorch's nn.LayerNorm(d, eps) over the last dimension d of a
+// flat (d) or sequence (T, d) sample: each row of d values is normalised by its own
+// mean and biased variance, then scaled and shifted per feature,
+// y = (x - mean) / sqrt(var + eps) weight + bias, eps 1e-5 by default (GPT-2's; ViT
+// uses 1e-6). Parameters weight (d), ones, and bias (d), zeros, in PyTorch's names.
+// The statistics in double per row. Parameter gradients are sums over the rows in an
+// order fixed by the row count alone, so a run repeats bit for bit. fp32 and NCHW
+// (its inputs are never planned narrow or blocked).
+
+#include "model/layer.hpp"
+
+namespace ddp {
+
+class LayerNorm : public Layer {
+ public:
+  explicit LayerNorm(float eps = 1e-5f) : eps_(eps) {}
+
+  std::string kind() const override { return "layernorm"; }
+  Shape output_shape(const Shape& in_sample) override;
+  std::vector<ParamSpec> parameter_specs() const override;
+  void bind(float* params, float* grads) override;
+  void init(Rng& rng) override;
+  void forward(const Tensor& x, Tensor& y, bool training) override;
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+
+ private:
+  float eps_;
+  std::int64_t d_ = 0;
+  Shape sample_;              // (d) or (T, d)
+  float* weight_ = nullptr;   // (d)
+  float* bias_ = nullptr;     // (d)
+  float* dweight_ = nullptr;  // (d)
+  float* dbias_ = nullptr;    // (d)
+  // (rows = B T) of the last forward: the mean as hi + lo (mean_, mean_lo_: x - mean to
+  // a double's accuracy in float arithmetic), 1 / sqrt(var + eps)
+  View1 mean_, mean_lo_, rstd_;
+  Kokkos::View<double*> partial_;  // (2, K, d) backward's sums over K stretches of rows
+};
+
+}  // namespace ddp

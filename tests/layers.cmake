@@ -69,3 +69,58 @@ ddp_add_error_test(gelu_argument NP 2
 ddp_add_error_test(layernorm_argument NP 2
                    REGEX "model.layers\\(3\\) = 'layernorm\\(3\\)': layernorm takes 0 arguments, got 1; usage: layernorm\\[\\(eps=e\\)\\]"
                    ARGS ${TINY} "model.layers=flatten,linear(8),layernorm(3),linear(3)")
+
+# attention on 1 and 2 oneDNN threads gives the same bits: the second run compares its
+# forward and backward with the file the first wrote. The layer's own sums are in an
+# order fixed by the shapes; this holds oneDNN's GEMMs to it at this shape too (its GEMV
+# for the bias gradients did not: attention.cpp's column_sums).
+if(NOT DDP_ENABLE_CUDA)
+  set(_bits ${CMAKE_CURRENT_BINARY_DIR}/attention_bits.bin)
+  add_test(NAME layers_attention_bits_1thread COMMAND layers_grad_test --gtest_filter=Attention.SameBitsFromAFile)
+  set_tests_properties(layers_attention_bits_1thread PROPERTIES FIXTURES_SETUP attention_bits
+                       TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers"
+                       ENVIRONMENT "DDP_DNNL_THREADS=1;DDP_TEST_BITS_OUT=${_bits}")
+  add_test(NAME layers_attention_bits_2threads COMMAND layers_grad_test --gtest_filter=Attention.SameBitsFromAFile)
+  set_tests_properties(layers_attention_bits_2threads PROPERTIES FIXTURES_REQUIRED attention_bits
+                       TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers" PROCESSORS 2
+                       ENVIRONMENT "DDP_DNNL_THREADS=2;DDP_TEST_BITS_IN=${_bits}")
+endif()
+
+# attention in ddp_train: the e2e tiny shards with each sample's 16 values as 4 tokens
+# of 4 features (make_sequence_shards.py: the same format, /x (N, 4, 4)); a pre-norm
+# causal attention model trains on them on 2 ranks (its loss falls, it beats chance
+# on the 3 classes), its checkpoint holds attention's parameters under
+# nn.MultiheadAttention's names and shapes, the biases moved from their initial 0; the
+# summary lists it; a bad item is one error line.
+add_test(NAME e2e_make_sequence_shards
+         COMMAND ${DDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layers/make_sequence_shards.py e2e_data/tiny
+                 e2e_data/tiny_seq 4)
+set_tests_properties(e2e_make_sequence_shards PROPERTIES FIXTURES_REQUIRED e2e_data FIXTURES_SETUP e2e_seq_data
+                     LABELS "e2e;layers" TIMEOUT 60)
+set(_seq_data "data.train_files=e2e_data/tiny_seq/train_*.h5" "data.val_files=e2e_data/tiny_seq/val_*.h5")
+ddp_add_train_test(attention_np2 NP 2 RUN_DIR runs/attention FIXTURE e2e_seq_data
+                   CHECK "--epochs 8 --loss-falls --min-val-acc 0.6"
+                   ARGS ${TINY} ${_seq_data} "model.layers=layernorm,attention(2, causal),linear(8),gelu,flatten,linear(3)"
+                        train.epochs=8 train.lr=0.03)
+set_tests_properties(e2e_attention_np2 PROPERTIES FIXTURES_SETUP attention_run LABELS "e2e;layers")
+add_test(NAME e2e_attention_checkpoint
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/layers/check_checkpoint_params.py
+                 runs/attention 0.weight=4 0.bias=4 1.in_proj_weight=12x4 1.in_proj_bias=12 1.out_proj.weight=4x4
+                 1.out_proj.bias=4 2.weight=8x4 2.bias=8 5.weight=3x32 5.bias=3
+                 --trained 1.in_proj_bias 1.out_proj.bias)
+set_tests_properties(e2e_attention_checkpoint PROPERTIES FIXTURES_REQUIRED attention_run
+                     LABELS "e2e;layers;checkpoint" TIMEOUT 60 SKIP_RETURN_CODE 77)
+add_test(NAME e2e_attention_summary
+         COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${TINY} ${_seq_data}
+                 "model.layers=layernorm,attention(2, causal),linear(8),gelu,flatten,linear(3)"
+                 io.run_dir=runs/attention_summary)
+set_tests_properties(e2e_attention_summary PROPERTIES FIXTURES_REQUIRED e2e_seq_data LABELS "e2e;layers"
+                     TIMEOUT 90 SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION
+                     "\n1 +attention\\(2, causal\\) +\\(4, 4\\) +80\n.*check passed")
+# On flat samples, and with dropout: one error line each.
+ddp_add_error_test(attention_flat_input NP 2
+                   REGEX "model.layers\\(1\\) = 'attention\\(2\\)': attention needs a sequence input \\(tokens, features\\) but gets \\(16\\)"
+                   ARGS ${TINY} "model.layers=attention(2),linear(3)")
+ddp_add_error_test(attention_dropout NP 2
+                   REGEX "model.layers\\(1\\) = 'attention\\(2, dropout=0.1\\)': attention: dropout=0.1 is not yet supported \\(attention runs with dropout 0\\)"
+                   ARGS ${TINY} "model.layers=attention(2, dropout=0.1),linear(3)")

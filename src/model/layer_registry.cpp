@@ -11,6 +11,7 @@
 
 #include "comm/check.hpp"
 #include "model/activation.hpp"
+#include "model/attention.hpp"
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/dropout.hpp"
@@ -148,6 +149,14 @@ const LayerRow kLayers[] = {
        const float eps = it == o.end() ? 1e-5f : static_cast<float>(float_arg(it->second, "eps"));
        if (!(eps > 0.0f)) throw InputError("eps must be > 0");  // as a float: 1e-50 is 0
        return std::make_unique<LayerNorm>(eps);
+     }},
+    {"attention", "attention(heads[, causal])", 1, "causal,dropout", "causal",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       auto it = o.find("dropout");
+       if (it != o.end() && float_arg(it->second, "dropout") != 0.0)
+         throw InputError("attention: dropout=" + it->second +
+                          " is not yet supported (attention runs with dropout 0)");
+       return std::make_unique<Attention>(positive(a[0], "heads"), bool_option(o, "causal", false));
      }},
 };
 

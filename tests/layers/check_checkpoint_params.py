@@ -5,8 +5,10 @@ usage: check_checkpoint_params.py RUN_DIR NAME=SHAPE... [--trained NAME...]
 
 NAME is a PyTorch state_dict key of the nn.Sequential ("2.weight"), stored as
 /model/layers.NAME; SHAPE is its shape, "64" or "3x64". The checkpoint's parameters
-must be exactly those (the names and shapes PyTorch's module has), all finite. --trained NAME...: those must have moved from their initial value (layernorm's
-weight from 1, its bias from 0), so the run trained them.
+must be exactly those (the names and shapes PyTorch's module has), all finite.
+--trained NAME...: those must have moved from their initial value (layernorm's weight
+from 1, its bias from 0; attention's in_proj_bias and out_proj.bias from 0), so the
+run trained them.
 """
 import argparse
 import math
@@ -16,7 +18,7 @@ import sys
 import h5py
 import numpy as np
 
-INITIAL = {"weight": 1.0, "bias": 0.0}  # layernorm's init
+INITIAL = {"weight": 1.0, "bias": 0.0, "in_proj_bias": 0.0}  # layernorm's init; attention's biases
 
 
 def main():

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -12,6 +15,7 @@
 
 #include "comm/check.hpp"
 #include "layer_fixture.hpp"
+#include "model/attention.hpp"
 #include "model/gelu.hpp"
 #include "model/model.hpp"
 
@@ -522,6 +526,230 @@ TEST(Model, TransformerLayersInSummaryAndNames) {
   EXPECT_EQ(m.num_parameters(), 208 + 32 + 136 + 16);
 }
 
+// attention(heads[, causal]) against finite differences: every gradient (x and the
+// four parameters, the biases moved off their initial 0), several widths and head
+// counts, one token, one head.
+TEST(Attention, GradientCheck) {
+  const std::vector<std::pair<std::string, Shape>> cases = {
+      {"attention(2)", {5, 8}},         {"attention(3, causal)", {7, 12}}, {"attention(2)", {1, 8}},
+      {"attention(2, causal)", {1, 8}}, {"attention(1)", {4, 6}},          {"attention(1, causal)", {6, 4}},
+      {"attention(4, causal)", {3, 8}}};
+  for (const auto& [spec, in] : cases) {
+    SCOPED_TRACE(spec + " on " + shape_str(in));
+    BoundLayer b(spec, in);
+    EXPECT_EQ(b.out_sample, in);
+    test::from_host(b.params, random_values(b.n, 21, -0.5f, 0.5f));
+    grad_check(b, 2, CheckOptions{true, false, 1e-2, 1e-2, 1e-4});
+  }
+}
+
+TEST(Attention, ParametersAndInit) {
+  BoundLayer b("attention(4, causal)", {6, 16});
+  EXPECT_EQ(b.layer->kind(), "attention");
+  const auto& a = dynamic_cast<const Attention&>(*b.layer);
+  EXPECT_EQ(a.heads(), 4);
+  EXPECT_TRUE(a.causal());
+  const auto specs = b.layer->parameter_specs();
+  ASSERT_EQ(specs.size(), 4u);
+  const std::vector<std::pair<std::string, Shape>> want = {{"in_proj_weight", {48, 16}},
+                                                           {"in_proj_bias", {48}},
+                                                           {"out_proj.weight", {16, 16}},
+                                                           {"out_proj.bias", {16}}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(specs[i].suffix, want[i].first);
+    EXPECT_EQ(specs[i].shape, want[i].second) << want[i].first;
+  }
+  EXPECT_TRUE(b.layer->buffer_specs().empty());
+  ASSERT_EQ(b.n, 48 * 16 + 48 + 16 * 16 + 16);
+  // xavier_uniform_ on (48, 16): U(-sqrt(6 / 64), sqrt(6 / 64)); out_proj.weight as
+  // nn.Linear(16, 16): U(-1/4, 1/4); biases 0. Each weight spread over most of its range.
+  const std::vector<float> p = to_host(b.params, b.n);
+  auto range = [&](std::int64_t from, std::int64_t n) {
+    return std::make_pair(*std::min_element(p.begin() + from, p.begin() + from + n),
+                          *std::max_element(p.begin() + from, p.begin() + from + n));
+  };
+  const float in_bound = std::sqrt(6.0f / 64.0f);
+  const auto [in_lo, in_hi] = range(0, 48 * 16);
+  EXPECT_GE(in_lo, -in_bound);
+  EXPECT_LE(in_hi, in_bound);
+  EXPECT_LT(in_lo, -0.9f * in_bound);
+  EXPECT_GT(in_hi, 0.9f * in_bound);
+  const auto [out_lo, out_hi] = range(48 * 16 + 48, 256);
+  EXPECT_GE(out_lo, -0.25f);
+  EXPECT_LE(out_hi, 0.25f);
+  EXPECT_LT(out_lo, -0.2f);
+  EXPECT_GT(out_hi, 0.2f);
+  for (std::int64_t j = 0; j < 48; ++j) EXPECT_EQ(p[48 * 16 + j], 0.0f) << j;
+  for (std::int64_t j = 0; j < 16; ++j) EXPECT_EQ(p[48 * 16 + 48 + 256 + j], 0.0f) << j;
+}
+
+// Causal: changing token t of a sample leaves the outputs of its tokens before t as
+// they were, bit for bit, and changes the token's own; without `causal` the earlier
+// tokens change too. A gradient at token t alone reaches no input after t.
+TEST(Attention, CausalMaskHidesLaterTokens) {
+  const std::int64_t B = 2, T = 6, d = 8, t = 3;
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    BoundLayer b(causal ? "attention(2, causal)" : "attention(2)", {T, d});
+    test::from_host(b.params, random_values(b.n, 5, -0.5f, 0.5f));
+    std::vector<float> xs = random_values(B * T * d, 6);
+    Tensor x = make_tensor({B, T, d}, xs), y, y2;
+    b.layer->forward(x, y, true);
+    const std::vector<float> before = to_host(y.data, y.numel());
+    for (std::int64_t j = 0; j < d; ++j) xs[(1 * T + t) * d + j] += 0.5f;  // sample 1, token t
+    Tensor x2 = make_tensor({B, T, d}, xs);
+    b.layer->forward(x2, y2, true);
+    const std::vector<float> after = to_host(y2.data, y2.numel());
+    for (std::int64_t i = 0; i < T * d; ++i)
+      EXPECT_EQ(after[i], before[i]) << "sample 0, " << i;  // untouched
+    std::int64_t earlier_changed = 0;
+    for (std::int64_t i = T * d; i < (T + t) * d; ++i) earlier_changed += after[i] != before[i];
+    if (causal)
+      EXPECT_EQ(earlier_changed, 0);
+    else
+      EXPECT_EQ(earlier_changed, t * d);
+    for (std::int64_t i = (T + t) * d; i < (T + t + 1) * d; ++i) EXPECT_NE(after[i], before[i]) << i;
+
+    // dy at token t of each sample only: dx is 0 at every later token when causal.
+    std::vector<float> dys(B * T * d, 0.0f);
+    for (std::int64_t s = 0; s < B; ++s)
+      for (std::int64_t j = 0; j < d; ++j) dys[(s * T + t) * d + j] = 1.0f + 0.1f * float(j);
+    Tensor dy = make_tensor({B, T, d}, dys), dx;
+    b.layer->backward(x2, y2, dy, dx);
+    const std::vector<float> dxh = to_host(dx.data, dx.numel());
+    std::int64_t later_nonzero = 0;
+    for (std::int64_t s = 0; s < B; ++s)
+      for (std::int64_t i = (s * T + t + 1) * d; i < (s + 1) * T * d; ++i) later_nonzero += dxh[i] != 0.0f;
+    if (causal)
+      EXPECT_EQ(later_nonzero, 0);
+    else
+      EXPECT_EQ(later_nonzero, B * (T - t - 1) * d);
+  }
+}
+
+// Parameter gradients add to what the buffer holds, or overwrite it while
+// overwrite_gradients() is on; the same inputs give the same bits every time, and
+// without the input gradient (the model's first layer) the parameter gradients are
+// the same.
+TEST(Attention, GradientsAccumulateOverwriteAndRepeat) {
+  BoundLayer b("attention(4, causal)", {9, 16});
+  test::from_host(b.params, random_values(b.n, 3, -0.5f, 0.5f));
+  Tensor x = make_tensor({3, 9, 16}, random_values(432, 1, -2.0f, 2.0f)), y, dx;
+  Tensor dy = make_tensor({3, 9, 16}, random_values(432, 2));
+  b.layer->forward(x, y, true);
+  const std::vector<float> y_once = to_host(y.data, y.numel());
+  b.layer->backward(x, y, dy, dx);
+  const std::vector<float> once = to_host(b.grads, b.n), dx_once = to_host(dx.data, dx.numel());
+  b.layer->backward(x, y, dy, dx);
+  const std::vector<float> twice = to_host(b.grads, b.n);
+  // The GEMMs add the second gradient into the first (beta = 1): not the doubled bits.
+  std::vector<float> doubled(once);
+  for (float& v : doubled) v *= 2;
+  EXPECT_LE(test::max_relative_error(twice, doubled), 1e-6);
+  EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
+  b.layer->set_overwrite_gradients(true);
+  b.layer->forward(x, y, true);
+  EXPECT_EQ(to_host(y.data, y.numel()), y_once);
+  b.layer->backward(x, y, dy, dx);
+  EXPECT_EQ(to_host(b.grads, b.n), once);
+  EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
+
+  BoundLayer first("attention(4, causal)", {9, 16});
+  test::from_host(first.params, to_host(b.params, b.n));
+  first.layer->set_needs_input_grad(false);
+  Tensor y1, dx1;
+  first.layer->forward(x, y1, true);
+  first.layer->backward(x, y1, dy, dx1);
+  EXPECT_EQ(to_host(first.grads, first.n), once);
+  EXPECT_EQ(dx1.numel(), 0);
+}
+
+// A smaller batch after a larger one uses a prefix of the buffers and gives what it
+// gives alone.
+TEST(Attention, SmallerBatchAfterLarger) {
+  BoundLayer big("attention(2, causal)", {5, 8}), alone("attention(2, causal)", {5, 8});
+  test::from_host(big.params, random_values(big.n, 4, -0.5f, 0.5f));
+  test::from_host(alone.params, to_host(big.params, big.n));
+  big.layer->set_overwrite_gradients(true);
+  alone.layer->set_overwrite_gradients(true);
+  Tensor x8 = make_tensor({8, 5, 8}, random_values(320, 5)),
+         x2 = make_tensor({2, 5, 8}, random_values(80, 6));
+  Tensor dy8 = make_tensor({8, 5, 8}, random_values(320, 7)),
+         dy2 = make_tensor({2, 5, 8}, random_values(80, 8));
+  Tensor y, dx, ya, dxa;
+  big.layer->forward(x8, y, true);
+  big.layer->backward(x8, y, dy8, dx);
+  big.layer->forward(x2, y, true);
+  big.layer->backward(x2, y, dy2, dx);
+  alone.layer->forward(x2, ya, true);
+  alone.layer->backward(x2, ya, dy2, dxa);
+  EXPECT_EQ(to_host(y.data, 80), to_host(ya.data, 80));
+  EXPECT_EQ(to_host(dx.data, 80), to_host(dxa.data, 80));
+  EXPECT_EQ(to_host(big.grads, big.n), to_host(alone.grads, alone.n));
+}
+
+// The same bits whatever the thread count: forward and backward of one case, written
+// to the file DDP_TEST_BITS_OUT names, or compared with the file DDP_TEST_BITS_IN names
+// (tests/layers.cmake runs the two under 1 and 2 oneDNN threads); skipped without either.
+TEST(Attention, SameBitsFromAFile) {
+  const char *out = std::getenv("DDP_TEST_BITS_OUT"), *in = std::getenv("DDP_TEST_BITS_IN");
+  if (!out && !in) GTEST_SKIP() << "neither DDP_TEST_BITS_OUT nor DDP_TEST_BITS_IN is set";
+  BoundLayer b("attention(4, causal)", {64, 64});
+  test::from_host(b.params, random_values(b.n, 41, -0.5f, 0.5f));
+  Tensor x = make_tensor({16, 64, 64}, random_values(16 * 64 * 64, 42)), y, dx;
+  Tensor dy = make_tensor({16, 64, 64}, random_values(16 * 64 * 64, 43));
+  b.layer->forward(x, y, true);
+  b.layer->backward(x, y, dy, dx);
+  std::vector<float> bits = to_host(y.data, y.numel()), more = to_host(dx.data, dx.numel());
+  bits.insert(bits.end(), more.begin(), more.end());
+  more = to_host(b.grads, b.n);
+  bits.insert(bits.end(), more.begin(), more.end());
+  if (out) {
+    std::FILE* f = std::fopen(out, "wb");
+    ASSERT_NE(f, nullptr) << out;
+    EXPECT_EQ(std::fwrite(bits.data(), sizeof(float), bits.size(), f), bits.size());
+    std::fclose(f);
+  }
+  if (in) {
+    std::vector<float> want(bits.size() + 1);
+    std::FILE* f = std::fopen(in, "rb");
+    ASSERT_NE(f, nullptr) << in;
+    ASSERT_EQ(std::fread(want.data(), sizeof(float), want.size(), f), bits.size()) << in;
+    std::fclose(f);
+    want.pop_back();
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      differ += std::memcmp(&bits[i], &want[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << bits.size() << " floats (y, dx, the parameter gradients)";
+  }
+}
+
+// One head over one token attends to itself alone: y = (x W_v^T + b_v) W_out^T + b_out,
+// whatever Q and K are.
+TEST(Attention, OneTokenIsTheValueProjection) {
+  const std::int64_t d = 6;
+  BoundLayer b("attention(3)", {1, d});
+  const std::vector<float> p = random_values(b.n, 9, -0.5f, 0.5f);
+  test::from_host(b.params, p);
+  const std::vector<float> xs = random_values(2 * d, 10);
+  Tensor x = make_tensor({2, 1, d}, xs), y;
+  b.layer->forward(x, y, false);
+  const std::vector<float> got = to_host(y.data, y.numel());
+  const float *w_in = p.data(), *b_in = w_in + 3 * d * d, *w_out = b_in + 3 * d, *b_out = w_out + d * d;
+  for (std::int64_t s = 0; s < 2; ++s) {
+    std::vector<double> v(d);
+    for (std::int64_t i = 0; i < d; ++i) {
+      v[i] = b_in[2 * d + i];
+      for (std::int64_t j = 0; j < d; ++j) v[i] += double(w_in[(2 * d + i) * d + j]) * xs[s * d + j];
+    }
+    for (std::int64_t i = 0; i < d; ++i) {
+      double want = b_out[i];
+      for (std::int64_t j = 0; j < d; ++j) want += double(w_out[i * d + j]) * v[j];
+      EXPECT_NEAR(got[s * d + i], want, 1e-6) << s << ", " << i;
+    }
+  }
+}
+
 std::string spec_error(const std::string& spec, const Shape& in = {3, 8, 8}) {
   try {
     BoundLayer b(spec, in);
@@ -589,6 +817,43 @@ TEST(Registry, TransformerSpecsAndErrors) {
             "layernorm needs a flat (features) or sequence (tokens, features) input but gets (3, 8, 8)");
   EXPECT_EQ(spec_error("linear(4)"),
             "linear needs a flat input (features) but gets (3, 8, 8): add 'flatten' before it");
+}
+
+TEST(Registry, AttentionSpecsAndErrors) {
+  EXPECT_EQ(make_layer("Attention(4)")->kind(), "attention");
+  EXPECT_FALSE(dynamic_cast<Attention&>(*make_layer("attention(4)")).causal());
+  EXPECT_TRUE(dynamic_cast<Attention&>(*make_layer("attention( 4, Causal )")).causal());
+  EXPECT_TRUE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=true)")).causal());
+  EXPECT_FALSE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=false)")).causal());
+  EXPECT_EQ(dynamic_cast<Attention&>(*make_layer("attention(2, causal, dropout=0)")).heads(), 2);
+  EXPECT_NE(known_layers().find(", attention(heads[, causal])"), std::string::npos) << known_layers();
+  EXPECT_EQ(spec_error("attention(3)", {5, 8}),
+            "attention: the features (8) are not a multiple of the heads (3)");
+  EXPECT_EQ(spec_error("attention(16, causal)", {5, 8}),
+            "attention: the features (8) are not a multiple of the heads (16)");
+  EXPECT_EQ(spec_error("attention", {5, 8}),
+            "attention takes 1 argument, got 0; usage: attention(heads[, causal])");
+  EXPECT_EQ(spec_error("attention(0)", {5, 8}), "heads must be >= 1");
+  EXPECT_EQ(spec_error("attention(two)", {5, 8}), "heads must be an integer, got 'two'");
+  EXPECT_EQ(spec_error("attention(2, causal=maybe)", {5, 8}), "causal must be true or false, got 'maybe'");
+  EXPECT_EQ(spec_error("attention(2, dropout=0.1)", {5, 8}),
+            "attention: dropout=0.1 is not yet supported (attention runs with dropout 0)");
+  EXPECT_EQ(spec_error("attention(2, bias=false)", {5, 8}),
+            "attention has no option 'bias'; usage: attention(heads[, causal])");
+  EXPECT_EQ(spec_error("attention(2)", {8}),
+            "attention needs a sequence input (tokens, features) but gets (8)");
+  EXPECT_EQ(spec_error("attention(2)"),
+            "attention needs a sequence input (tokens, features) but gets (3, 8, 8)");
+  // In a model: one line, the item's position and text first.
+  std::string model_error = "no error";
+  try {
+    Model m({"layernorm", "attention(3)", "linear(4)"}, {5, 8}, 0);
+  } catch (const InputError& e) {
+    model_error = e.what();
+  }
+  EXPECT_EQ(
+      model_error,
+      "model.layers(2) = 'attention(3)': attention: the features (8) are not a multiple of the heads (3)");
 }
 
 }  // namespace

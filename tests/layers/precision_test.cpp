@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 
@@ -209,6 +210,36 @@ TEST(Precision, Conv2dBf16) { check_layer("conv2d(16, 3, pad=1)", {8, 9, 9}, 4, 
 TEST(Precision, Conv2dFp16) { check_layer("conv2d(16, 3, pad=1)", {8, 9, 9}, 4, Precision::fp16); }
 TEST(Precision, Conv2dOneInputChannelBf16) {
   check_layer("conv2d(32, 3, pad=1)", {1, 12, 12}, 3, Precision::bf16);
+}
+
+// attention at bf16/fp16: every GEMM's operands rounded (the per-head ones read the
+// heads' columns in place, whose rounded copies take a row more: attention.cpp's
+// with_slack), the softmax in fp32; near fp32 by the operands' rounding, and visibly
+// not fp32.
+TEST(Precision, AttentionNearFp32) {
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    BoundLayer low("attention(4, causal)", {12, 32}), exact("attention(4, causal)", {12, 32});
+    from_host(exact.params, to_host(low.params, low.n));
+    low.layer->set_precision(p);
+    const std::vector<float> x = random_values(3 * 12 * 32, 5), dy = random_values(3 * 12 * 32, 6);
+    std::vector<std::vector<float>> got[2];
+    for (int i = 0; i < 2; ++i) {
+      BoundLayer& b = i == 0 ? low : exact;
+      Tensor xt = make_tensor({3, 12, 32}, x), yt, dyt = make_tensor({3, 12, 32}, dy), dxt;
+      b.layer->forward(xt, yt, true);
+      b.layer->backward(xt, yt, dyt, dxt);
+      got[i] = {to_host(yt.data, yt.numel()), to_host(dxt.data, dxt.numel()), to_host(b.grads, b.n)};
+    }
+    // bf16 keeps 8 bits of mantissa, fp16 11: a few roundings deep
+    const double tol = p == Precision::bf16 ? 1.5e-2 : 2e-3;
+    const char* what[] = {"y", "dx", "parameter gradients"};
+    for (int k = 0; k < 3; ++k) {
+      const double err = test::norm_relative_error(got[0][k], got[1][k]);
+      EXPECT_LT(err, tol) << what[k] << " " << precision_name(p);
+      EXPECT_GT(err, 1e-5) << what[k] << " " << precision_name(p);
+      std::cout << "  attention " << precision_name(p) << " " << what[k] << ": norm rel err " << err << "\n";
+    }
+  }
 }
 
 }  // namespace

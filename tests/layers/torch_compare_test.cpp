@@ -1,10 +1,10 @@
-// The layers, a small CNN and a small sequence model (linear, layernorm, gelu on
-// (B, T, d)) against PyTorch 1.13 on the same inputs and parameters: forward outputs,
-// input gradients, parameter gradients and BatchNorm running statistics. The numbers
-// come from torch_reference.py (a CTest fixture) in the HDF5 file named by
-// DDP_TORCH_REFERENCE. Tolerance: the largest error relative to the largest reference
-// value, max|ours - torch| / max|torch| <= 1e-5 (float32 on both sides, different
-// summation orders).
+// The layers, a small CNN and small sequence models (linear, layernorm, gelu,
+// self-attention on (B, T, d)) against PyTorch 1.13 on the same inputs and parameters:
+// forward outputs, input gradients, parameter gradients and BatchNorm running
+// statistics. The numbers come from torch_reference.py (a CTest fixture) in the HDF5
+// file named by DDP_TORCH_REFERENCE. Tolerance: the largest error relative to the
+// largest reference value, max|ours - torch| / max|torch| <= 1e-5 (float32 on both
+// sides, different summation orders).
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -200,6 +200,13 @@ TEST(TorchCompare, LayerNormOffsetRows) {
 TEST(TorchCompare, LayerNormEps) { compare_case("layernorm_eps"); }
 TEST(TorchCompare, LayerNormGpt2Width) { compare_case("layernorm_gpt2"); }
 TEST(TorchCompare, LinearSequence) { compare_case("linear_seq"); }
+TEST(TorchCompare, AttentionT5D8H2) { compare_case("attention_t5_d8_h2"); }
+TEST(TorchCompare, AttentionCausalT7D12H3) { compare_case("attention_causal_t7_d12_h3"); }
+TEST(TorchCompare, AttentionOneToken) { compare_case("attention_t1"); }
+TEST(TorchCompare, AttentionCausalOneToken) { compare_case("attention_causal_t1"); }
+TEST(TorchCompare, AttentionOneHead) { compare_case("attention_h1"); }
+TEST(TorchCompare, AttentionCausalOneHead) { compare_case("attention_causal_h1"); }
+TEST(TorchCompare, AttentionCausalT32D64H4) { compare_case("attention_causal_t32_d64_h4"); }
 
 // A whole model (group /<group> of the reference): our names are exactly the
 // nn.Sequential's state_dict keys (with the "layers." prefix of the checkpoint), and
@@ -273,6 +280,12 @@ TEST(TorchCompare, SequenceModelNamesAndStep) {
                 {"layernorm", "linear(32)", "gelu(tanh)", "linear(8)", "layernorm", "gelu", "linear(12)",
                  "relu", "flatten", "linear(5)"},
                 {6, 8});
+}
+
+// Pre-norm causal self-attention on (B, T, d): nn.MultiheadAttention's names inside
+// the nn.Sequential (layers.1.in_proj_weight, ...), attention's dx into the layernorm.
+TEST(TorchCompare, AttentionModelNamesAndStep) {
+  compare_model("attention_model", {"layernorm", "attention(2, causal)", "linear(6)"}, {5, 8});
 }
 
 }  // namespace

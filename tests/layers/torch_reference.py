@@ -7,8 +7,9 @@ One group per case, named after it, with attributes `spec` (our layer spec),
 `training` (0/1) and `in_shape`; datasets x, dy (the upstream gradient), y, dx,
 param.<name> (the parameters, as given to both sides), grad.<name>, and
 buffer.<name> for the module's buffers after the forward (BatchNorm running
-statistics). Groups /model (a CNN) and /seq_model (linear, layernorm and gelu on
-(B, T, d) samples) hold a whole nn.Sequential: its state_dict keys in order
+statistics). Groups /model (a CNN), /seq_model (linear, layernorm and gelu on
+(B, T, d) samples) and /attention_model (layernorm, causal self-attention, linear)
+hold a whole nn.Sequential: its state_dict keys in order
 (attributes param_names, buffer_names), its parameters, x, dy, y and parameter
 gradients. Everything is float64 in the file; the computation is float32.
 """
@@ -39,6 +40,22 @@ def randomise(module):
                 b.copy_(torch.empty_like(b).uniform_(0.5, 1.5))
             elif name.endswith("num_batches_tracked"):
                 b.fill_(3)
+
+
+class SelfAttention(nn.MultiheadAttention):
+    """attention(heads[, causal]): nn.MultiheadAttention(d, heads, bias=True,
+    batch_first=True) called as self-attention, q = k = v = x, with the causal mask
+    (-inf above the diagonal) as attn_mask when causal; its parameters keep their names
+    (in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias)."""
+
+    def __init__(self, d, heads, causal=False):
+        super().__init__(d, heads, bias=True, batch_first=True)
+        self.causal = causal
+
+    def forward(self, x):
+        T = x.shape[1]
+        mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1) if self.causal else None
+        return super().forward(x, x, x, attn_mask=mask, need_weights=False)[0]
 
 
 def case(f, name, spec, module, in_shape, training=True, x_scale=1.0, x_shift=0.0):
@@ -154,6 +171,22 @@ def main():
         model_group(f, "seq_model", nn.Sequential(
             nn.LayerNorm(8), nn.Linear(8, 32), nn.GELU(approximate="tanh"), nn.Linear(32, 8), nn.LayerNorm(8),
             nn.GELU(), nn.Linear(8, 12), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 12, 5)), (4, 6, 8))
+        # Self-attention, after the cases above (their random numbers stay theirs): a
+        # sample (T, d) in and out, d = heads x head size; one token; one head; a wider
+        # causal case of 32 tokens and head size 16 (x scaled so that the scores stay
+        # in softmax's working range, not saturated).
+        case(f, "attention_t5_d8_h2", "attention(2)", SelfAttention(8, 2), (3, 5, 8))
+        case(f, "attention_causal_t7_d12_h3", "attention(3, causal)", SelfAttention(12, 3, causal=True), (2, 7, 12))
+        case(f, "attention_t1", "attention(2)", SelfAttention(8, 2), (4, 1, 8))
+        case(f, "attention_causal_t1", "attention(2, causal)", SelfAttention(8, 2, causal=True), (3, 1, 8))
+        case(f, "attention_h1", "attention(1)", SelfAttention(8, 1), (2, 6, 8))
+        case(f, "attention_causal_h1", "attention(1, causal)", SelfAttention(6, 1, causal=True), (2, 5, 6))
+        case(f, "attention_causal_t32_d64_h4", "attention(4, causal)", SelfAttention(64, 4, causal=True),
+             (2, 32, 64), x_scale=0.25)
+        # A pre-norm attention on (B, T, d): layernorm (the first layer: no dx), causal
+        # attention, a linear on the tokens; its names are nn.Sequential's.
+        model_group(f, "attention_model", nn.Sequential(
+            nn.LayerNorm(8), SelfAttention(8, 2, causal=True), nn.Linear(8, 6)), (4, 5, 8))
 
 
 if __name__ == "__main__":

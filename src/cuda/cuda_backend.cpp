@@ -268,8 +268,8 @@ class CudaBackend final : public ComputeBackend {
             const float* b, int ldb, float beta, float* c, int ldc, Precision precision) override {
     if (m == 0 || n == 0) return;
     const DType t = dtype_of(precision);
-    const std::size_t a_size = std::size_t(trans_a ? k : m) * lda,
-                      b_size = std::size_t(trans_b ? n : k) * ldb;
+    const std::size_t a_size = std::size_t(matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
+                      b_size = std::size_t(matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
     const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
     const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
     gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t);

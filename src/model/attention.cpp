@@ -26,14 +26,6 @@ void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
 }
 
-// The floats of a buffer of `rows` rows of `width` that per-head GEMMs read with
-// leading dimension `width`: one row more. At a narrow precision both backends round
-// an operand of r rows into scratch by reading r * ld floats from its first element
-// (src/model/onednn/onednn_backend.cpp's rounded_gemm, src/cuda/cuda_backend.cpp's
-// narrowed), and a head's columns start up to a row's width into the row: the last
-// head of the last batch would read past the end.
-std::int64_t with_slack(std::int64_t rows, std::int64_t width) { return (rows + 1) * width; }
-
 // out (N, n) += bias (n), row by row.
 void add_bias(const char* label, float* out, const float* bias, std::int64_t N, std::int64_t n) {
   const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {N, n});
@@ -181,7 +173,7 @@ void Attention::init(Rng& rng) {
 void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
-  reserve(qkv_, with_slack(N, d3), "Attention::qkv");
+  reserve(qkv_, N * d3, "Attention::qkv");
   reserve(p_, B * nh * T * T, "Attention::p");
   reserve(o_, N * d, "Attention::o");
   resize(y, B, sample_, "Attention::y");
@@ -220,7 +212,7 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   require_plain(dy, "the output gradient");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
-  reserve(do_, with_slack(N, d), "Attention::do");
+  reserve(do_, N * d, "Attention::do");
   reserve(dqkv_, N * d3, "Attention::dqkv");
   reserve(ds_, B * nh * T * T, "Attention::ds");
   const Precision prec = precision();

@@ -21,6 +21,14 @@
 
 namespace ddp {
 
+// The floats a row-major matrix of `rows` rows of `cols` with leading dimension `ld`
+// spans from its first element: (rows - 1) ld + cols, not rows ld. A GEMM operand
+// that is a block of a wider matrix (an attention head's columns) ends before the
+// wider one's last row does; what a backend copies (to round or narrow it) is this.
+constexpr std::int64_t matrix_span(std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
+}
+
 // How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
 // from a convolution (or resblock) to the next layer that reads the layout the
 // backend's kernels chose: oneDNN's channel blocks on this CPU (nChw8c with AVX2,

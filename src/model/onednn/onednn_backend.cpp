@@ -96,8 +96,8 @@ Bf16Gemm& bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha
 void rounded_gemm(Precision p, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                   int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   thread_local std::vector<float> a_round, b_round;
-  const std::int64_t a_size = std::int64_t(trans_a ? k : m) * lda,
-                     b_size = std::int64_t(trans_b ? n : k) * ldb;
+  const std::int64_t a_size = matrix_span(trans_a ? k : m, trans_a ? m : k, lda),
+                     b_size = matrix_span(trans_b ? n : k, trans_b ? k : n, ldb);
   a_round.resize(std::size_t(a_size));
   b_round.resize(std::size_t(b_size));
   round_to_precision(p, a, a_round.data(), a_size);

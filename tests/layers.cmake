@@ -70,22 +70,6 @@ ddp_add_error_test(layernorm_argument NP 2
                    REGEX "model.layers\\(3\\) = 'layernorm\\(3\\)': layernorm takes 0 arguments, got 1; usage: layernorm\\[\\(eps=e\\)\\]"
                    ARGS ${TINY} "model.layers=flatten,linear(8),layernorm(3),linear(3)")
 
-# attention on 1 and 2 oneDNN threads gives the same bits: the second run compares its
-# forward and backward with the file the first wrote. The layer's own sums are in an
-# order fixed by the shapes; this holds oneDNN's GEMMs to it at this shape too (its GEMV
-# for the bias gradients did not: attention.cpp's column_sums).
-if(NOT DDP_ENABLE_CUDA)
-  set(_bits ${CMAKE_CURRENT_BINARY_DIR}/attention_bits.bin)
-  add_test(NAME layers_attention_bits_1thread COMMAND layers_grad_test --gtest_filter=Attention.SameBitsFromAFile)
-  set_tests_properties(layers_attention_bits_1thread PROPERTIES FIXTURES_SETUP attention_bits
-                       TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers"
-                       ENVIRONMENT "DDP_DNNL_THREADS=1;DDP_TEST_BITS_OUT=${_bits}")
-  add_test(NAME layers_attention_bits_2threads COMMAND layers_grad_test --gtest_filter=Attention.SameBitsFromAFile)
-  set_tests_properties(layers_attention_bits_2threads PROPERTIES FIXTURES_REQUIRED attention_bits
-                       TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers" PROCESSORS 2
-                       ENVIRONMENT "DDP_DNNL_THREADS=2;DDP_TEST_BITS_IN=${_bits}")
-endif()
-
 # attention in ddp_train: the e2e tiny shards with each sample's 16 values as 4 tokens
 # of 4 features (make_sequence_shards.py: the same format, /x (N, 4, 4)); a pre-norm
 # causal attention model trains on them on 2 ranks (its loss falls, it beats chance

@@ -688,42 +688,6 @@ TEST(Attention, SmallerBatchAfterLarger) {
   EXPECT_EQ(to_host(big.grads, big.n), to_host(alone.grads, alone.n));
 }
 
-// The same bits whatever the thread count: forward and backward of one case, written
-// to the file DDP_TEST_BITS_OUT names, or compared with the file DDP_TEST_BITS_IN names
-// (tests/layers.cmake runs the two under 1 and 2 oneDNN threads); skipped without either.
-TEST(Attention, SameBitsFromAFile) {
-  const char *out = std::getenv("DDP_TEST_BITS_OUT"), *in = std::getenv("DDP_TEST_BITS_IN");
-  if (!out && !in) GTEST_SKIP() << "neither DDP_TEST_BITS_OUT nor DDP_TEST_BITS_IN is set";
-  BoundLayer b("attention(4, causal)", {64, 64});
-  test::from_host(b.params, random_values(b.n, 41, -0.5f, 0.5f));
-  Tensor x = make_tensor({16, 64, 64}, random_values(16 * 64 * 64, 42)), y, dx;
-  Tensor dy = make_tensor({16, 64, 64}, random_values(16 * 64 * 64, 43));
-  b.layer->forward(x, y, true);
-  b.layer->backward(x, y, dy, dx);
-  std::vector<float> bits = to_host(y.data, y.numel()), more = to_host(dx.data, dx.numel());
-  bits.insert(bits.end(), more.begin(), more.end());
-  more = to_host(b.grads, b.n);
-  bits.insert(bits.end(), more.begin(), more.end());
-  if (out) {
-    std::FILE* f = std::fopen(out, "wb");
-    ASSERT_NE(f, nullptr) << out;
-    EXPECT_EQ(std::fwrite(bits.data(), sizeof(float), bits.size(), f), bits.size());
-    std::fclose(f);
-  }
-  if (in) {
-    std::vector<float> want(bits.size() + 1);
-    std::FILE* f = std::fopen(in, "rb");
-    ASSERT_NE(f, nullptr) << in;
-    ASSERT_EQ(std::fread(want.data(), sizeof(float), want.size(), f), bits.size()) << in;
-    std::fclose(f);
-    want.pop_back();
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < bits.size(); ++i)
-      differ += std::memcmp(&bits[i], &want[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << "of " << bits.size() << " floats (y, dx, the parameter gradients)";
-  }
-}
-
 // One head over one token attends to itself alone: y = (x W_v^T + b_v) W_out^T + b_out,
 // whatever Q and K are.
 TEST(Attention, OneTokenIsTheValueProjection) {

@@ -116,8 +116,10 @@ endif()
 # A checkpoint an earlier build wrote (tests/checkpoint/fixtures/ckpt_v1.h5, format_version
 # 1: conv, batch norm, dropout, AdamW, cosine, stopped mid-epoch on 2 ranks), resumed on 2
 # ranks ('auto') and on 1 (io.resume = its path) and as io.init_from, continues bitwise as
-# that build continued it (fixtures/fixture_v1_expected.*). CPU build: the recording is
-# the CPU's arithmetic.
+# that build continued it (fixtures/fixture_v1_expected.*) where this build's arithmetic
+# is the recording's (ddp_train --version: build type and compiler, FMA or not, Kokkos,
+# oneDNN), within a tolerance per dataset elsewhere. CPU build: the recording is the CPU
+# build's arithmetic.
 if(NOT DDP_ENABLE_CUDA)
   ddp_add_checkpoint_test(fixture_v1 NP 2 TIMEOUT 300
     COMMAND ${DDP_PYTHON} ${CKPT}/fixture_v1.py check ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>)

@@ -1,6 +1,6 @@
 #pragma once
 // What `ddp_train --version` prints: version, git revision and the build
-// configuration (Kokkos backend, MPI library, HDF5, oneDNN, CUDA glue).
+// configuration (compiler target, Kokkos backend, MPI library, HDF5, oneDNN, CUDA glue).
 
 #include <string>
 

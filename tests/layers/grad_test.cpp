@@ -448,16 +448,26 @@ TEST(LayerNorm, GradientsAccumulateOverwriteAndRepeat) {
   }
 }
 
-// A smaller batch after a larger one uses a prefix of the buffers (mean, rstd, the
-// partial sums) and gives what it gives alone.
-TEST(LayerNorm, SmallerBatchAfterLarger) {
-  BoundLayer big("layernorm", {4, 8}), alone("layernorm", {4, 8});
+// A layer that ran a batch of 8 then runs one of 2 on a prefix of its buffers (grown
+// only) and must give, forward and backward, what a fresh layer gives on the 2 alone.
+// random_params: both start from the same random parameters (else the layer's init).
+void expect_smaller_batch_after_larger(const std::string& spec, const Shape& sample, bool random_params) {
+  BoundLayer big(spec, sample), alone(spec, sample);
+  if (random_params) {
+    test::from_host(big.params, random_values(big.n, 4, -0.5f, 0.5f));
+    test::from_host(alone.params, to_host(big.params, big.n));
+  }
   big.layer->set_overwrite_gradients(true);
   alone.layer->set_overwrite_gradients(true);
-  Tensor x8 = make_tensor({8, 4, 8}, random_values(256, 5)),
-         x2 = make_tensor({2, 4, 8}, random_values(64, 6));
-  Tensor dy8 = make_tensor({8, 4, 8}, random_values(256, 7)),
-         dy2 = make_tensor({2, 4, 8}, random_values(64, 8));
+  std::int64_t per = 1;
+  for (std::int64_t e : sample) per *= e;
+  Shape s8 = {8}, s2 = {2};
+  s8.insert(s8.end(), sample.begin(), sample.end());
+  s2.insert(s2.end(), sample.begin(), sample.end());
+  Tensor x8 = make_tensor(s8, random_values(std::size_t(8 * per), 5)),
+         x2 = make_tensor(s2, random_values(std::size_t(2 * per), 6));
+  Tensor dy8 = make_tensor(s8, random_values(std::size_t(8 * per), 7)),
+         dy2 = make_tensor(s2, random_values(std::size_t(2 * per), 8));
   Tensor y, dx, ya, dxa;
   big.layer->forward(x8, y, true);
   big.layer->backward(x8, y, dy8, dx);
@@ -465,10 +475,13 @@ TEST(LayerNorm, SmallerBatchAfterLarger) {
   big.layer->backward(x2, y, dy2, dx);
   alone.layer->forward(x2, ya, true);
   alone.layer->backward(x2, ya, dy2, dxa);
-  EXPECT_EQ(to_host(y.data, 64), to_host(ya.data, 64));
-  EXPECT_EQ(to_host(dx.data, 64), to_host(dxa.data, 64));
+  EXPECT_EQ(to_host(y.data, 2 * per), to_host(ya.data, 2 * per));
+  EXPECT_EQ(to_host(dx.data, 2 * per), to_host(dxa.data, 2 * per));
   EXPECT_EQ(to_host(big.grads, big.n), to_host(alone.grads, alone.n));
 }
+
+// layernorm: the prefix holds the rows' mean, rstd and the partial sums.
+TEST(LayerNorm, SmallerBatchAfterLarger) { expect_smaller_batch_after_larger("layernorm", {4, 8}, false); }
 
 // linear(n) on (T, d) acts on the last dimension, as nn.Linear on (B, T, d): each
 // token as a flat sample would be.
@@ -667,25 +680,7 @@ TEST(Attention, GradientsAccumulateOverwriteAndRepeat) {
 // A smaller batch after a larger one uses a prefix of the buffers and gives what it
 // gives alone.
 TEST(Attention, SmallerBatchAfterLarger) {
-  BoundLayer big("attention(2, causal)", {5, 8}), alone("attention(2, causal)", {5, 8});
-  test::from_host(big.params, random_values(big.n, 4, -0.5f, 0.5f));
-  test::from_host(alone.params, to_host(big.params, big.n));
-  big.layer->set_overwrite_gradients(true);
-  alone.layer->set_overwrite_gradients(true);
-  Tensor x8 = make_tensor({8, 5, 8}, random_values(320, 5)),
-         x2 = make_tensor({2, 5, 8}, random_values(80, 6));
-  Tensor dy8 = make_tensor({8, 5, 8}, random_values(320, 7)),
-         dy2 = make_tensor({2, 5, 8}, random_values(80, 8));
-  Tensor y, dx, ya, dxa;
-  big.layer->forward(x8, y, true);
-  big.layer->backward(x8, y, dy8, dx);
-  big.layer->forward(x2, y, true);
-  big.layer->backward(x2, y, dy2, dx);
-  alone.layer->forward(x2, ya, true);
-  alone.layer->backward(x2, ya, dy2, dxa);
-  EXPECT_EQ(to_host(y.data, 80), to_host(ya.data, 80));
-  EXPECT_EQ(to_host(dx.data, 80), to_host(dxa.data, 80));
-  EXPECT_EQ(to_host(big.grads, big.n), to_host(alone.grads, alone.n));
+  expect_smaller_batch_after_larger("attention(2, causal)", {5, 8}, true);
 }
 
 // One head over one token attends to itself alone: y = (x W_v^T + b_v) W_out^T + b_out,

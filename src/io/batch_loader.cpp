@@ -58,8 +58,9 @@ void BatchLoader::load(std::int64_t b, Batch& out) {
   out.x.resize(keep_uint8_ ? 0 : n * numel);
   out.x_uint8.resize(keep_uint8_ ? n * numel : 0);
   const bool labels = ds_.has_class_labels();
-  out.labels.resize(labels ? n : 0);
-  out.targets.resize(labels ? 0 : n * static_cast<std::size_t>(ds_.target_numel()));
+  const auto tnumel = static_cast<std::size_t>(ds_.target_numel());  // a sample's labels (T for tokens) or targets
+  out.labels.resize(labels ? n * tnumel : 0);
+  out.targets.resize(labels ? 0 : n * tnumel);
   std::int32_t* l = labels ? out.labels.data() : nullptr;
   float* t = labels ? nullptr : out.targets.data();
   if (keep_uint8_)

@@ -67,7 +67,9 @@ DsetInfo describe(hid_t file, const std::string& path, const char* name) {
 }
 
 struct FileInfo {
-  DsetInfo x, y;
+  DsetInfo x, y;  // token shards: x is /tokens, y unused
+  bool tokens = false;
+  std::int64_t vocab_size = 0;
   std::uint64_t hash = kFnv1aBasis;
   bool nhwc = false;
   std::int64_t class_names = 0;
@@ -98,6 +100,22 @@ std::optional<std::string> string_attribute(hid_t obj, const std::string& path, 
   if (H5Aread(a.id, t.id, s.data()) < 0)
     throw InputError(where + " cannot be read (" + h5_error_string() + ")");
   return s.substr(0, s.find('\0'));
+}
+
+// An integer scalar attribute of `obj`; nullopt when absent.
+std::optional<std::int64_t> int_attribute(hid_t obj, const std::string& path, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  const std::string where = path + ": attribute " + name;
+  Handle a(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  if (a.id < 0) throw InputError(where + " cannot be read (" + h5_error_string() + ")");
+  Handle t(H5_CHECK(H5Aget_type(a.id)), H5Tclose);
+  Handle space(H5_CHECK(H5Aget_space(a.id)), H5Sclose);
+  if (H5Tget_class(t.id) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.id) != 1)
+    throw InputError(where + " is not an integer");
+  std::int64_t v = 0;
+  if (H5Aread(a.id, H5T_NATIVE_INT64, &v) < 0)
+    throw InputError(where + " cannot be read (" + h5_error_string() + ")");
+  return v;
 }
 
 // /x's layout: the attribute when there is one, else the guess for 4-D uint8 images.
@@ -162,6 +180,15 @@ std::uint64_t content_hash(hid_t file, const std::string& path, std::int64_t n) 
   }
   std::uint64_t h = kFnv1aBasis;
   if (rows.empty()) return h;  // an empty selection is an HDF5 error
+  if (H5Lexists(file, "/tokens", H5P_DEFAULT) > 0) {
+    // One token a row: a run of kHashTokens from each place, so a window's worth is seen.
+    std::vector<hsize_t> runs;
+    for (hsize_t r : rows)
+      for (hsize_t k = r; k < std::min<hsize_t>(hsize_t(n), r + kHashTokens); ++k)
+        if (runs.empty() || runs.back() < k) runs.push_back(k);
+    const std::vector<unsigned char> bytes = read_rows(file, path, "/tokens", runs);
+    return fnv1a64(bytes.data(), bytes.size(), h);
+  }
   for (const char* name : {"/x", "/y"}) {
     const std::vector<unsigned char> bytes = read_rows(file, path, name, rows);
     h = fnv1a64(bytes.data(), bytes.size(), h);
@@ -183,6 +210,25 @@ FileInfo inspect_file(const std::string& path) {
   Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (f.id < 0) throw InputError(path + ": cannot be opened (" + h5_error_string() + ")");
 
+  if (H5Lexists(f.id, "/tokens", H5P_DEFAULT) > 0) {
+    if (H5Lexists(f.id, "/x", H5P_DEFAULT) > 0)
+      throw InputError(path + ": holds both /tokens and /x; a shard is token ids (/tokens) or samples (/x, /y)");
+    FileInfo fi;
+    fi.tokens = true;
+    fi.x = describe(f.id, path, "/tokens");
+    if (fi.x.cls != H5T_INTEGER || fi.x.dims.size() != 1 || fi.x.size > 4)
+      throw InputError(path + ": /tokens is " + type_name(fi.x) + " of shape " + shape_str(fi.x.dims) +
+                       "; expected (N) token ids as uint16, int32 or uint32");
+    const auto vocab = int_attribute(f.id, path, "vocab_size");
+    if (!vocab)
+      throw InputError(path + ": /tokens needs the root attribute vocab_size (the vocabulary's size)");
+    if (*vocab < 1 || *vocab > (std::int64_t(1) << 24))
+      throw InputError(path + ": attribute vocab_size = " + std::to_string(*vocab) +
+                       " is outside [1, 16777216] (token ids travel as exact floats)");
+    fi.vocab_size = *vocab;
+    fi.hash = content_hash(f.id, path, fi.x.dims[0]);
+    return fi;
+  }
   FileInfo fi{describe(f.id, path, "/x"), describe(f.id, path, "/y")};
   const bool x_ok = (fi.x.cls == H5T_FLOAT && fi.x.size == 4) ||
                     (fi.x.cls == H5T_INTEGER && fi.x.size == 1 && !fi.x.is_signed);
@@ -223,6 +269,26 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
   for (std::size_t i = 0; i < l.files.size(); ++i) {
     const std::string& path = l.files[i];
     const FileInfo fi = inspect_file(path);
+    if (i > 0 && fi.tokens != l.tokens)
+      throw InputError(path + ": holds " + (fi.tokens ? "token ids (/tokens)" : "samples (/x, /y)") + " but " +
+                       l.files[0] + " holds " + (l.tokens ? "token ids (/tokens)" : "samples (/x, /y)"));
+    if (fi.tokens) {
+      if (i == 0) {
+        l.tokens = true;
+        l.vocab_size = fi.vocab_size;
+        l.labels = true;
+        l.y_bytes = static_cast<std::int64_t>(fi.x.size);
+      } else if (fi.vocab_size != l.vocab_size) {
+        throw InputError(path + ": attribute vocab_size = " + std::to_string(fi.vocab_size) + " but " +
+                         l.files[0] + " has " + std::to_string(l.vocab_size) +
+                         "; the shards of a set share one vocabulary");
+      }
+      l.counts.push_back(fi.x.dims[0]);
+      l.hashes.push_back(fi.hash);
+      total += fi.x.dims[0];
+      watchdog::progress();
+      continue;
+    }
     const bool labels = fi.y.cls == H5T_INTEGER;
     const bool x_uint8 = fi.x.cls == H5T_INTEGER;
     auto sample = tail(fi.x.dims);
@@ -267,7 +333,7 @@ Layout inspect(const std::vector<std::string>& patterns, const std::string& what
     total += fi.x.dims[0];
     watchdog::progress();  // the ranks waiting for the layout wait on while files are read
   }
-  if (total == 0) throw InputError(what + ": the files hold no samples");
+  if (total == 0) throw InputError(what + (l.tokens ? ": the files hold no tokens" : ": the files hold no samples"));
   return l;
 }
 
@@ -321,6 +387,8 @@ std::string pack(const Layout& l) {
   put(b, static_cast<std::int64_t>(l.labels));
   put(b, l.y_bytes);
   put(b, std::vector<std::int64_t>(l.hashes.begin(), l.hashes.end()));
+  put(b, static_cast<std::int64_t>(l.tokens));
+  put(b, l.vocab_size);
   return b;
 }
 
@@ -338,6 +406,8 @@ Layout unpack(const std::string& bytes) {
   l.labels = r.i64() != 0;
   l.y_bytes = r.i64();
   for (std::int64_t h : r.vec()) l.hashes.push_back(std::uint64_t(h));
+  l.tokens = r.i64() != 0;
+  l.vocab_size = r.i64();
   return l;
 }
 

@@ -27,9 +27,16 @@ struct Layout {
   // spaced from the first to the last (every row of a smaller file). A sample of the
   // content, so that its cost does not grow with the file (docs/checkpoints.md: measured).
   std::vector<std::uint64_t> hashes;
+  // Token shards: /tokens (N) integer token ids instead of /x and /y; counts are then
+  // tokens per file, y_bytes the bytes of a stored token, and vocab_size the root
+  // attribute vocab_size (every file's the same); sample and target shapes are empty
+  // (the data set makes windows of data.seq_len from them).
+  bool tokens = false;
+  std::int64_t vocab_size = 0;
 };
 
 constexpr std::int64_t kHashRows = 16;
+constexpr std::int64_t kHashTokens = 64;  // token shards: a run of this many tokens at each of kHashRows places
 
 // Expands `patterns` and checks every file and their agreement. Throws InputError.
 Layout inspect(const std::vector<std::string>& patterns, const std::string& what);

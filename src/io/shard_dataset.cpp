@@ -120,6 +120,14 @@ std::vector<std::pair<hsize_t, hsize_t>> to_runs(const std::int64_t* rows, std::
   return runs;
 }
 
+// Tokens [first, first + n) of a 1-D /tokens into `to` as `T` (int32 or int64).
+// Caller holds hdf5_mutex().
+template <typename T>
+void read_token_run(hid_t dset, std::int64_t first, std::int64_t n, T* to) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "int32 or int64 tokens");
+  read_runs(dset, sizeof(T) == 4 ? H5T_NATIVE_INT32 : H5T_NATIVE_INT64, {{hsize_t(first), hsize_t(n)}}, to);
+}
+
 }  // namespace
 
 // stat(2) of `path`; bytes -1 when it fails.
@@ -134,7 +142,8 @@ ShardDataset::FileStamp ShardDataset::stamp_of(const std::string& path) {
   return f;
 }
 
-ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what)
+ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what,
+                           std::int64_t seq_len)
     : what_(what) {
   // Our messages are the one-line user errors; HDF5's own stack dumps would bury them.
   // H5_CHECK still reads the error stack.
@@ -156,9 +165,29 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
     }
   }
   agree_or_throw(comm, error);  // before the dup: nothing to free on the way out
-  const shard::Layout l =
+  shard::Layout l =
       shard::unpack(bcast_string(comm, packed, "the broadcast of the data files' layout (MPI_Bcast)"));
 
+  // Every rank holds the same layout now: a problem with it throws the same error on each.
+  if (l.tokens && seq_len <= 0)
+    throw InputError(what_ + ": " + l.files[0] +
+                     " holds token ids (/tokens): set data.seq_len, the tokens a sample holds");
+  if (!l.tokens && seq_len > 0)
+    throw InputError("data.seq_len = " + std::to_string(seq_len) + " needs token shards (/tokens), but " +
+                     l.files[0] + " (" + what_ + ") holds samples (/x, /y)");
+  if (l.tokens) {
+    tokens_ = true;
+    seq_len_ = seq_len;
+    vocab_size_ = l.vocab_size;
+    l.sample_shape = l.target_shape = {seq_len};
+    for (std::size_t i = 0; i < l.files.size(); ++i) {
+      if (l.counts[i] < seq_len + 1)
+        throw InputError(l.files[i] + ": " + std::to_string(l.counts[i]) +
+                         " tokens, fewer than one sample's window of data.seq_len + 1 = " +
+                         std::to_string(seq_len + 1) + " (inputs and their next-token targets)");
+      total_tokens_ += l.counts[i];
+    }
+  }
   files_ = l.files;
   sample_shape_ = l.sample_shape;
   nhwc_ = l.nhwc;
@@ -172,11 +201,19 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
   labels_ = l.labels;
   y_stored_bytes_ = static_cast<std::size_t>(l.y_bytes);
   fingerprint_ = {l.files, l.counts, l.hashes, l.sample_shape, l.target_shape};
+  std::int64_t token_base = 0;
   for (std::size_t i = 0; i < files_.size(); ++i) {
     Shard s;
     s.path = files_[i];
     s.offset = total_;
     s.count = l.counts[i];
+    if (tokens_) {
+      s.tokens = l.counts[i];
+      s.token_base = token_base;
+      token_base += s.tokens;
+      s.count = (s.tokens - 1) / seq_len_;
+      fingerprint_.counts[i] = s.count;
+    }
     total_ += s.count;
     shards_.push_back(s);
   }
@@ -227,6 +264,10 @@ void ShardDataset::open_all() {
     H5_CHECK(H5Pset_fapl_mpio(fapl, comm_, MPI_INFO_NULL));
     s.file = H5_CHECK(H5Fopen(s.path.c_str(), H5F_ACC_RDONLY, fapl));
     H5_CHECK(H5Pclose(fapl));
+    if (tokens_) {
+      s.x = H5_CHECK(H5Dopen2(s.file, "/tokens", H5P_DEFAULT));
+      continue;
+    }
     s.x = H5_CHECK(H5Dopen2(s.file, "/x", H5P_DEFAULT));
     s.y = H5_CHECK(H5Dopen2(s.file, "/y", H5P_DEFAULT));
   }
@@ -240,7 +281,7 @@ ShardDataset::~ShardDataset() {
     inject_fault(FaultSite::shard_close, 0);
     for (auto& s : shards_) {
       H5_CHECK(H5Dclose(s.x));
-      H5_CHECK(H5Dclose(s.y));
+      if (s.y >= 0) H5_CHECK(H5Dclose(s.y));
       H5_CHECK(H5Fclose(s.file));
     }
   }
@@ -248,17 +289,49 @@ ShardDataset::~ShardDataset() {
 }
 
 std::size_t ShardDataset::bytes() const {
+  if (tokens_) return std::size_t(total_tokens_) * y_stored_bytes_;
   const auto n = static_cast<std::size_t>(total_);
   return n * static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4) +
          n * static_cast<std::size_t>(target_numel_) * y_stored_bytes_;
 }
 
-void ShardDataset::check_labels(std::int64_t n_classes) {
+void ShardDataset::check_labels(std::int64_t n_classes, const std::string& model) {
   if (!labels_) throw InputError(what_ + ": /y holds float32 targets, not integer class labels");
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
   std::string error;
-  if (rank == 0) {
+  const std::string of_model =
+      model.empty() ? "the model's " + std::to_string(n_classes) + " classes" : model;
+  if (tokens_ && vocab_size_ > n_classes)
+    throw InputError(files_[0] + ": attribute vocab_size = " + std::to_string(vocab_size_) +
+                     " (token ids up to " + std::to_string(vocab_size_ - 1) + ") but " + of_model +
+                     " takes ids below " + std::to_string(n_classes) +
+                     ": the model's vocabulary must hold the shards'");
+  if (rank == 0 && tokens_) {
+    const watchdog::During reading(Phase::data);
+    constexpr std::int64_t piece = 1 << 20;
+    std::vector<std::int64_t> t;
+    for (const auto& s : shards_) {
+      // The tokens a window reads: those past the last whole window never reach the model.
+      const std::int64_t used = s.count * seq_len_ + 1;
+      for (std::int64_t start = 0; start < used && error.empty(); start += piece) {
+        const std::int64_t m = std::min(piece, used - start);
+        t.resize(static_cast<std::size_t>(m));
+        {
+          std::lock_guard<std::mutex> lock(hdf5_mutex());
+          read_token_run(s.x, start, m, t.data());
+        }
+        watchdog::progress();
+        for (std::int64_t i = 0; i < m; ++i)
+          if (t[i] < 0 || t[i] >= n_classes) {
+            error = s.path + ": token /tokens[" + std::to_string(start + i) + "] = " + std::to_string(t[i]) +
+                    " is outside [0, " + std::to_string(n_classes) + "): " + of_model + " has no such token";
+            break;
+          }
+      }
+      if (!error.empty()) break;
+    }
+  } else if (rank == 0) {
     const watchdog::During reading(Phase::data);
     // In pieces, so a huge shard's labels need not fit in memory at once.
     constexpr std::int64_t piece = 1 << 20;
@@ -291,6 +364,7 @@ std::size_t line_up(std::size_t b) { return (b + 63) / 64 * 64; }
 }  // namespace
 
 std::size_t ShardDataset::preload_bytes() const {
+  if (tokens_) return line_up(std::size_t(total_tokens_) * sizeof(std::int32_t));
   const auto n = static_cast<std::size_t>(total_);
   const std::size_t x = n * static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4);
   const std::size_t y = labels_ ? n * sizeof(std::int32_t) : n * static_cast<std::size_t>(target_numel_) * 4;
@@ -299,6 +373,10 @@ std::size_t ShardDataset::preload_bytes() const {
 
 void ShardDataset::preload(std::shared_ptr<NodeShared> node, std::size_t offset) {
   if (preloaded_) return;
+  if (tokens_) {
+    preload_tokens(std::move(node), offset);
+    return;
+  }
   const auto n = static_cast<std::size_t>(total_);
   const std::size_t row = static_cast<std::size_t>(sample_numel_) * (x_uint8_ ? 1 : 4);
   if (!node) own_.resize(preload_bytes());
@@ -347,6 +425,59 @@ void ShardDataset::preload(std::shared_ptr<NodeShared> node, std::size_t offset)
   preloaded_ = true;
 }
 
+// Every shard's tokens as int32, one after the other (Shard::token_base).
+void ShardDataset::preload_tokens(std::shared_ptr<NodeShared> node, std::size_t offset) {
+  if (!node) own_.resize(preload_bytes());
+  std::uint8_t* mem = node ? node->data() + offset : own_.data();
+  auto* tokens = reinterpret_cast<std::int32_t*>(mem);
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  if (rank == 0) {
+    const watchdog::During reading(Phase::data);
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    constexpr std::int64_t piece = std::int64_t(16) << 20;  // 64 MiB of int32
+    for (const auto& s : shards_)
+      for (std::int64_t start = 0; start < s.tokens; start += piece) {
+        read_token_run(s.x, start, std::min(piece, s.tokens - start), tokens + s.token_base + start);
+        watchdog::progress();
+      }
+  }
+  {
+    const watchdog::Collective guard("the broadcast of the preloaded data (MPI_Bcast)");
+    const MPI_Comm to = node ? node->firsts() : comm_;
+    if (to != MPI_COMM_NULL) broadcast_bytes(to, mem, std::size_t(total_tokens_) * sizeof(std::int32_t), 0);
+    if (node) MPI_CHECK(MPI_Barrier(node->node()));
+  }
+  node_ = std::move(node);
+  x_mem_ = mem;
+  preloaded_ = true;
+}
+
+void ShardDataset::read_windows(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels) {
+  const std::int64_t T = seq_len_;
+  std::vector<std::int32_t> run(std::size_t(T + 1));
+  const auto* mem = reinterpret_cast<const std::int32_t*>(x_mem_);
+  std::size_t shard = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t g = idx[i];
+    if (g < shards_[shard].offset) shard = 0;
+    while (g >= shards_[shard].offset + shards_[shard].count) ++shard;
+    const Shard& s = shards_[shard];
+    const std::int64_t first = (g - s.offset) * T;
+    const std::int32_t* t = nullptr;
+    if (preloaded_) {
+      t = mem + s.token_base + first;
+    } else {
+      std::lock_guard<std::mutex> lock(hdf5_mutex());
+      read_token_run(s.x, first, T + 1, run.data());
+      t = run.data();
+    }
+    if (x)
+      for (std::int64_t k = 0; k < T; ++k) x[i * T + k] = static_cast<float>(t[k]);
+    if (labels) std::memcpy(labels + i * T, t + 1, std::size_t(T) * sizeof(std::int32_t));
+  }
+}
+
 void ShardDataset::read(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels,
                         float* targets) {
   read_rows(idx, n, x, true, labels, targets);
@@ -363,6 +494,12 @@ void ShardDataset::read_rows(const std::int64_t* idx, std::int64_t n, void* x, b
     if (idx[i] < 0 || idx[i] >= total_)
       throw std::out_of_range(what_ + ": sample index " + std::to_string(idx[i]) + " is outside [0, " +
                               std::to_string(total_) + ")");
+  if (tokens_) {  // floats either way: token ids are stored as no model input is
+    (void)to_float;
+    (void)targets;
+    read_windows(idx, n, static_cast<float*>(x), labels);
+    return;
+  }
   const std::size_t numel = static_cast<std::size_t>(sample_numel_);
   const std::size_t tnumel = static_cast<std::size_t>(target_numel_);
   const std::size_t xrow = numel * (x_uint8_ ? 1 : 4);

@@ -6,6 +6,13 @@
 // /y (N) integer class labels or (N, ...) float32 targets; root attributes
 // format = "ddp_train.shard", version = 1 (written by tools/, not required here).
 // Samples are numbered globally: shard 0's first, then shard 1's, ...
+//
+// Token shards (language models): /tokens (N) integer token ids (uint16 where the
+// vocabulary fits, else int32 or uint32) and the root attribute vocab_size, no /x or
+// /y. With seq_len = T a shard of N tokens holds (N - 1) / T samples (windows), window
+// w the tokens [w T, w T + T]: x the first T as floats (exact: vocab_size <= 2^24), its
+// T labels the next T. A window never crosses a shard's end; the tokens past a
+// shard's last whole window are not read. Sample shape and target shape are (T).
 
 #include <hdf5.h>
 #include <mpi.h>
@@ -43,7 +50,10 @@ class ShardDataset {
   // Collective over comm. Rank 0 expands the patterns and checks every file; any
   // problem makes every rank throw InputError with the same one-line message
   // naming the file. `what` ("data.train_files") prefixes messages about patterns.
-  ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what);
+  // seq_len > 0: the files must be token shards, read as windows of seq_len; 0: the
+  // files must hold /x and /y (data.seq_len).
+  ShardDataset(MPI_Comm comm, const std::vector<std::string>& patterns, const std::string& what,
+               std::int64_t seq_len = 0);
   // Collective: closes the files. Before MPI_Finalize, after every BatchLoader on it.
   ~ShardDataset();
   ShardDataset(const ShardDataset&) = delete;
@@ -58,10 +68,13 @@ class ShardDataset {
   bool x_is_uint8() const { return x_uint8_; }
   bool nhwc() const { return nhwc_; }                        // images stored (N, H, W, C)
   std::int64_t class_names() const { return class_names_; }  // entries of class_names; 0: none
-  bool has_class_labels() const { return labels_; }          // /y integer
-  // Per-sample shape of float targets (y's dims after the first); {} for labels.
+  bool has_class_labels() const { return labels_; }          // /y integer, or token shards
+  bool tokens() const { return tokens_; }                     // token shards: windows of seq_len
+  std::int64_t vocab_size() const { return vocab_size_; }     // token shards' attribute; 0 otherwise
+  // Per-sample shape of float targets (y's dims after the first); {} for labels, (T)
+  // for token shards, whose T labels a sample (the labels of read() are n T then).
   const std::vector<std::int64_t>& target_shape() const { return target_shape_; }
-  std::int64_t target_numel() const { return target_numel_; }  // 1 for labels
+  std::int64_t target_numel() const { return target_numel_; }  // 1 for labels; T for tokens
   const std::vector<std::string>& files() const { return files_; }
   const std::string& what() const { return what_; }
   // As opened, the same on every rank.
@@ -69,7 +82,9 @@ class ShardDataset {
 
   // Collective: every label in [0, n_classes), else every rank throws InputError
   // naming the file, the sample and the value. InputError also for float targets.
-  void check_labels(std::int64_t n_classes);
+  // Token shards: every token (so every input and target), and vocab_size, below
+  // n_classes; `model` names what sets it ("the model's output of 512 classes").
+  void check_labels(std::int64_t n_classes, const std::string& model = "");
 
   std::size_t bytes() const;  // /x and /y as stored on disk
 
@@ -119,13 +134,17 @@ class ShardDataset {
     std::string path;
     std::int64_t offset = 0;  // global index of its first sample
     std::int64_t count = 0;
-    hid_t file = -1, x = -1, y = -1;
+    hid_t file = -1, x = -1, y = -1;  // token shards: x is /tokens, y -1
+    std::int64_t tokens = 0;          // token shards: tokens in the file
+    std::int64_t token_base = 0;      // token shards: its first token's place in the preloaded tokens
     FileStamp opened;  // once opened, rank 0 only (changed_in_place)
   };
 
   void open_all();
   void read_rows(const std::int64_t* idx, std::int64_t n, void* x, bool to_float, std::int32_t* labels,
                  float* targets);
+  void preload_tokens(std::shared_ptr<NodeShared> node, std::size_t offset);
+  void read_windows(const std::int64_t* idx, std::int64_t n, float* x, std::int32_t* labels);
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // private duplicate: HDF5's MPI-IO traffic stays apart
   std::string what_;
@@ -138,13 +157,15 @@ class ShardDataset {
   bool nhwc_ = false;
   std::int64_t class_names_ = 0;
   bool labels_ = false;
+  bool tokens_ = false;
+  std::int64_t seq_len_ = 0, vocab_size_ = 0, total_tokens_ = 0;
   std::size_t y_stored_bytes_ = 0;  // per element, as on disk
   DataFingerprint fingerprint_;
 
   bool preloaded_ = false;
   std::vector<std::uint8_t> own_;             // preload_bytes(), unless held by the node
   std::shared_ptr<NodeShared> node_;          // the node's copy, unless held by this rank
-  const std::uint8_t* x_mem_ = nullptr;       // (N, sample...) uint8 or float32 bytes
+  const std::uint8_t* x_mem_ = nullptr;       // (N, sample...) uint8 or float32 bytes; tokens: int32
   const std::int32_t* labels_mem_ = nullptr;  // (N)
   const float* targets_mem_ = nullptr;        // (N, target...)
 };

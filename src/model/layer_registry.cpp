@@ -15,12 +15,14 @@
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/dropout.hpp"
+#include "model/embedding.hpp"
 #include "model/flatten.hpp"
 #include "model/gelu.hpp"
 #include "model/layernorm.hpp"
 #include "model/linear.hpp"
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
+#include "model/transformer_block.hpp"
 
 namespace ddp {
 
@@ -157,6 +159,31 @@ const LayerRow kLayers[] = {
          throw InputError("attention: dropout=" + it->second +
                           " is not yet supported (attention runs with dropout 0)");
        return std::make_unique<Attention>(positive(a[0], "heads"), bool_option(o, "causal", false));
+     }},
+    {"transformer_block", "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e])", 1,
+     "mlp,causal,tanh,eps,dropout", "causal,tanh",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       auto it = o.find("dropout");
+       if (it != o.end() && float_arg(it->second, "dropout") != 0.0)
+         throw InputError("transformer_block: dropout=" + it->second +
+                          " is not yet supported (the block runs with dropout 0)");
+       it = o.find("eps");
+       const float eps = it == o.end() ? 1e-5f : static_cast<float>(float_arg(it->second, "eps"));
+       if (!(eps > 0.0f)) throw InputError("eps must be > 0");
+       return std::make_unique<TransformerBlock>(positive(a[0], "heads"), int_option(o, "mlp", 4, 1),
+                                                 bool_option(o, "causal", false), bool_option(o, "tanh", false),
+                                                 eps);
+     }},
+    {"embedding", "embedding(vocab, d)", 2, "", "",
+     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
+       const std::int64_t vocab = positive(a[0], "vocab"), d = positive(a[1], "d");
+       if (vocab > (std::int64_t(1) << 24))
+         throw InputError("vocab must be at most 16777216 (token ids travel as exact floats)");
+       return std::make_unique<Embedding>(vocab, d);
+     }},
+    {"pos_embedding", "pos_embedding(positions)", 1, "", "",
+     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
+       return std::make_unique<PosEmbedding>(positive(a[0], "positions"));
      }},
 };
 

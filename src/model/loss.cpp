@@ -78,6 +78,25 @@ KOKKOS_INLINE_FUNCTION float mse_row(const float* out, const float* target, std:
   return sum / C;
 }
 
+// A sample's loss and hits as the mean over its rows (tokens): sums in double, in row
+// order. One row: its own floats (double(l) / 1 rounds back to l).
+struct PerSample {
+  double loss = 0.0, correct = 0.0;
+  KOKKOS_INLINE_FUNCTION void add(float l, float c) {
+    loss += l;
+    correct += c;
+  }
+  KOKKOS_INLINE_FUNCTION void put(std::int64_t rows, float& l, float& c) const {
+    l = static_cast<float>(loss / double(rows));
+    c = static_cast<float>(correct / double(rows));
+  }
+};
+
+// The gradient's scale of one row: the sample's loss is the mean over its rows.
+float row_scale(float scale, std::int64_t rows) {
+  return rows == 1 ? scale : static_cast<float>(double(scale) / double(rows));
+}
+
 CrossEntropyLoss cross_entropy_loss(std::int64_t C, float smoothing) {
   return {1.0f - smoothing, smoothing / static_cast<float>(C), smoothing != 0.0f};
 }
@@ -87,17 +106,26 @@ CrossEntropyGrad cross_entropy_grad(std::int64_t C, float scale, float smoothing
 }
 
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct, float smoothing) {
-  const std::int64_t B = out.batch(), C = out.sample_numel();
+                  View1 correct, float smoothing, std::int64_t rows) {
+  const std::int64_t B = out.batch();
   ConstView1 o = out.data;
   if (kind == LossKind::CrossEntropy) {
+    const std::int64_t C = out.sample_numel() / rows;
     const CrossEntropyLoss ce = cross_entropy_loss(C, smoothing);
     Kokkos::parallel_for(
         "CrossEntropy::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-          const float* row = &o(b * C);
-          ce(row, C, labels(b), softmax_row(row, C), loss(b), correct(b));
+          PerSample mean;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t i = b * rows + r;
+            const float* row = &o(i * C);
+            float l, c;
+            ce(row, C, labels(i), softmax_row(row, C), l, c);
+            mean.add(l, c);
+          }
+          mean.put(rows, loss(b), correct(b));
         });
   } else {
+    const std::int64_t C = out.sample_numel();
     Kokkos::parallel_for(
         "MSE::forward", Range(0, B),
         KOKKOS_LAMBDA(std::int64_t b) { loss(b) = mse_row(&o(b * C), &targets(b * C), C); });
@@ -105,17 +133,18 @@ void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, con
 }
 
 void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                   float scale, Tensor& dout, float smoothing) {
+                   float scale, Tensor& dout, float smoothing, std::int64_t rows) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   resize_like(dout, out, "Loss::dout");
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
-    const CrossEntropyGrad grad = cross_entropy_grad(C, scale, smoothing);
+    const std::int64_t V = C / rows;
+    const CrossEntropyGrad grad = cross_entropy_grad(V, row_scale(scale, rows), smoothing);
     Kokkos::parallel_for(
-        "CrossEntropy::backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-          const float* row = &o(b * C);
-          grad(row, C, labels(b), softmax_row(row, C), &d(b * C));
+        "CrossEntropy::backward", Range(0, B * rows), KOKKOS_LAMBDA(std::int64_t i) {
+          const float* row = &o(i * V);
+          grad(row, V, labels(i), softmax_row(row, V), &d(i * V));
         });
   } else {
     // d loss_b / d out_bc = 2 (out_bc - target_bc) / C
@@ -126,20 +155,29 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
 }
 
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing) {
+                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing,
+                           std::int64_t rows) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   resize_like(dout, out, "Loss::dout");
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
-    const CrossEntropyLoss ce = cross_entropy_loss(C, smoothing);
-    const CrossEntropyGrad grad = cross_entropy_grad(C, scale, smoothing);
+    const std::int64_t V = C / rows;
+    const CrossEntropyLoss ce = cross_entropy_loss(V, smoothing);
+    const CrossEntropyGrad grad = cross_entropy_grad(V, row_scale(scale, rows), smoothing);
     Kokkos::parallel_for(
         "CrossEntropy::forward_backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-          const float* row = &o(b * C);
-          const SoftmaxRow s = softmax_row(row, C);
-          ce(row, C, labels(b), s, loss(b), correct(b));
-          grad(row, C, labels(b), s, &d(b * C));
+          PerSample mean;
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const std::int64_t i = b * rows + r;
+            const float* row = &o(i * V);
+            const SoftmaxRow s = softmax_row(row, V);
+            float l, c;
+            ce(row, V, labels(i), s, l, c);
+            mean.add(l, c);
+            grad(row, V, labels(i), s, &d(i * V));
+          }
+          mean.put(rows, loss(b), correct(b));
         });
   } else {
     const float k = 2.0f * scale / C;
@@ -149,21 +187,26 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
   }
 }
 
-void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits) {
-  const std::int64_t B = out.batch(), C = out.sample_numel();
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows) {
+  const std::int64_t B = out.batch(), C = out.sample_numel() / rows;
   ConstView1 o = out.data;
   Kokkos::parallel_for(
       "CrossEntropy::top_k_hits", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-        const float* row = &o(b * C);
-        const std::int32_t label = labels(b);
-        bool hit = false;
-        if (label >= 0 && label < C && row[label] == row[label]) {  // not NaN
-          const float v = row[label];
-          std::int64_t place = 0;
-          for (std::int64_t c = 0; c < C; ++c) place += row[c] > v || (c < label && row[c] == v);
-          hit = place < k;
+        PerSample mean;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float* row = &o((b * rows + r) * C);
+          const std::int32_t label = labels(b * rows + r);
+          bool hit = false;
+          if (label >= 0 && label < C && row[label] == row[label]) {  // not NaN
+            const float v = row[label];
+            std::int64_t place = 0;
+            for (std::int64_t c = 0; c < C; ++c) place += row[c] > v || (c < label && row[c] == v);
+            hit = place < k;
+          }
+          mean.add(0.0f, hit ? 1.0f : 0.0f);
         }
-        hits(b) = hit ? 1.0f : 0.0f;
+        float unused;
+        mean.put(rows, unused, hits(b));
       });
 }
 

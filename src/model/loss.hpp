@@ -20,19 +20,25 @@ enum class LossKind { CrossEntropy, MSE };
 // target (1 - s) on the label plus s / C on every class:
 //   loss_b = logsumexp(out_b) - (1 - s) out_b[label_b] - s / C sum_c out_bc.
 // s = 0 computes exactly what it computed without it.
+// rows > 1 (CrossEntropy only; a language model's tokens): out is (B, rows, C) and
+// labels (B rows), one label a row; a sample's loss and correct are the means over
+// its rows of the rows' (sums in double, in row order), so the trainer's mean over
+// samples is the mean over every token, as F.cross_entropy over (B T, C) with
+// reduction 'mean'; its gradient is scale / rows on each row. rows = 1 is the above.
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct, float smoothing = 0.0f);
+                  View1 correct, float smoothing = 0.0f, std::int64_t rows = 1);
 
 // dout (B, C) = scale * d(sum_b loss_b) / d out; dout is resized here. The trainer
 // passes scale = 1 / (samples in the global step), so the sum over ranks of the
 // gradients is the gradient of the mean loss.
 void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                   float scale, Tensor& dout, float smoothing = 0.0f);
+                   float scale, Tensor& dout, float smoothing = 0.0f, std::int64_t rows = 1);
 
 // loss_forward and loss_backward in one kernel over the logits (a training step's
 // loss: one launch and one read of the logits fewer); the same floats as the two.
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
-                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f);
+                           float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f,
+                           std::int64_t rows = 1);
 
 // Top-k accuracy's per-sample hits (validation: k = 5, ImageNet's second number).
 // out: (B, C) logits; labels: (B); hits: (B) 1 where label_b is among the k classes
@@ -40,6 +46,7 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
 // Classes are ranked by logit, ties by index, lower first: the label's place is
 //   #{c : out_bc > out_b,label} + #{c < label : out_bc == out_b,label},
 // so k = 1 is loss_forward's `correct` (the first maximum wins) for finite logits.
-void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits);
+// rows > 1: hits_b is the fraction of the sample's rows hit, as loss_forward's.
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows = 1);
 
 }  // namespace ddp

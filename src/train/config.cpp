@@ -119,6 +119,9 @@ const std::vector<Key>& keys() {
        "uint8 images, training batches: 'flip', 'crop(pad=4)', 'random_resized_crop(scale=0.08,1)'"},
       {"data", "normalize", field<&C::data, &D::normalize>, any(), false,
        "uint8 images: mean of each channel, then std of each channel: (x/255 - mean) / std"},
+      {"data", "seq_len", field<&C::data, &D::seq_len>, at_least(0), false,
+       "token shards (/tokens): tokens per sample, each sample the window of seq_len + 1 tokens from i seq_len "
+       "(inputs, then targets shifted by one); 0: shards of /x and /y"},
       {"model", "layers", field<&C::model, &M::layers>, any(), true,
        "layer list, e.g. 'linear(256)', 'relu', 'linear(10)'"},
       {"model", "loss", field<&C::model, &M::loss>, one_of({"auto", "cross_entropy", "mse"}), false,

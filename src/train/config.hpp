@@ -27,6 +27,9 @@ struct DataConfig {
   int image_size = 0;
   std::vector<std::string> augment;
   std::vector<double> normalize;
+  // Token shards (/tokens): tokens per sample; sample i is the T + 1 tokens of a shard
+  // from i T (inputs the first T, targets the next T). 0: the shards hold /x and /y.
+  int seq_len = 0;
 };
 
 struct ModelConfig {

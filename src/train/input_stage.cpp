@@ -35,8 +35,8 @@ InputStage::InputStage(std::int64_t batch_size, std::int64_t sample_numel, bool 
     // GEMM ran 1.75x slower (1,330 against 760 us per step, io.trace, AVX2 EPYC), so
     // a buffer of its own offset (make_buffer).
     slots_[s].x = make_buffer(slot + ".x", batch_size * sample_numel);
-    slots_[s].labels = LabelView(slot + ".labels", std::size_t(batch_size));
-    slots_[s].targets = View1(slot + ".targets", std::size_t(batch_size * target_numel));
+    slots_[s].labels = LabelView(slot + ".labels", std::size_t(batch_size * (class_labels ? target_numel : 1)));
+    slots_[s].targets = View1(slot + ".targets", std::size_t(batch_size * (class_labels ? 1 : target_numel)));
     const std::size_t rest =
         slots_[s].labels.span() * sizeof(std::int32_t) + slots_[s].targets.span() * sizeof(float);
     bytes = slots_[s].x.span() * sizeof(float) + rest;
@@ -88,7 +88,7 @@ int InputStage::put(const Batch& batch, const BatchTransform* t) {
     parts.push_back({in.x.data(), batch.x.data(), nx * sizeof(float)});
   }
   if (class_labels_)
-    parts.push_back({in.labels.data(), batch.labels.data(), std::size_t(batch.size) * sizeof(std::int32_t)});
+    parts.push_back({in.labels.data(), batch.labels.data(), nt * sizeof(std::int32_t)});
   else
     parts.push_back({in.targets.data(), batch.targets.data(), nt * sizeof(float)});
   copies_->put(s, parts);
@@ -101,8 +101,7 @@ int InputStage::put(const Batch& batch, const BatchTransform* t) {
   else
     Kokkos::deep_copy(Kokkos::subview(in.x, prefix(nx)), HostIn(batch.x.data(), nx));
   if (class_labels_)
-    Kokkos::deep_copy(Kokkos::subview(in.labels, prefix(std::size_t(batch.size))),
-                      HostLabels(batch.labels.data(), std::size_t(batch.size)));
+    Kokkos::deep_copy(Kokkos::subview(in.labels, prefix(nt)), HostLabels(batch.labels.data(), nt));
   else
     Kokkos::deep_copy(Kokkos::subview(in.targets, prefix(nt)), HostIn(batch.targets.data(), nt));
 #endif

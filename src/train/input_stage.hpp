@@ -31,8 +31,8 @@ class BatchCopies;
 
 struct Inputs {
   View1 x;           // (B * sample_numel)
-  LabelView labels;  // (B) class labels (data with integer /y)
-  View1 targets;     // (B * target_numel) otherwise
+  LabelView labels;  // (B * target_numel) class labels (integer /y: target_numel 1) or next tokens
+  View1 targets;     // (B * target_numel) float targets otherwise
 };
 
 // How a uint8 batch becomes floats: the transform, the stored images' shape, and which

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -107,9 +108,11 @@ Config load_config(const Context& ctx, const CommandLine& cli) {
 Data open_data(const Context& ctx, const Config& cfg, bool training) {
   Data data;
   collective_input(ctx.world(), [&] {
-    data.train = std::make_unique<ShardDataset>(ctx.world(), cfg.data.train_files, "data.train_files");
+    data.train =
+        std::make_unique<ShardDataset>(ctx.world(), cfg.data.train_files, "data.train_files", cfg.data.seq_len);
     if (!cfg.data.val_files.empty())
-      data.val = std::make_unique<ShardDataset>(ctx.world(), cfg.data.val_files, "data.val_files");
+      data.val =
+          std::make_unique<ShardDataset>(ctx.world(), cfg.data.val_files, "data.val_files", cfg.data.seq_len);
     // Images: the transform checks every set against the model's input side and
     // says what is wrong with data.augment, data.normalize, data.image_size.
     const auto transform =
@@ -205,9 +208,34 @@ Data open_data(const Context& ctx, const Config& cfg, bool training) {
   return data;
 }
 
+namespace {
+
+// Token ids go into an embedding and nothing else does: a token shard into linear(n)
+// would train on ids as numbers, and floats into an embedding index its table by them.
+void check_first_layer(const Config& cfg, const ShardDataset& train) {
+  if (cfg.model.layers.empty()) return;  // the model says so
+  const std::string& spec = cfg.model.layers[0];
+  std::string name;
+  for (char c : spec) {
+    if (c == '(') break;
+    if (!std::isspace(static_cast<unsigned char>(c)))
+      name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  const bool embeds = name == "embedding";
+  if (train.tokens() && !embeds)
+    throw InputError("model.layers(1) " + spec + " takes floats, but the shards (" + train.what() +
+                     ") hold token ids: a language model starts with embedding(vocab, d)");
+  if (!train.tokens() && embeds)
+    throw InputError("model.layers(1) " + spec + " takes token ids, but the shards (" + train.what() +
+                     ") hold samples (/x, /y): embedding needs token shards (/tokens) and data.seq_len");
+}
+
+}  // namespace
+
 ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
   return collective_input(ctx.world(), [&] {
     ModelSetup setup;
+    check_first_layer(cfg, *data.train);
     setup.model = std::make_unique<Model>(cfg.model.layers, data.input_shape, std::uint64_t(cfg.train.seed));
     const Precision precision = parse_precision(cfg.train.precision);
     const std::string unsupported = compute_backend().precision_unsupported(precision);
@@ -250,18 +278,39 @@ ModelSetup build_model(const Context& ctx, const Config& cfg, Data& data) {
       if (!labels)
         throw InputError(
             "model.loss = 'cross_entropy' needs integer class labels in /y, but /y holds float targets");
-      if (out.size() != 1)
-        throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " +
-                         shape_str(out));
-      data.train->check_labels(out[0]);
-      if (data.val) data.val->check_labels(out[0]);
+      std::int64_t classes = 0;
+      std::string model_classes;
+      if (data.train->tokens()) {
+        const std::int64_t T = data.train->target_numel();
+        if (out.size() != 2 || out[0] != T)
+          throw InputError("token shards need the model to give (seq_len, vocabulary) logits, a row per token "
+                           "(here (" +
+                           std::to_string(T) + ", V)), but it gives " + shape_str(out) +
+                           ": end a language model with linear(V)");
+        classes = out[1];
+        model_classes = "the model's output (" + std::to_string(classes) + " logits a token)";
+        // check_first_layer: layer 0 is the embedding, its table (vocab, d).
+        for (const auto& p : setup.model->parameter_table())
+          if (p.name == "layers.0.weight" && p.shape[0] < classes) {
+            classes = p.shape[0];
+            model_classes = "the model's embedding(" + std::to_string(p.shape[0]) + ", " +
+                            std::to_string(p.shape[1]) + ")";
+          }
+      } else {
+        if (out.size() != 1)
+          throw InputError("model.loss = 'cross_entropy' needs a flat output (classes), the model gives " +
+                           shape_str(out));
+        classes = out[0];
+      }
+      data.train->check_labels(classes, model_classes);
+      if (data.val) data.val->check_labels(classes, model_classes);
       setup.loss = LossKind::CrossEntropy;
       for (const auto& [key, metric] : validation_metrics(cfg))
-        if (metric == "val_acc5" && out[0] <= 5)
+        if (metric == "val_acc5" && classes <= 5)
           throw InputError(key +
                            " = 'val_acc5' needs top-5 accuracy, which models of more than 5 classes have; "
                            "this one has " +
-                           std::to_string(out[0]) + ": use 'val_acc' or 'val_loss'");
+                           std::to_string(classes) + ": use 'val_acc' or 'val_loss'");
     } else {
       if (labels)
         throw InputError("model.loss = 'mse' needs float targets in /y, but /y holds integer class labels");

@@ -36,6 +36,7 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
       comm_(comm),
       model_(model),
       loss_kind_(loss),
+      label_rows_(loss == LossKind::CrossEntropy ? train.target_numel() : 1),
       train_(train),
       val_(val),
       prefetch_(prefetch_batches),
@@ -495,6 +496,7 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
   tb_->scalar("epoch/train_loss", step, e.train_loss);
   if (val_) {
     tb_->scalar("epoch/val_loss", step, v.loss);
+    if (v.tokens > 0) tb_->scalar("epoch/val_ppl", step, v.perplexity());
     if (classify) tb_->scalar("epoch/val_acc", step, v.accuracy);
     if (v.top5) tb_->scalar("epoch/val_acc5", step, v.accuracy5);
     if (pos_.best_step >= 0)
@@ -534,18 +536,23 @@ void Trainer::log_epoch(const EpochStats& e, const ValStats& v, double val_secon
   log::info(line);
 }
 
+double ValStats::perplexity() const { return std::exp(loss); }
+
 void append_validation(MetricRecord& r, const ValStats& v, bool classify) {
   r.push_back({"val_loss", v.loss});
+  if (v.tokens > 0) r.push_back({"val_ppl", v.perplexity()});
   if (classify) r.push_back({"val_acc", v.accuracy});
   if (classify) r.push_back({"val_correct", (long long)v.correct});
   if (v.top5) r.push_back({"val_acc5", v.accuracy5});
   if (v.top5) r.push_back({"val_correct5", (long long)v.correct5});
   r.push_back({"val_count", (long long)v.count});
+  if (v.tokens > 0) r.push_back({"val_tokens", (long long)v.tokens});
 }
 
 std::string validation_text(const ValStats& v, bool classify) {
-  char text[96];
+  char text[128];
   int len = std::snprintf(text, sizeof text, "  val_loss %.4f", v.loss);
+  if (v.tokens > 0) len += std::snprintf(text + len, sizeof text - len, "  val_ppl %.3f", v.perplexity());
   if (classify) len += std::snprintf(text + len, sizeof text - len, "  val_acc %.4f", v.accuracy);
   if (v.top5) std::snprintf(text + len, sizeof text - len, "  val_acc5 %.4f", v.accuracy5);
   return text;

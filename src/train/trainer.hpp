@@ -66,6 +66,10 @@ struct ValStats {
   bool top5 = false;
   double accuracy5 = 0.0;
   std::int64_t correct5 = 0;
+  // Language models (token shards): the targets evaluated, count * seq_len; correct and
+  // correct5 count tokens and the accuracies are over tokens. 0 otherwise.
+  std::int64_t tokens = 0;
+  double perplexity() const;  // exp(loss): the mean loss is per token
 };
 
 // The validation's fields of a metrics record (val_loss ... val_count; `classify`:
@@ -259,6 +263,8 @@ class Trainer {
   Communicator& comm_;
   Model& model_;
   LossKind loss_kind_;
+  // Labels a sample holds: 1, or data.seq_len for token shards (a label per token).
+  std::int64_t label_rows_ = 1;
   ShardDataset& train_;
   ShardDataset* val_;
   int prefetch_;
@@ -315,7 +321,7 @@ class Trainer {
 
   InputStage stage_;  // batches to the compute space, one on its way while a step runs
   Tensor x_;          // (B, sample...) the step's slot of stage_
-  LabelView labels_;  // (B)
+  LabelView labels_;  // (B label_rows_)
   View1 targets_;     // (B * target_numel)
   View1 loss_;        // (B) per-sample loss
   View1 correct_;     // (B) 1 where argmax == label

@@ -203,7 +203,8 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
     const float smoothing = static_cast<float>(cfg_.train.label_smoothing);
     // The loss and its gradient in one kernel: per-sample sums, scaled at the step;
     // fp16 multiplies by the loss scale first.
-    loss_forward_backward(loss_kind_, out, labels_, targets_, loss_scale, loss_, correct_, dout_, smoothing);
+    loss_forward_backward(loss_kind_, out, labels_, targets_, loss_scale, loss_, correct_, dout_, smoothing,
+                          label_rows_);
     accumulate_loss(loss_, batch.size, loss_acc_);
     t_backward = now();
     if (poisoned) poison_first(dout_.data);
@@ -373,11 +374,13 @@ ValStats Trainer::validate(ShardDataset& data) {
     for (std::int64_t i = c * B; i < std::min(n, (c + 1) * B); ++i) indices.push_back(i);
 
   // (loss, correct, top-5 hits) per chunk; top-5 where there are more than 5 classes.
-  const bool top5 = loss_kind_ == LossKind::CrossEntropy && shape_numel(model_.output_shape()) > 5;
+  const bool top5 =
+      loss_kind_ == LossKind::CrossEntropy && shape_numel(model_.output_shape()) / label_rows_ > 5;
   std::vector<double> chunk_sums(std::size_t(3 * chunks), 0.0);
   BatchLoader loader(data, std::move(indices), B, prefetch_, /*keep_uint8=*/transform_ != nullptr);
   // Evaluation: the centre crop, no augmentation, the same normalize.
   const BatchTransform eval{transform_.get(), image_shape(data), 0, /*training=*/false};
+  const double rows = double(label_rows_);
   auto loss_host = Kokkos::create_mirror_view(loss_);
   auto correct_host = Kokkos::create_mirror_view(correct_);
   auto hits_host = Kokkos::create_mirror_view(hits5_);
@@ -386,8 +389,8 @@ ValStats Trainer::validate(ShardDataset& data) {
     const int slot = stage_.put(batch, transform_ ? &eval : nullptr);
     use_inputs(slot, batch);
     const Tensor& out = model_.forward(x_, /*training=*/false);
-    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_);
-    if (top5) top_k_hits(out, labels_, 5, hits5_);
+    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_, 0.0f, label_rows_);
+    if (top5) top_k_hits(out, labels_, 5, hits5_, label_rows_);
     stage_.release(slot);
     Kokkos::deep_copy(loss_host, loss_);
     Kokkos::deep_copy(correct_host, correct_);
@@ -395,8 +398,11 @@ ValStats Trainer::validate(ShardDataset& data) {
     double* sums = &chunk_sums[std::size_t(3 * (batch.index[0] / B))];
     for (std::int64_t i = 0; i < batch.size; ++i) {
       sums[0] += double(loss_host(i));
-      sums[1] += double(correct_host(i));
-      if (top5) sums[2] += double(hits_host(i));
+      // A token sample's correct is its fraction of T tokens, (k / T) as a float: times
+      // T it rounds back to k (exact below 2^23 tokens), so the counts stay exact.
+      sums[1] += label_rows_ == 1 ? double(correct_host(i)) : std::nearbyint(double(correct_host(i)) * rows);
+      if (top5)
+        sums[2] += label_rows_ == 1 ? double(hits_host(i)) : std::nearbyint(double(hits_host(i)) * rows);
     }
   }
   // Each chunk has one owner and zeros elsewhere, so the sum is exact.
@@ -408,10 +414,12 @@ ValStats Trainer::validate(ShardDataset& data) {
     stats.correct5 += std::int64_t(chunk_sums[std::size_t(3 * c + 2)]);
   }
   stats.count = n;
+  stats.tokens = label_rows_ > 1 ? n * label_rows_ : 0;
+  const double targets = double(n * label_rows_);  // samples, or tokens
   stats.loss = stats.loss_sum / double(n);
-  stats.accuracy = double(stats.correct) / double(n);
+  stats.accuracy = double(stats.correct) / targets;
   stats.top5 = top5;
-  stats.accuracy5 = double(stats.correct5) / double(n);
+  stats.accuracy5 = double(stats.correct5) / targets;
   watchdog::set_phase(Phase::compute);
   return stats;
 }

@@ -12,7 +12,9 @@ the same fraction of the epoch, not at the same step number, whose meaning chang
 with the rank count): the last rate printed before the stop and the first after
 the resume are a few steps apart on the curve.
 
-usage: any_world_size.py MPIEXEC DDP_TRAIN INPUT.nml RUN_DIR MIN_ACC
+usage: any_world_size.py MPIEXEC DDP_TRAIN INPUT.nml RUN_DIR MIN_ACC [group.key=value ...]
+The overrides go to both runs (another data set: its size is read from the run's
+"data: N training samples" line; a language model's windows are its samples).
 """
 import collections
 import glob
@@ -28,10 +30,10 @@ mpiexec, binary, nml, run_dir, min_acc = sys.argv[1:6]
 shutil.rmtree(run_dir, ignore_errors=True)
 EPOCHS = 4
 args = [nml, f"train.epochs={EPOCHS}", "train.log_every=5", "io.trace_samples=.true.", f"io.run_dir={run_dir}"]
-N = 60000
+args += sys.argv[6:]
 
 steps_per_epoch = [None]
-LR = re.compile(r"^\s+epoch \d+/\d+ \d+%\s+step \d+\s.*\slr (\S+)  samples/s ", re.M)
+LR = re.compile(r"^\s+epoch \d+/\d+ \d+%\s+step \d+\s.*?\slr (\S+)  ", re.M)  # grad_norm may follow
 
 
 def stop_when(line):
@@ -44,6 +46,10 @@ def stop_when(line):
 rc, out, sent = run_until(mpirun(mpiexec, 2, binary, args), stop_when)
 if not sent or rc != EX_TEMPFAIL:
     fail(f"2-rank run: signal sent {sent}, exit status {rc}, expected {EX_TEMPFAIL}")
+size = re.search(r"^data: (\d+) training samples", out, re.M)
+if not size:
+    fail("no 'data: N training samples' line")
+N = int(size.group(1))
 stop = os.path.join(run_dir, "checkpoints", latest(run_dir))
 st = state(stop)
 C = st["consumed"]

@@ -3,7 +3,8 @@
 files and its model), as a user runs it, on data of the shape it names: the
 Fashion-MNIST and regression inputs on the suite's shards, the synthetic-image ones on
 the suite's 64x64 set, the ImageNet-class ones (image_size 224) on a few synthetic
-256x256 images of 1000 classes made here. The ResNets' parameter counts equal
+256x256 images of 1000 classes made here, the language models on a few synthetic
+tokens made here (tools/make_markov_tokens). The ResNets' parameter counts equal
 torchvision's resnet<depth>(num_classes=<classes>), counted by torchvision where the
 given python has it, else its published counts.
 
@@ -62,6 +63,13 @@ def main():
         name = os.path.basename(path)
         text = open(path).read()
         overrides = []
+        if "data/markov/" in text and not os.path.exists("data/markov"):  # the language models' tokens
+            tool = os.path.join(source, "tools", "make_markov_tokens")
+            q = subprocess.run([sys.executable, tool, "data/markov", "--vocab", "16", "--order", "2", "--train",
+                                "20000", "--val", "2000", "--seq-len", "64"], capture_output=True, text=True,
+                               timeout=120)
+            if q.returncode != 0:
+                fail(f"make_markov_tokens: {q.stdout}{q.stderr}")
         if "data/imagenet/" in text:  # the ImageNet-class inputs: the few images made above, a batch of them
             overrides = [f"data.train_files={IMAGENET}/train_*.h5", f"data.val_files={IMAGENET}/val_*.h5",
                          "train.batch_size=8"]

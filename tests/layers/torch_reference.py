@@ -58,6 +58,56 @@ class SelfAttention(nn.MultiheadAttention):
         return super().forward(x, x, x, attn_mask=mask, need_weights=False)[0]
 
 
+class PosEmbedding(nn.Module):
+    """pos_embedding(T): learned positions, y = x + weight[:T'] on (B, T', d), weight
+    (T, d) as nn.Embedding(T, d)'s (GPT-2's wpe)."""
+
+    def __init__(self, positions, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(positions, d))
+
+    def forward(self, x):
+        return x + self.weight[: x.shape[1]]
+
+
+class Block(nn.Module):
+    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e]): the pre-norm block
+    in torchvision's EncoderBlock names (ln_1, self_attention, ln_2, mlp.0, mlp.3),
+    dropout 0."""
+
+    def __init__(self, d, heads, mlp=4, causal=False, tanh=False, eps=1e-5):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d, eps=eps)
+        self.self_attention = SelfAttention(d, heads, causal=causal)
+        self.ln_2 = nn.LayerNorm(d, eps=eps)
+        self.mlp = nn.Sequential(nn.Linear(d, mlp * d), nn.GELU(approximate="tanh" if tanh else "none"),
+                                 nn.Dropout(0.0), nn.Linear(mlp * d, d), nn.Dropout(0.0))
+
+    def forward(self, x):
+        x = x + self.self_attention(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+def token_case(f, name, spec, module, B, T, vocab):
+    """A layer fed token ids (embedding): x the ids as floats, no dx."""
+    randomise(module)
+    g = f.create_group(name)
+    g.attrs["spec"] = spec
+    g.attrs["training"] = 1
+    g.attrs["in_shape"] = np.array([T], dtype=np.int64)
+    for k, p in module.named_parameters():
+        g["param." + k] = p.detach().double().numpy()
+    ids = torch.randint(0, vocab, (B, T))
+    ids[0, :3] = ids[0, 0]  # a repeated id: its gradient rows add up
+    y = module(ids)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    g["x"] = ids.double().numpy()
+    g["dy"], g["y"] = dy.double().numpy(), y.detach().double().numpy()
+    for k, p in module.named_parameters():
+        g["grad." + k] = p.grad.double().numpy()
+
+
 def case(f, name, spec, module, in_shape, training=True, x_scale=1.0, x_shift=0.0):
     randomise(module)
     module.train(training)
@@ -103,8 +153,9 @@ def float64_case(f, name, src, module):
         g["grad." + k] = p.grad.numpy()
 
 
-def model_group(f, name, net, in_shape):
-    """A model-level test's nn.Sequential: the spec list of the C++ test."""
+def model_group(f, name, net, in_shape, vocab=0):
+    """A model-level test's nn.Sequential: the spec list of the C++ test. vocab > 0:
+    x is token ids in [0, vocab) (given to ddp_train as floats)."""
     randomise(net)
     net.train()
     g = f.create_group(name)
@@ -112,7 +163,7 @@ def model_group(f, name, net, in_shape):
     g.attrs["buffer_names"] = [k for k, _ in net.named_buffers()]
     for k, v in net.state_dict().items():
         g["state." + k] = v.double().numpy()
-    x = torch.randn(*in_shape)
+    x = torch.randint(0, vocab, in_shape) if vocab else torch.randn(*in_shape)
     y = net(x)
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -187,6 +238,21 @@ def main():
         # attention, a linear on the tokens; its names are nn.Sequential's.
         model_group(f, "attention_model", nn.Sequential(
             nn.LayerNorm(8), SelfAttention(8, 2, causal=True), nn.Linear(8, 6)), (4, 5, 8))
+
+        # Token and position embeddings, the transformer block; after the cases above.
+        token_case(f, "embedding_v11_d6", "embedding(11, 6)", nn.Embedding(11, 6), 3, 7, 11)
+        case(f, "pos_embedding_short", "pos_embedding(9)", PosEmbedding(9, 6), (3, 7, 6))
+        case(f, "pos_embedding_full", "pos_embedding(5)", PosEmbedding(5, 4), (2, 5, 4))
+        case(f, "block_vit", "transformer_block(2)", Block(8, 2), (3, 5, 8), x_scale=0.5)
+        case(f, "block_gpt2", "transformer_block(4, causal, tanh)", Block(16, 4, causal=True, tanh=True),
+             (2, 9, 16), x_scale=0.5)
+        case(f, "block_mlp2_eps", "transformer_block(2, mlp=2, eps=1e-6)", Block(12, 2, mlp=2, eps=1e-6),
+             (2, 6, 12), x_scale=0.5)
+        # A nanoGPT-shaped language model on token ids: embedding, positions, two causal
+        # blocks, the final layer norm, the head.
+        model_group(f, "gpt_model", nn.Sequential(
+            nn.Embedding(13, 16), PosEmbedding(8, 16), Block(16, 2, causal=True, tanh=True),
+            Block(16, 2, causal=True, tanh=True), nn.LayerNorm(16), nn.Linear(16, 13)), (3, 8), vocab=13)
 
 
 if __name__ == "__main__":

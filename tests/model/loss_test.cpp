@@ -153,6 +153,48 @@ TEST(LossForwardBackward, BitwiseTheSeparateKernels) {
   EXPECT_EQ(to_host(d0.data, B * C), to_host(d1.data, B * C));
 }
 
+// A language model's loss: (B, T, V) logits and a label a token. A sample's loss,
+// correct and top-k hits are the means over its T rows of what each row gives as a
+// sample of its own; its gradient is each row's at scale / T (the mean over B T tokens,
+// as F.cross_entropy over (B T, V)); the fused kernel gives the separate ones' floats.
+TEST(CrossEntropy, TokenRowsAreTheMeanOverTheSample) {
+  const std::int64_t B = 3, T = 4, V = 6;
+  const std::vector<float> logits = random_values(B * T * V, 31, -3.0f, 3.0f);
+  const std::vector<std::int32_t> ids = {0, 5, 2, 2, 1, 3, 4, 0, 5, 5, 1, 2};
+  const LabelView labels = make_labels(ids);
+  const float scale = 0.5f;
+  // Each row as a sample of its own.
+  Tensor rows = make_tensor({B * T, V}, logits), drows;
+  View1 lr("test::lr", B * T), cr("test::cr", B * T), hr("test::hr", B * T);
+  loss_forward(LossKind::CrossEntropy, rows, labels, View1(), lr, cr);
+  top_k_hits(rows, labels, 2, hr);
+  loss_backward(LossKind::CrossEntropy, rows, labels, View1(), scale / T, drows);
+  // As token rows of B samples.
+  Tensor out = make_tensor({B, T, V}, logits), d0, d1;
+  View1 l0("test::l0", B), c0("test::c0", B), h0("test::h0", B), l1("test::l1", B), c1("test::c1", B);
+  loss_forward(LossKind::CrossEntropy, out, labels, View1(), l0, c0, 0.0f, T);
+  top_k_hits(out, labels, 2, h0, T);
+  loss_backward(LossKind::CrossEntropy, out, labels, View1(), scale, d0, 0.0f, T);
+  loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), scale, l1, c1, d1, 0.0f, T);
+  const std::vector<float> per_row = to_host(lr, B * T), c_row = to_host(cr, B * T), h_row = to_host(hr, B * T);
+  const std::vector<float> l = to_host(l0, B), c = to_host(c0, B), h = to_host(h0, B);
+  for (std::int64_t b = 0; b < B; ++b) {
+    double sl = 0, sc = 0, sh = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      sl += per_row[b * T + t];
+      sc += c_row[b * T + t];
+      sh += h_row[b * T + t];
+    }
+    EXPECT_EQ(l[b], static_cast<float>(sl / T)) << "sample " << b;
+    EXPECT_EQ(c[b], static_cast<float>(sc / T)) << "sample " << b;
+    EXPECT_EQ(h[b], static_cast<float>(sh / T)) << "sample " << b;
+  }
+  EXPECT_EQ(to_host(d0.data, B * T * V), to_host(drows.data, B * T * V));
+  EXPECT_EQ(to_host(l1, B), l);
+  EXPECT_EQ(to_host(c1, B), c);
+  EXPECT_EQ(to_host(d1.data, B * T * V), to_host(d0.data, B * T * V));
+}
+
 // Top-k hits by hand: places 0..6 of one row for k = 1, 2, 5; a tie goes to the lower
 // index; a label outside [0, C) and a NaN logit on the label are no hit.
 TEST(TopK, HandComputedHits) {

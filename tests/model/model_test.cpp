@@ -46,7 +46,9 @@ TEST(ModelSpecs, ErrorMessages) {
             "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s][, pad=p]), "
             "avgpool(k[, stride=s][, pad=p]), globalavgpool, batchnorm2d[(sync)], "
             "resblock(channels[, stride=s][, zero_init][, sync]), bottleneck(width[, stride=s][, "
-            "zero_init][, sync]), gelu[(tanh)], layernorm[(eps=e)], attention(heads[, causal])");
+            "zero_init][, sync]), gelu[(tanh)], layernorm[(eps=e)], attention(heads[, causal]), "
+            "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e]), embedding(vocab, d), "
+            "pos_embedding(positions)");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");

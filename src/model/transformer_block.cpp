@@ -1,0 +1,125 @@
+#include "model/transformer_block.hpp"
+
+#include "comm/check.hpp"
+
+namespace ddp {
+
+namespace {
+// out = a + b, elementwise over a's elements (fp32, plain layout).
+void add(const Tensor& a, const Tensor& b, Tensor& out, const char* label) {
+  resize_like(out, a, label);
+  ConstView1 av = a.data, bv = b.data;
+  View1 ov = out.data;
+  Kokkos::parallel_for(
+      label, Range(0, a.numel()), KOKKOS_LAMBDA(std::int64_t i) { ov(i) = av(i) + bv(i); });
+}
+}  // namespace
+
+TransformerBlock::TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh,
+                                   float eps)
+    : mlp_ratio_(mlp_ratio),
+      ln1_(std::make_unique<LayerNorm>(eps)),
+      ln2_(std::make_unique<LayerNorm>(eps)),
+      attn_(std::make_unique<Attention>(heads, causal)),
+      gelu_(std::make_unique<Gelu>(tanh)) {}
+
+std::vector<TransformerBlock::Part> TransformerBlock::parts() const {
+  return {{ln1_.get(), "ln_1."},      {attn_.get(), "self_attention."}, {ln2_.get(), "ln_2."},
+          {fc_.get(), "mlp.0."},      {proj_.get(), "mlp.3."}};
+}
+
+Shape TransformerBlock::output_shape(const Shape& in_sample) {
+  if (in_sample.size() != 2)
+    throw InputError("transformer_block needs a sequence (tokens, features) but gets " + shape_str(in_sample));
+  const std::int64_t d = in_sample[1];
+  sample_ = in_sample;
+  fc_ = std::make_unique<Linear>(mlp_ratio_ * d);
+  proj_ = std::make_unique<Linear>(d);
+  Shape s = ln1_->output_shape(in_sample);
+  s = attn_->output_shape(s);  // heads not dividing d: its own line
+  s = ln2_->output_shape(s);
+  s = fc_->output_shape(s);
+  s = gelu_->output_shape(s);
+  s = proj_->output_shape(s);
+  for (Layer* l : {static_cast<Layer*>(attn_.get()), static_cast<Layer*>(ln2_.get()),
+                   static_cast<Layer*>(fc_.get()), static_cast<Layer*>(gelu_.get()),
+                   static_cast<Layer*>(proj_.get())})
+    l->set_needs_input_grad(true);
+  return s;
+}
+
+std::vector<Layer::ParamSpec> TransformerBlock::parameter_specs() const {
+  std::vector<ParamSpec> specs;
+  for (const Part& p : parts())
+    for (ParamSpec s : p.layer->parameter_specs()) {
+      s.suffix = p.prefix + s.suffix;
+      specs.push_back(std::move(s));
+    }
+  return specs;
+}
+
+void TransformerBlock::bind(float* params, float* grads) {
+  for (const Part& p : parts()) {
+    p.layer->bind(params, grads);
+    std::int64_t n = 0;
+    for (const ParamSpec& s : p.layer->parameter_specs()) n += shape_numel(s.shape);
+    params += n;
+    grads += n;
+  }
+}
+
+void TransformerBlock::init(Rng& rng) {
+  for (const Part& p : parts()) p.layer->init(rng);
+}
+
+std::string TransformerBlock::graph_obstacle() const {
+  for (const Part& p : parts()) {
+    std::string why = p.layer->graph_obstacle();
+    if (!why.empty()) return p.prefix + " " + why;
+  }
+  return {};
+}
+
+void TransformerBlock::set_precision(Precision p) {
+  Layer::set_precision(p);
+  for (Layer* l : {static_cast<Layer*>(ln1_.get()), static_cast<Layer*>(attn_.get()),
+                   static_cast<Layer*>(ln2_.get()), static_cast<Layer*>(gelu_.get())})
+    l->set_precision(p);
+  if (fc_) fc_->set_precision(p);
+  if (proj_) proj_->set_precision(p);
+}
+
+void TransformerBlock::set_overwrite_gradients(bool on) {
+  Layer::set_overwrite_gradients(on);
+  for (const Part& p : parts())
+    if (p.layer) p.layer->set_overwrite_gradients(on);
+}
+
+void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
+  DDP_REQUIRE(x.type == Precision::fp32 && x.layout == Layout::nchw,
+              "transformer_block: the input is not fp32 in nchw");
+  ln1_->forward(x, a_, training);
+  attn_->forward(a_, h_, training);
+  add(x, h_, r_, "TransformerBlock::residual_1");
+  ln2_->forward(r_, c_, training);
+  fc_->forward(c_, f_, training);
+  gelu_->forward(f_, g_, training);
+  proj_->forward(g_, m_, training);
+  add(r_, m_, y, "TransformerBlock::residual_2");
+}
+
+// dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's.
+void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  proj_->backward(g_, m_, dy, dg_);
+  gelu_->backward(f_, g_, dg_, df_);
+  fc_->backward(c_, f_, df_, dc_);
+  ln2_->backward(r_, c_, dc_, dr_);
+  add(dy, dr_, dr_, "TransformerBlock::residual_2_backward");
+  attn_->backward(a_, h_, dr_, da_);
+  ln1_->set_needs_input_grad(needs_input_grad());
+  ln1_->backward(x, a_, da_, dx1_);
+  if (!needs_input_grad()) return;
+  add(dr_, dx1_, dx, "TransformerBlock::residual_1_backward");
+}
+
+}  // namespace ddp

@@ -17,7 +17,8 @@ Shape Embedding::output_shape(const Shape& in_sample) {
     throw InputError("embedding needs a sequence of token ids (T) but gets " + shape_str(in_sample) +
                      " (token shards with data.seq_len give (T))");
   T_ = in_sample[0];
-  return {T_, d_};
+  sample_ = {T_, d_};
+  return sample_;
 }
 
 std::vector<Layer::ParamSpec> Embedding::parameter_specs() const { return {{"weight", {vocab_, d_}}}; }
@@ -33,7 +34,7 @@ void Embedding::init(Rng& rng) { fill_normal(weight_, vocab_ * d_, 0.0f, 1.0f, r
 void Embedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "embedding", "the input");
   const std::int64_t d = d_, rows = x.numel();
-  resize(y, x.batch(), {T_, d_}, "Embedding::y");
+  resize(y, x.batch(), sample_, "Embedding::y");
   ConstView1 ids = x.data;
   View1 yv = y.data;
   const float* w = weight_;
@@ -112,8 +113,11 @@ void PosEmbedding::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& 
       });
   if (!needs_input_grad()) return;
   resize(dx, x.batch(), sample_, "PosEmbedding::dx");
-  Kokkos::deep_copy(Kokkos::subview(dx.data, std::make_pair(std::int64_t(0), x.numel())),
-                    Kokkos::subview(g, std::make_pair(std::int64_t(0), x.numel())));
+  // A kernel on the stream, not a View deep_copy (which fences the device: a host wait
+  // inside backward, and no CUDA graph could hold it).
+  View1 dxv = dx.data;
+  Kokkos::parallel_for(
+      "PosEmbedding::backward_dx", Range(0, x.numel()), KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = g(i); });
 }
 
 }  // namespace ddp

@@ -37,6 +37,7 @@ class Embedding : public Layer {
 
  private:
   std::int64_t vocab_, d_, T_ = 0;
+  Shape sample_;              // (T, d): its output
   float* weight_ = nullptr;   // (vocab, d)
   float* dweight_ = nullptr;  // (vocab, d)
 };

@@ -10,7 +10,7 @@ void fill_uniform(float* p, std::int64_t n, float lo, float hi, std::uint64_t ke
       KOKKOS_LAMBDA(std::int64_t i) { p[i] = lo + (hi - lo) * u01(hash64(key, i)); });
 }
 
-void fill_normal(float* p, std::int64_t n, float mean, float std, std::uint64_t key) {
+void fill_normal(float* p, std::int64_t n, float mean, float stddev, std::uint64_t key) {
 #if KOKKOS_VERSION >= 30700
   using Kokkos::cos;
   using Kokkos::log;
@@ -27,7 +27,7 @@ void fill_normal(float* p, std::int64_t n, float mean, float std, std::uint64_t 
         const double u1 = (double(hash64(key, 2 * c) >> 11) + 1.0) * 0x1.0p-53,
                      u2 = double(hash64(key, 2 * c + 1) >> 11) * 0x1.0p-53;
         const double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-        p[i] = mean + std * static_cast<float>(z);
+        p[i] = mean + stddev * static_cast<float>(z);
       });
 }
 

@@ -37,8 +37,8 @@ class Rng {
 // p[i] = U(lo, hi) drawn from stream `key`, as a kernel; p: (n) in the default memory space.
 void fill_uniform(float* p, std::int64_t n, float lo, float hi, std::uint64_t key);
 
-// p[i] = N(mean, std) drawn from stream `key` (Box-Muller over counters 2i and 2i + 1,
+// p[i] = N(mean, stddev) drawn from stream `key` (Box-Muller over counters 2i and 2i + 1,
 // in double), as a kernel; p: (n) in the default memory space.
-void fill_normal(float* p, std::int64_t n, float mean, float std, std::uint64_t key);
+void fill_normal(float* p, std::int64_t n, float mean, float stddev, std::uint64_t key);
 
 }  // namespace ddp

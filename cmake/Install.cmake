@@ -2,6 +2,8 @@
 #   bin/ddp_train                          the trainer (RPATH to the MPI/HDF5/oneDNN it was linked with)
 #   bin/prepare_fashion_mnist, bin/make_regression_data    data tools
 #   bin/images_to_h5, bin/make_synthetic_images            image shards (ImageFolder, synthetic)
+#   bin/llmc_to_h5, bin/text_to_tokens, bin/make_markov_tokens   token shards (llm.c files, text,
+#                                          synthetic), with the module they share, bin/token_shards.py
 #   bin/plot_metrics                       plots of runs' metrics.jsonl (matplotlib)
 #   bin/merge_traces                       the ranks' timelines (io.trace) in one Chrome-trace file
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
@@ -34,6 +36,9 @@ install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist ${PROJECT_SOU
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/images_to_h5 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images
         DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/llmc_to_h5 ${PROJECT_SOURCE_DIR}/tools/text_to_tokens
+                 ${PROJECT_SOURCE_DIR}/tools/make_markov_tokens DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES ${PROJECT_SOURCE_DIR}/tools/token_shards.py DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/inputs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/inputs)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/jobs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/ddp_train/jobs
         USE_SOURCE_PERMISSIONS)

@@ -85,6 +85,19 @@ if(DDP_TORCH_PYTHON)
     COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/clip_step.py 2 ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
             ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/clip_step_zero2_np2 comm.zero=2)
 endif()
+# One AdamW step (with clipping) of a nanoGPT-shaped GPT with its tied head and of
+# torchvision's VisionTransformer from PyTorch's weights (torch_to_h5's name tables),
+# against PyTorch's step, on 1 and 2 ranks (tests/checkpoint/transformer_step.py).
+if(DDP_TORCH_PYTHON)
+  foreach(kind gpt vit)
+    foreach(np 1 2)
+      ddp_add_checkpoint_test(transformer_step_${kind}_np${np} NP ${np} TIMEOUT 180
+        COMMAND ${DDP_TORCH_PYTHON} ${CKPT}/transformer_step.py ${kind} ${np} ${CKPT_MPIEXEC}
+                $<TARGET_FILE:ddp_train> ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 runs/transformer_step_${kind}_np${np})
+      set_tests_properties(checkpoint_transformer_step_${kind}_np${np} PROPERTIES LABELS "e2e;checkpoint;lm")
+    endforeach()
+  endforeach()
+endif()
 # ZeRO stages 1 and 2 bitwise equal to plain data parallelism (tests/checkpoint/zero_equal.py).
 foreach(np 1 2 3 4)
   ddp_add_checkpoint_test(zero_equal_np${np} FIXTURE e2e_data NP ${np} TIMEOUT 300

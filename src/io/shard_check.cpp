@@ -12,6 +12,7 @@
 
 #include "comm/check.hpp"
 #include "comm/watchdog.hpp"
+#include "io/checkpoint_format.hpp"
 #include "io/fnv1a.hpp"
 #include "io/glob.hpp"
 
@@ -373,6 +374,40 @@ struct Reader {
   }
 };
 }  // namespace
+
+std::vector<std::string> vocabulary(const std::string& path) {
+  const ckpt::H5Quiet quiet;
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  if (f.id < 0 || H5Lexists(f.id, "/vocab_bytes", H5P_DEFAULT) <= 0 ||
+      H5Lexists(f.id, "/vocab_offsets", H5P_DEFAULT) <= 0)
+    return {};
+  // A whole 1-D dataset as `type`, or empty.
+  auto read = [&](const char* name, hid_t type, std::size_t element) {
+    std::vector<unsigned char> out;
+    Handle d(H5Dopen2(f.id, name, H5P_DEFAULT), H5Dclose);
+    if (d.id < 0) return out;
+    Handle space(H5Dget_space(d.id), H5Sclose);
+    hsize_t n = 0;
+    if (space.id < 0 || H5Sget_simple_extent_ndims(space.id) != 1 ||
+        H5Sget_simple_extent_dims(space.id, &n, nullptr) < 0)
+      return out;
+    out.resize(std::size_t(n) * element);
+    if (n > 0 && H5Dread(d.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) < 0) out.clear();
+    return out;
+  };
+  const std::vector<unsigned char> bytes = read("/vocab_bytes", H5T_NATIVE_UCHAR, 1),
+                                   raw = read("/vocab_offsets", H5T_NATIVE_INT64, sizeof(std::int64_t));
+  std::vector<std::int64_t> offsets(raw.size() / sizeof(std::int64_t));
+  if (!raw.empty()) std::memcpy(offsets.data(), raw.data(), raw.size());
+  std::vector<std::string> table;
+  for (std::size_t v = 0; v + 1 < offsets.size(); ++v) {
+    if (offsets[v] < 0 || offsets[v] > offsets[v + 1] || offsets[v + 1] > std::int64_t(bytes.size()))
+      return {};
+    table.emplace_back(reinterpret_cast<const char*>(bytes.data()) + offsets[v],
+                       std::size_t(offsets[v + 1] - offsets[v]));
+  }
+  return table;
+}
 
 std::string pack(const Layout& l) {
   std::string b;

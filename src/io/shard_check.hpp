@@ -41,6 +41,10 @@ constexpr std::int64_t kHashTokens = 64;  // token shards: a run of this many to
 // Expands `patterns` and checks every file and their agreement. Throws InputError.
 Layout inspect(const std::vector<std::string>& patterns, const std::string& what);
 
+// A token shard's vocabulary, id to bytes (/vocab_bytes, /vocab_offsets: written by
+// tools/token_shards.py), or empty where the file has none or it does not read.
+std::vector<std::string> vocabulary(const std::string& path);
+
 // Layout <-> bytes, for the broadcast from rank 0.
 std::string pack(const Layout& l);
 Layout unpack(const std::string& bytes);

@@ -223,6 +223,10 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
     for (auto& shard : shards_) shard.opened = stamp_of(shard.path);
 }
 
+std::vector<std::string> ShardDataset::vocabulary() const {
+  return tokens_ && !files_.empty() ? shard::vocabulary(files_.front()) : std::vector<std::string>{};
+}
+
 std::string ShardDataset::changed_in_place() const {
   std::string first;
   int more = 0;

@@ -120,6 +120,10 @@ class ShardDataset {
   // zeros), and nothing says so. A file replaced by a rename, or removed, is not one:
   // the open files still read what was opened. One stat(2) a file.
   std::string changed_in_place() const;
+  // Token shards: the first file's vocabulary, id to bytes (tools/token_shards.py's
+  // /vocab_bytes and /vocab_offsets), or empty where it has none. Reads the file: for
+  // the rank that prints.
+  std::vector<std::string> vocabulary() const;
 
  private:
   // What stat(2) says of a file.

@@ -28,7 +28,7 @@ void Embedding::bind(float* params, float* grads) {
   dweight_ = grads;
 }
 
-void Embedding::init(Rng& rng) { fill_normal(weight_, vocab_ * d_, 0.0f, 1.0f, rng.next_u64()); }
+void Embedding::init(Rng& rng) { fill_normal(weight_, vocab_ * d_, 0.0f, stddev_, rng.next_u64()); }
 
 // x: (B, T) ids as floats -> y: (B, T, d), a thread per (row, feature).
 void Embedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {
@@ -82,7 +82,7 @@ void PosEmbedding::bind(float* params, float* grads) {
   dweight_ = grads;
 }
 
-void PosEmbedding::init(Rng& rng) { fill_normal(weight_, positions_ * d_, 0.0f, 1.0f, rng.next_u64()); }
+void PosEmbedding::init(Rng& rng) { fill_normal(weight_, positions_ * d_, 0.0f, stddev_, rng.next_u64()); }
 
 // y(b, t, j) = x(b, t, j) + P(t, j)
 void PosEmbedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {

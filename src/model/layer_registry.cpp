@@ -23,6 +23,7 @@
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
 #include "model/transformer_block.hpp"
+#include "model/vit.hpp"
 
 namespace ddp {
 
@@ -68,6 +69,15 @@ bool bool_option(const Options& o, const char* key, bool fallback) {
   return it == o.end() ? fallback : bool_arg(it->second, key);
 }
 
+// An initialisation's std=s (> 0), 1 when absent.
+float stddev_option(const Options& o) {
+  auto it = o.find("std");
+  if (it == o.end()) return 1.0f;
+  const double s = float_arg(it->second, "std");
+  if (!(s > 0.0)) throw InputError("std must be > 0");
+  return static_cast<float>(s);
+}
+
 std::int64_t positive(const std::string& arg, const char* what) {
   std::int64_t v = int_arg(arg, what);
   if (v < 1) throw InputError(std::string(what) + " must be >= 1");
@@ -97,11 +107,11 @@ struct LayerRow {
 };
 
 const LayerRow kLayers[] = {
-    {"linear", "linear(n)", 1, "", "",
-     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
+    {"linear", "linear(n[, bias=false][, tied])", 1, "bias,tied", "tied",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
        std::int64_t n = int_arg(a[0], "out features");
        if (n < 1) throw InputError("out features must be >= 1");
-       return std::make_unique<Linear>(n);
+       return std::make_unique<Linear>(n, bool_option(o, "bias", true), bool_option(o, "tied", false));
      }},
     {"relu", "relu", 0, "", "",
      [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<ReLU>(); }},
@@ -174,16 +184,26 @@ const LayerRow kLayers[] = {
                                                  bool_option(o, "causal", false), bool_option(o, "tanh", false),
                                                  eps);
      }},
-    {"embedding", "embedding(vocab, d)", 2, "", "",
-     [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
+    {"embedding", "embedding(vocab, d[, std=s])", 2, "std", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
        const std::int64_t vocab = positive(a[0], "vocab"), d = positive(a[1], "d");
        if (vocab > (std::int64_t(1) << 24))
          throw InputError("vocab must be at most 16777216 (token ids travel as exact floats)");
-       return std::make_unique<Embedding>(vocab, d);
+       return std::make_unique<Embedding>(vocab, d, stddev_option(o));
      }},
-    {"pos_embedding", "pos_embedding(positions)", 1, "", "",
+    {"pos_embedding", "pos_embedding(positions[, std=s])", 1, "std", "",
+     [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
+       return std::make_unique<PosEmbedding>(positive(a[0], "positions"), stddev_option(o));
+     }},
+    {"patch_embed", "patch_embed(p, d)", 2, "", "",
      [](const Args& a, const Options&) -> std::unique_ptr<Layer> {
-       return std::make_unique<PosEmbedding>(positive(a[0], "positions"));
+       return std::make_unique<PatchEmbed>(positive(a[0], "patch size"), positive(a[1], "d"));
+     }},
+    {"class_token", "class_token", 0, "", "",
+     [](const Args&, const Options&) -> std::unique_ptr<Layer> { return std::make_unique<ClassToken>(); }},
+    {"token_pool", "token_pool[(mean)]", 0, "mean", "mean",
+     [](const Args&, const Options& o) -> std::unique_ptr<Layer> {
+       return std::make_unique<TokenPool>(bool_option(o, "mean", false));
      }},
 };
 

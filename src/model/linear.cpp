@@ -23,22 +23,35 @@ Shape Linear::output_shape(const Shape& in_sample) {
 }
 
 std::vector<Layer::ParamSpec> Linear::parameter_specs() const {
-  return {{"weight", {out_, in_}}, {"bias", {out_}}};
+  std::vector<ParamSpec> specs;
+  if (!tied_) specs.push_back({"weight", {out_, in_}});
+  if (has_bias_) specs.push_back({"bias", {out_}});
+  return specs;
 }
 
 void Linear::bind(float* params, float* grads) {
-  weight_ = params;
-  bias_ = params + out_ * in_;
-  dweight_ = grads;
-  dbias_ = grads + out_ * in_;
+  const std::int64_t own = tied_ ? 0 : out_ * in_;
+  if (!tied_) {
+    weight_ = params;
+    dweight_ = grads;
+  }
+  bias_ = has_bias_ ? params + own : nullptr;
+  dbias_ = has_bias_ ? grads + own : nullptr;
+}
+
+void Linear::tie(float* weight, float* dweight) {
+  DDP_REQUIRE(tied_, "Linear::tie on a linear layer that is not tied");
+  weight_ = weight;
+  dweight_ = dweight;
 }
 
 void Linear::init(Rng& rng) {
   // kaiming_uniform_(a=sqrt(5)) on the weight and PyTorch's bias rule both reduce
-  // to U(-1/sqrt(in), 1/sqrt(in)).
+  // to U(-1/sqrt(in), 1/sqrt(in)). A tied weight is the embedding's to initialise.
   float bound = 1.0f / std::sqrt(static_cast<float>(in_));
-  fill_uniform(weight_, out_ * in_, -bound, bound, rng.next_u64());
-  fill_uniform(bias_, out_, -bound, bound, rng.next_u64());
+  const std::uint64_t weight_key = rng.next_u64(), bias_key = rng.next_u64();
+  if (!tied_) fill_uniform(weight_, out_ * in_, -bound, bound, weight_key);
+  if (has_bias_) fill_uniform(bias_, out_, -bound, bound, bias_key);
 }
 
 // x: (B, [T,] in) -> y: (B, [T,] out); the GEMM over its N = B (or B T) rows.
@@ -51,13 +64,19 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
   const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {N, out});
-  if (fused_relu_) {
+  if (fused_relu_ && !bias) {
+    Kokkos::parallel_for(
+        "Linear::forward_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
+          const float v = yp[b * out + j];
+          yp[b * out + j] = select_or_zero(relu_passes(v), v);
+        });
+  } else if (fused_relu_) {
     Kokkos::parallel_for(
         "Linear::forward_bias_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
           const float v = yp[b * out + j] + bias[j];
           yp[b * out + j] = select_or_zero(relu_passes(v), v);
         });
-  } else {
+  } else if (bias) {
     Kokkos::parallel_for(
         "Linear::forward_bias", rows,
         KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { yp[b * out + j] += bias[j]; });
@@ -81,12 +100,14 @@ void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   // sum per feature down dy's column ran scalar and strided on the host, 3% of the
   // MLP's 2-rank training time (perf, AVX2 EPYC). In fp32 whatever the precision: a
   // bias gradient was never rounded.
-  if (ones_.extent(0) < std::size_t(N)) {  // grown only: a smaller batch uses a prefix
-    ones_ = View1("Linear::ones", std::size_t(N));
-    Kokkos::deep_copy(ones_, 1.0f);
+  if (has_bias_) {
+    if (ones_.extent(0) < std::size_t(N)) {  // grown only: a smaller batch uses a prefix
+      ones_ = View1("Linear::ones", std::size_t(N));
+      Kokkos::deep_copy(ones_, 1.0f);
+    }
+    gemm(false, false, 1, out, N, 1.0f, ones_.data(), std::max<std::int64_t>(N, 1), dy.data.data(), out,
+         add ? 1.0f : 0.0f, dbias_, out);
   }
-  gemm(false, false, 1, out, N, 1.0f, ones_.data(), std::max<std::int64_t>(N, 1), dy.data.data(), out,
-       add ? 1.0f : 0.0f, dbias_, out);
   if (!needs_input_grad()) return;
   resize(dx, x.batch(), in_sample_, "Linear::dx");
   // dx (N, in) = dy (N, out) W (out, in)

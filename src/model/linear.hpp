@@ -1,6 +1,12 @@
 #pragma once
-// linear(n): y = x W^T + b, PyTorch's nn.Linear. Input flat (B, in), or a sequence
-// (B, T, in) acted on per token, as nn.Linear does: one GEMM over the B T rows.
+// linear(n[, bias=false][, tied]): y = x W^T + b, PyTorch's nn.Linear (bias=False
+// without b). Input flat (B, in), or a sequence (B, T, in) acted on per token, as
+// nn.Linear does: one GEMM over the B T rows.
+// tied: a language model's head whose weight IS the model's token embedding table
+// (GPT-2's lm_head, tied to wte): no weight of its own; the model binds the
+// embedding's (vocab, d) table and its gradient to it (Model, tie()), checks that
+// n = vocab and in = d, and backward adds this head's part of the table's gradient
+// to the embedding's (the head runs first, so it writes where the model overwrites).
 // With a relu fused (Model::fuse_layers), the bias pass writes relu(x W^T + b) and
 // backward masks dy by that output in place first (the relu's own pass, moved).
 
@@ -10,7 +16,8 @@ namespace ddp {
 
 class Linear : public Layer {
  public:
-  explicit Linear(std::int64_t out_features) : out_(out_features) {}
+  explicit Linear(std::int64_t out_features, bool bias = true, bool tied = false)
+      : out_(out_features), has_bias_(bias), tied_(tied) {}
 
   std::string kind() const override { return "linear"; }
   Shape output_shape(const Shape& in_sample) override;
@@ -20,14 +27,20 @@ class Linear : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   void fuse_relu() { fused_relu_ = true; }
+  bool tied() const { return tied_; }
+  std::int64_t in_features() const { return in_; }
+  std::int64_t out_features() const { return out_; }
+  // tied: the weight (out, in) and its gradient, the embedding's; after bind().
+  void tie(float* weight, float* dweight);
 
  private:
   bool fused_relu_ = false;
   std::int64_t in_ = 0;
   std::int64_t out_;
+  bool has_bias_, tied_;
   Shape in_sample_, out_sample_;  // ([T,] in), ([T,] out): kept so resizing allocates nothing
   float* weight_ = nullptr;       // (out, in)
-  float* bias_ = nullptr;         // (out)
+  float* bias_ = nullptr;         // (out); nullptr without bias
   float* dweight_ = nullptr;      // (out, in)
   float* dbias_ = nullptr;        // (out)
   View1 ones_;                    // (N) all 1, N = B [T]: the bias gradient is the GEMV dy^T ones

@@ -9,6 +9,7 @@
 #include "model/activation.hpp"
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
+#include "model/embedding.hpp"
 #include "model/layer_registry.hpp"
 #include "model/linear.hpp"
 #include "model/pool.hpp"
@@ -66,15 +67,19 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   grads_ = make_buffer("Model::gradients", total);  // zero-initialised
   Rng rng(seed);
   first_trained_ = layers_.size();
-  std::int64_t offset = 0, buffer_offset = 0;
+  std::int64_t offset = 0;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->bind(params_.data() + offset, grads_.data() + offset);
+    layer_offset_.push_back(offset);
+    offset += layer_params_[i];
+  }
+  find_ties();
+  bind_layers();
+  std::int64_t buffer_offset = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
     layers_[i]->bind_buffers(buffers_.data() + buffer_offset);
     buffer_offset += layer_buffers[i];
     layers_[i]->init(rng);
     if (layer_params_[i] > 0 && first_trained_ == layers_.size()) first_trained_ = i;
-    layer_offset_.push_back(offset);
-    offset += layer_params_[i];
   }
   // Nothing upstream of the first trained layer needs a gradient.
   if (first_trained_ < layers_.size()) layers_[first_trained_]->set_needs_input_grad(false);
@@ -84,6 +89,49 @@ Model::Model(const std::vector<std::string>& specs, const Shape& sample_shape, s
   if (fuse_) fuse_layers();
   acts_.resize(layers_.size());
   grad_.resize(layers_.size());
+}
+
+// A tied head (linear(n, tied)) takes the model's token embedding's table as its
+// weight: one embedding before it, whose (vocab, d) is the head's (n, in). The
+// table stays the embedding's tensor (layers.<e>.weight); the head has none.
+void Model::find_ties() {
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const auto* head = dynamic_cast<const Linear*>(layers_[i].get());
+    if (!head || !head->tied()) continue;
+    const std::string where = "model.layers(" + std::to_string(i + 1) + ") = '" + specs_[i] + "': ";
+    std::size_t e = i;
+    for (std::size_t j = 0; j < i; ++j)
+      if (dynamic_cast<const Embedding*>(layers_[j].get())) {
+        if (e != i)
+          throw InputError(where +
+                           "a tied head needs one embedding before it to share its table, but "
+                           "model.layers(" +
+                           std::to_string(e + 1) + ") and model.layers(" + std::to_string(j + 1) +
+                           ") are both embeddings");
+        e = j;
+      }
+    if (e == i)
+      throw InputError(where +
+                       "a tied head shares the token embedding's table, but no embedding comes "
+                       "before it: give the model an embedding(vocab, d) or drop 'tied'");
+    const auto* emb = dynamic_cast<const Embedding*>(layers_[e].get());
+    if (emb->vocab() != head->out_features() || emb->features() != head->in_features())
+      throw InputError(where + "a tied head's weight is model.layers(" + std::to_string(e + 1) + ") " +
+                       specs_[e] + "'s table, (" + std::to_string(emb->vocab()) + ", " +
+                       std::to_string(emb->features()) + "), but this head needs (" +
+                       std::to_string(head->out_features()) + ", " + std::to_string(head->in_features()) +
+                       "): its outputs must be the vocabulary and its input the embedding's width");
+    ties_.push_back({i, e});
+  }
+}
+
+// Each layer bound to its range of the two buffers; a tied head to its embedding's.
+void Model::bind_layers() {
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->bind(params_.data() + layer_offset_[i], grads_.data() + layer_offset_[i]);
+  for (const Tie& t : ties_)
+    static_cast<Linear*>(layers_[t.head].get())
+        ->tie(params_.data() + layer_offset_[t.embedding], grads_.data() + layer_offset_[t.embedding]);
 }
 
 // Each relu stays a layer in its place (checkpoint names are positional) but hands
@@ -285,6 +333,12 @@ const Tensor& Model::forward(const Tensor& x, bool training) {
 void Model::backward(const Tensor& dout, const std::function<void(std::int64_t)>& on_ready) {
   for (std::size_t i = first_trained_; i < layers_.size(); ++i)
     if (layer_params_[i] > 0) layers_[i]->set_overwrite_gradients(write_grads_);
+  // A tied head runs first and writes (or adds to) the table's gradient; its
+  // embedding adds its part after it.
+  for (const Tie& t : ties_) {
+    layers_[t.head]->set_overwrite_gradients(write_grads_);
+    layers_[t.embedding]->set_overwrite_gradients(false);
+  }
   write_grads_ = false;
   // Layer i reads the gradient w.r.t. its output: grad_[i + 1], or dout for the last.
   for (std::size_t i = layers_.size(); i-- > first_trained_;) {
@@ -311,8 +365,7 @@ void Model::place_gradients(float* storage) {
   Kokkos::deep_copy(to, grads_);
   grads_ = to;
   grads_placed_ = storage != nullptr;
-  for (std::size_t i = 0; i < layers_.size(); ++i)
-    layers_[i]->bind(params_.data() + layer_offset_[i], grads_.data() + layer_offset_[i]);
+  bind_layers();
 }
 
 void Model::set_communicator(Communicator* comm) {

@@ -114,6 +114,8 @@ class Model {
   std::string summary() const;
 
  private:
+  void find_ties();    // ties_, from the tied heads (InputError for one without its embedding)
+  void bind_layers();  // every layer to its ranges of params_ and grads_, a tied head to its embedding's
   void fuse_layers();
   void plan_layouts();
   std::vector<Precision> plan_types() const;  // the output types, from layouts_
@@ -129,6 +131,10 @@ class Model {
   std::vector<Shape> shapes_;               // shapes_[i]: per-sample input of layer i; back(): output
   std::vector<std::int64_t> layer_params_;  // parameter count per layer
   std::vector<std::int64_t> layer_offset_;  // offset of each layer's parameters
+  struct Tie {
+    std::size_t head, embedding;  // a linear(n, tied) and the embedding whose table it shares
+  };
+  std::vector<Tie> ties_;
   std::vector<ParamEntry> table_;
   std::vector<ParamEntry> buffer_table_;
   std::size_t first_trained_;  // first layer with parameters (layers_.size() if none)

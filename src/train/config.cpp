@@ -120,7 +120,8 @@ const std::vector<Key>& keys() {
       {"data", "normalize", field<&C::data, &D::normalize>, any(), false,
        "uint8 images: mean of each channel, then std of each channel: (x/255 - mean) / std"},
       {"data", "seq_len", field<&C::data, &D::seq_len>, at_least(0), false,
-       "token shards (/tokens): tokens per sample, each sample the window of seq_len + 1 tokens from i seq_len "
+       "token shards (/tokens): tokens per sample, each sample the window of seq_len + 1 tokens from i "
+       "seq_len "
        "(inputs, then targets shifted by one); 0: shards of /x and /y"},
       {"model", "layers", field<&C::model, &M::layers>, any(), true,
        "layer list, e.g. 'linear(256)', 'relu', 'linear(10)'"},
@@ -220,6 +221,11 @@ const std::vector<Key>& keys() {
        "resume although the training set's sample count changed since the checkpoint"},
       {"io", "trace_samples", field<&C::io, &I::trace_samples>, any(), false,
        "debug: write each rank's trained sample indices to run_dir"},
+      {"io", "sample_tokens", field<&C::io, &I::sample_tokens>, at_least(0), false,
+       "token shards: after each validation the model continues the validation set's first half window "
+       "by this many tokens, printed and appended to run_dir/samples.txt; 0: none"},
+      {"io", "sample_temperature", field<&C::io, &I::sample_temperature>, at_least(0), false,
+       "io.sample_tokens: the softmax temperature of each drawn token; 0: the most likely one"},
       {"io", "tensorboard", field<&C::io, &I::tensorboard>, any(), false,
        "TensorBoard scalars in run_dir/tb (tensorboard --logdir); F by default without protobuf"},
       {"io", "trace", field<&C::io, &I::trace>, any(), false,
@@ -607,6 +613,10 @@ Config parse_config(const std::string& text, const std::string& path,
   if (cfg.io.keep_best != "none" && cfg.data.val_files.empty())
     set_by[find_key("io", "keep_best")].value_error(
         "needs data.val_files (the best checkpoint is chosen by validation)");
+  if (cfg.io.sample_tokens > 0 && (cfg.data.val_files.empty() || cfg.data.seq_len == 0))
+    set_by[find_key("io", "sample_tokens")].value_error(
+        "needs token shards (data.seq_len) with data.val_files: the prompt is the validation set's first "
+        "window");
   if (cfg.io.tensorboard && !kTensorBoardBuilt)
     set_by[find_key("io", "tensorboard")].value_error(
         "this ddp_train was built without protobuf (apt-get install libprotobuf-dev protobuf-compiler, "

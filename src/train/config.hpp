@@ -90,6 +90,8 @@ struct IoConfig {
   std::string init_from;                 // a checkpoint whose weights start a new run; '': none
   bool allow_data_change = false;        // resume on training data of another sample count (warning)
   bool trace_samples = false;            // debug: <run_dir>/samples_rank<r>_epoch<e>.txt
+  std::int64_t sample_tokens = 0;        // a language model writes this many tokens at each validation
+  double sample_temperature = 1.0;       // their softmax temperature; 0: the most likely token
   bool tensorboard = kTensorBoardBuilt;  // <run_dir>/tb/events.out.tfevents.*; F without protobuf
   bool trace = false;                    // Chrome-trace timeline: <run_dir>/trace/rank<r>.json
   // The optimizer steps the timeline covers, first and last (1-based, as the progress lines).

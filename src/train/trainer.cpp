@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <utility>
 
 #include "comm/bytes_text.hpp"
@@ -19,6 +20,7 @@
 #include "model/backend.hpp"
 #include "model/rng.hpp"
 #include "train/checkpointing.hpp"
+#include "train/sample_text.hpp"
 #include "train/schedule.hpp"
 #include "train/signals.hpp"
 #include "train/trainer_internal.hpp"
@@ -517,6 +519,33 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
   tb_->flush();
 }
 
+// io.sample_tokens: every rank writes the same text (train/sample_text.hpp); rank 0
+// prints it on one line and appends it, as it is, to run_dir/samples.txt.
+void Trainer::write_sample(std::int64_t epoch) {
+  const trace::Span span("sample_tokens", "validation");
+  const TextSample s = sample_tokens(model_, *val_, cfg_.io.sample_tokens, cfg_.io.sample_temperature,
+                                     hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(epoch)));
+  if (comm_.rank() != 0) return;
+  if (!vocab_read_) {
+    vocab_ = val_->vocabulary();
+    vocab_read_ = true;
+  }
+  const std::string prompt = decode(s.prompt, vocab_), text = decode(s.continuation, vocab_);
+  log::info("sample (epoch " + std::to_string(epoch) + ", " + std::to_string(s.continuation.size()) +
+            " tokens after " + std::to_string(s.prompt.size()) +
+            " of the validation set's first window): " + escaped(prompt) + " >>> " + escaped(text));
+  std::FILE* f = std::fopen((cfg_.io.run_dir + "/samples.txt").c_str(), "ab");
+  if (!f) {
+    log::warn("io.sample_tokens: cannot append to " + cfg_.io.run_dir + "/samples.txt");
+    return;
+  }
+  std::ostringstream head;
+  head << "== epoch " << epoch << " (temperature " << cfg_.io.sample_temperature << ")\n";
+  const std::string record = head.str() + prompt + " >>> " + text + "\n";
+  std::fwrite(record.data(), 1, record.size(), f);
+  std::fclose(f);
+}
+
 void Trainer::log_epoch(const EpochStats& e, const ValStats& v, double val_seconds) {
   const bool classify = loss_kind_ == LossKind::CrossEntropy;
   char line[320];
@@ -651,6 +680,7 @@ int Trainer::fit_epochs(MetricsWriter* metrics) {
     const bool best = val_ && record_best(v);  // before the records, which carry the best so far
     const std::string plateau = val_ && cfg_.train.schedule == "plateau" ? reduce_on_plateau(v) : "";
     log_epoch(e, v, val_seconds);
+    if (val_ && cfg_.io.sample_tokens > 0) write_sample(e.epoch);
     if (!plateau.empty()) log::info(plateau);
     if (metrics) write_metrics(*metrics, e, v, val_seconds);
     if (tb_) write_tensorboard(e, e.step - first_step, v, classify);

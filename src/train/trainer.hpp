@@ -204,6 +204,7 @@ class Trainer {
   EpochStats end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader, EpochStats& stats);
   // fit()'s epoch line on rank 0 and metrics record.
   void log_epoch(const EpochStats& e, const ValStats& v, double val_seconds);
+  void write_sample(std::int64_t epoch);  // io.sample_tokens
   void write_metrics(MetricsWriter& metrics, const EpochStats& e, const ValStats& v, double val_seconds);
   // io.keep_best, every rank alike: whether the epoch's validation `v` beats the best so
   // far; then pos_ records it, and the checkpoint made next holds it and becomes best.h5.
@@ -267,6 +268,8 @@ class Trainer {
   std::int64_t label_rows_ = 1;
   ShardDataset& train_;
   ShardDataset* val_;
+  std::vector<std::string> vocab_;  // the validation shards' id -> bytes (rank 0, once read)
+  bool vocab_read_ = false;
   int prefetch_;
   // The training batches' buffers, kept from one epoch to the next (BatchLoader's
   // reuse): an epoch's first batches are read into them, not into new ones.

@@ -202,6 +202,7 @@ TEST(TorchCompare, LayerNormOffsetRows) {
 TEST(TorchCompare, LayerNormEps) { compare_case("layernorm_eps"); }
 TEST(TorchCompare, LayerNormGpt2Width) { compare_case("layernorm_gpt2"); }
 TEST(TorchCompare, LinearSequence) { compare_case("linear_seq"); }
+TEST(TorchCompare, LinearWithoutBias) { compare_case("linear_nobias_seq"); }
 TEST(TorchCompare, AttentionT5D8H2) { compare_case("attention_t5_d8_h2"); }
 TEST(TorchCompare, AttentionCausalT7D12H3) { compare_case("attention_causal_t7_d12_h3"); }
 TEST(TorchCompare, AttentionOneToken) { compare_case("attention_t1"); }
@@ -217,6 +218,13 @@ TEST(TorchCompare, PosEmbeddingFull) { compare_case("pos_embedding_full"); }
 TEST(TorchCompare, TransformerBlockVit) { compare_case("block_vit"); }
 TEST(TorchCompare, TransformerBlockGpt2) { compare_case("block_gpt2"); }
 TEST(TorchCompare, TransformerBlockMlp2Eps) { compare_case("block_mlp2_eps"); }
+// A vision transformer's layers: patches in row order, the class token first (its
+// gradient summed over the batch), the class token's or the mean's pooling.
+TEST(TorchCompare, PatchEmbed4) { compare_case("patch_embed_p4"); }
+TEST(TorchCompare, PatchEmbed3TwoChannels) { compare_case("patch_embed_p3"); }
+TEST(TorchCompare, ClassToken) { compare_case("class_token"); }
+TEST(TorchCompare, TokenPoolClass) { compare_case("token_pool_class"); }
+TEST(TorchCompare, TokenPoolMean) { compare_case("token_pool_mean"); }
 
 // A whole model (group /<group> of the reference): our names are exactly the
 // nn.Sequential's state_dict keys (with the "layers." prefix of the checkpoint), and
@@ -305,6 +313,27 @@ TEST(TorchCompare, GptModelNamesAndStep) {
   compare_model("gpt_model",
                 {"embedding(13, 16)", "pos_embedding(8)", "transformer_block(2, causal, tanh)",
                  "transformer_block(2, causal, tanh)", "layernorm", "linear(13)"},
+                {8});
+}
+
+// torchvision's VisionTransformer as a layer list (the reference checks the two give
+// the same logits): patches, class token, positions, two blocks with ViT's eps, the
+// final layer norm, the class token's features, the head.
+TEST(TorchCompare, VitModelNamesAndStep) {
+  compare_model("vit_model",
+                {"patch_embed(4, 8)", "class_token", "pos_embedding(5)", "transformer_block(2, eps=1e-6)",
+                 "transformer_block(2, eps=1e-6)", "layernorm(eps=1e-6)", "token_pool", "linear(5)"},
+                {3, 8, 8});
+}
+
+// GPT-2's tied head: linear(13, bias=false, tied) has no tensor of its own; the
+// embedding's table (layers.0.weight, the one name PyTorch's named_parameters gives the
+// shared tensor) is its weight, and the table's gradient is the head's part plus the
+// embedding's.
+TEST(TorchCompare, GptTiedHeadNamesAndStep) {
+  compare_model("gpt_tied",
+                {"embedding(13, 16)", "pos_embedding(8)", "transformer_block(2, causal, tanh)", "layernorm",
+                 "linear(13, bias=false, tied)"},
                 {8});
 }
 

@@ -88,6 +88,66 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class PatchEmbed(nn.Module):
+    """patch_embed(p, d): torchvision's conv_proj, then (B, d, h, w) -> (B, h w, d) as
+    VisionTransformer._process_input; its parameters named weight and bias."""
+
+    def __init__(self, channels, d, p):
+        super().__init__()
+        conv = nn.Conv2d(channels, d, p, stride=p)
+        self.weight, self.bias, self.p = conv.weight, conv.bias, p
+
+    def forward(self, x):
+        x = nn.functional.conv2d(x, self.weight, self.bias, stride=self.p)
+        return x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)
+
+
+class ClassToken(nn.Module):
+    """class_token: torchvision's class_token (1, 1, d) before the tokens."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, 1, d))
+
+    def forward(self, x):
+        return torch.cat([self.weight.expand(x.shape[0], -1, -1), x], dim=1)
+
+
+class TokenPool(nn.Module):
+    """token_pool[(mean)]: x[:, 0] (ViT's head reads the class token), or the mean."""
+
+    def __init__(self, mean=False):
+        super().__init__()
+        self.mean = mean
+
+    def forward(self, x):
+        return x.mean(dim=1) if self.mean else x[:, 0]
+
+
+def vit_as_layers(tv, layers):
+    """torchvision's VisionTransformer's state_dict in the layer list's names (patch_embed,
+    class_token, pos_embedding, the blocks, layernorm, token_pool, linear): its mapping."""
+    L = len(tv.encoder.layers)
+    out = {}
+    for k, v in tv.state_dict().items():
+        if k.startswith("conv_proj."):
+            out["0." + k[len("conv_proj."):]] = v
+        elif k == "class_token":
+            out["1.weight"] = v
+        elif k == "encoder.pos_embedding":
+            out["2.weight"] = v[0]
+        elif k.startswith("encoder.layers.encoder_layer_"):
+            i, rest = k[len("encoder.layers.encoder_layer_"):].split(".", 1)
+            out[f"{3 + int(i)}.{rest}"] = v
+        elif k.startswith("encoder.ln."):
+            out[f"{3 + L}." + k[len("encoder.ln."):]] = v
+        elif k.startswith("heads.head."):
+            out[f"{5 + L}." + k[len("heads.head."):]] = v
+        else:
+            raise KeyError(k)
+    layers.load_state_dict(out, strict=True)
+
+
 def token_case(f, name, spec, module, B, T, vocab):
     """A layer fed token ids (embedding): x the ids as floats, no dx."""
     randomise(module)
@@ -253,6 +313,36 @@ def main():
         model_group(f, "gpt_model", nn.Sequential(
             nn.Embedding(13, 16), PosEmbedding(8, 16), Block(16, 2, causal=True, tanh=True),
             Block(16, 2, causal=True, tanh=True), nn.LayerNorm(16), nn.Linear(16, 13)), (3, 8), vocab=13)
+        # GPT-2's tied head, after the cases above: the head's weight IS the embedding's
+        # (nanoGPT: transformer.wte.weight = lm_head.weight), without bias; named_parameters
+        # lists the table once, as 0.weight, its gradient both uses' sum.
+        tied = nn.Sequential(nn.Embedding(13, 16), PosEmbedding(8, 16), Block(16, 2, causal=True, tanh=True),
+                             nn.LayerNorm(16), nn.Linear(16, 13, bias=False))
+        tied[4].weight = tied[0].weight
+        model_group(f, "gpt_tied", tied, (3, 8), vocab=13)
+        case(f, "linear_nobias_seq", "linear(6, bias=false)", nn.Linear(5, 6, bias=False), (3, 4, 5))
+        # A vision transformer's layers, after the cases above: patches of 4 (a 2 x 3 grid) and
+        # of 3 over 2 channels, the class token, both poolings.
+        case(f, "patch_embed_p4", "patch_embed(4, 6)", PatchEmbed(3, 6, 4), (2, 3, 8, 12))
+        case(f, "patch_embed_p3", "patch_embed(3, 5)", PatchEmbed(2, 5, 3), (3, 2, 9, 6))
+        case(f, "class_token", "class_token", ClassToken(6), (3, 4, 6))
+        case(f, "token_pool_class", "token_pool", TokenPool(), (3, 5, 6))
+        case(f, "token_pool_mean", "token_pool(mean)", TokenPool(mean=True), (3, 5, 6))
+        # torchvision's VisionTransformer (2 blocks of width 8, 2 heads, patches of 4 on 8 x 8
+        # images, 5 classes) is this layer list: its weights through vit_as_layers give the
+        # same logits (checked here), and the list is then the model ddp_train's is held to.
+        from torchvision.models.vision_transformer import VisionTransformer
+        tv = VisionTransformer(image_size=8, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=32,
+                               num_classes=5)
+        randomise(tv)
+        vit = nn.Sequential(PatchEmbed(3, 8, 4), ClassToken(8), PosEmbedding(5, 8), Block(8, 2, eps=1e-6),
+                            Block(8, 2, eps=1e-6), nn.LayerNorm(8, eps=1e-6), TokenPool(), nn.Linear(8, 5))
+        vit_as_layers(tv, vit)
+        probe = torch.randn(3, 3, 8, 8)
+        with torch.no_grad():
+            err = (tv(probe) - vit(probe)).abs().max().item()
+        assert err < 1e-5, f"the layer list is not torchvision's VisionTransformer: {err}"
+        model_group(f, "vit_model", vit, (3, 3, 8, 8))
 
 
 if __name__ == "__main__":

@@ -259,8 +259,12 @@ TEST(Registry, BuildsEachKind) {
   EXPECT_EQ(make_layer("Flatten")->kind(), "flatten");
   EXPECT_EQ(make_layer("dropout( 0.5 )")->kind(), "dropout");
   EXPECT_EQ(make_layer("dropout(0)")->kind(), "dropout");
-  EXPECT_EQ(known_layers().substr(0, 44),
-            "linear(n), relu, tanh, flatten, dropout(p), ");  // then the CNN layers
+  EXPECT_EQ(make_layer("patch_embed(16, 768)")->kind(), "patch_embed");
+  EXPECT_EQ(make_layer("class_token")->kind(), "class_token");
+  EXPECT_EQ(make_layer("token_pool(mean)")->kind(), "token_pool");
+  EXPECT_EQ(make_layer("linear(50304, bias=false, tied)")->kind(), "linear");
+  EXPECT_EQ(known_layers().substr(0, 66),
+            "linear(n[, bias=false][, tied]), relu, tanh, flatten, dropout(p), ");  // then the CNN layers
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 namespace ddp {
 namespace {
 
+using test::from_host;
 using test::make_tensor;
 using test::random_values;
 using test::to_host;
@@ -42,13 +43,14 @@ std::string build_error(const std::vector<std::string>& specs, const Shape& samp
 
 TEST(ModelSpecs, ErrorMessages) {
   EXPECT_EQ(build_error({"linear(8)", "relu", "relu2"}, {4}),
-            "model.layers(3) = 'relu2': unknown layer; known: linear(n), relu, tanh, flatten, dropout(p), "
+            "model.layers(3) = 'relu2': unknown layer; known: linear(n[, bias=false][, tied]), relu, tanh, "
+            "flatten, dropout(p), "
             "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s][, pad=p]), "
             "avgpool(k[, stride=s][, pad=p]), globalavgpool, batchnorm2d[(sync)], "
             "resblock(channels[, stride=s][, zero_init][, sync]), bottleneck(width[, stride=s][, "
             "zero_init][, sync]), gelu[(tanh)], layernorm[(eps=e)], attention(heads[, causal]), "
-            "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e]), embedding(vocab, d), "
-            "pos_embedding(positions)");
+            "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e]), embedding(vocab, d[, std=s]), "
+            "pos_embedding(positions[, std=s]), patch_embed(p, d), class_token, token_pool[(mean)]");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),
             "model.layers(2) = 'dropout(1.5)': p must be in [0, 1)");
@@ -57,8 +59,9 @@ TEST(ModelSpecs, ErrorMessages) {
             "model.layers(1) = 'dropout(abc)': p must be a number, got 'abc'");
   EXPECT_EQ(build_error({"linear(2.5)"}, {4}),
             "model.layers(1) = 'linear(2.5)': out features must be an integer, got '2.5'");
-  EXPECT_EQ(build_error({"linear"}, {4}),
-            "model.layers(1) = 'linear': linear takes 1 argument, got 0; usage: linear(n)");
+  EXPECT_EQ(
+      build_error({"linear"}, {4}),
+      "model.layers(1) = 'linear': linear takes 1 argument, got 0; usage: linear(n[, bias=false][, tied])");
   EXPECT_EQ(build_error({"relu(2)"}, {4}),
             "model.layers(1) = 'relu(2)': relu takes 0 arguments, got 1; usage: relu");
   EXPECT_EQ(build_error({"linear(10"}, {4}),
@@ -224,6 +227,139 @@ TEST(ModelGradients, FirstBackwardAfterZeroGradWrites) {
   // Within 4 ulps, not exactly: a GEMM with beta 1 may add its products into C one
   // at a time (oneDNN's GEMV does) rather than adding their sum once.
   for (std::int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(g2[i], 2.0f * g[i]) << i;
+}
+
+// A tied head: linear(n, tied) shares the embedding's table; without one, with a
+// vocabulary or width of its own, or with two embeddings to choose from, one line.
+TEST(ModelTiedHead, Errors) {
+  EXPECT_EQ(build_error({"pos_embedding(5)", "linear(6, tied)"}, {5, 4}),
+            "model.layers(2) = 'linear(6, tied)': a tied head shares the token embedding's table, but no "
+            "embedding comes before it: give the model an embedding(vocab, d) or drop 'tied'");
+  EXPECT_EQ(build_error({"embedding(16, 8)", "layernorm", "linear(32, bias=false, tied)"}, {5}),
+            "model.layers(3) = 'linear(32, bias=false, tied)': a tied head's weight is model.layers(1) "
+            "embedding(16, 8)'s table, (16, 8), but this head needs (32, 8): its outputs must be the "
+            "vocabulary and its input the embedding's width");
+  EXPECT_EQ(
+      build_error({"embedding(16, 8)", "linear(4)", "linear(16, tied)"}, {5}),
+      "model.layers(3) = 'linear(16, tied)': a tied head's weight is model.layers(1) embedding(16, 8)'s "
+      "table, (16, 8), but this head needs (16, 4): its outputs must be the vocabulary and its input the "
+      "embedding's width");
+  EXPECT_EQ(build_error({"embedding(16, 2)", "flatten", "embedding(16, 8)", "linear(16, tied)"}, {5}),
+            "model.layers(4) = 'linear(16, tied)': a tied head needs one embedding before it to share its "
+            "table, but model.layers(1) and model.layers(3) are both embeddings");
+  EXPECT_EQ(build_error({"embedding(16, 8)", "linear(16, tied=maybe)"}, {5}),
+            "model.layers(2) = 'linear(16, tied=maybe)': tied must be true or false, got 'maybe'");
+}
+
+// A vision transformer's layers where they do not fit, one line each; and torchvision's
+// ViT layout at Fashion-MNIST's size, shape by shape.
+TEST(ModelSpecs, VisionTransformerShapes) {
+  EXPECT_EQ(build_error({"patch_embed(5, 8)"}, {1, 28, 28}),
+            "model.layers(1) = 'patch_embed(5, 8)': patch_embed(5, 8): the image (1, 28, 28) is not a whole "
+            "number of 5 x 5 patches (height and width must be multiples of 5: data.image_size, or another "
+            "patch size)");
+  EXPECT_EQ(
+      build_error({"linear(16)", "patch_embed(4, 8)"}, {4}),
+      "model.layers(2) = 'patch_embed(4, 8)': patch_embed(4, 8) needs an image (channels, height, width) "
+      "but gets (16)");
+  EXPECT_EQ(
+      build_error({"class_token"}, {1, 28, 28}),
+      "model.layers(1) = 'class_token': class_token needs a sequence (tokens, features) but gets (1, 28, "
+      "28): an image becomes tokens through patch_embed(p, d)");
+  EXPECT_EQ(build_error({"patch_embed(7, 8)", "token_pool", "token_pool"}, {1, 28, 28}),
+            "model.layers(3) = 'token_pool': token_pool needs a sequence (tokens, features) but gets (8)");
+  EXPECT_EQ(build_error({"embedding(4, 8, std=0)"}, {5}),
+            "model.layers(1) = 'embedding(4, 8, std=0)': std must be > 0");
+  Model m({"patch_embed(7, 64)", "class_token", "pos_embedding(17, std=0.02)",
+           "transformer_block(4, eps=1e-6)", "layernorm(eps=1e-6)", "token_pool", "linear(10)"},
+          {1, 28, 28}, 0);
+  EXPECT_EQ(m.output_shape(), (Shape{10}));
+  std::vector<std::string> names;
+  for (const auto& e : m.parameter_table()) names.push_back(e.name);
+  ASSERT_GE(names.size(), 4u);
+  EXPECT_EQ(
+      std::vector<std::string>(names.begin(), names.begin() + 4),
+      (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.2.weight"}));
+  EXPECT_EQ(m.parameter_table()[0].shape, (Shape{64, 1, 7, 7}));
+  EXPECT_EQ(m.parameter_table()[2].shape, (Shape{1, 1, 64}));
+  EXPECT_EQ(m.parameter_table()[3].shape, (Shape{17, 64}));
+  // conv_proj, class_token, positions, one block, the final norm, the head
+  EXPECT_EQ(m.num_parameters(), (64 * 49 + 64) + 64 + 17 * 64 +
+                                    (2 * 128 + 4 * 64 * 64 + 4 * 64 + 2 * 64 * 256 + 256 + 64) + 128 + 650);
+  // The class token starts at zero (torchvision's), positions at N(0, 0.02^2).
+  const std::vector<float> p = to_host(m.parameters(), m.num_parameters());
+  const auto& pos = m.parameter_table()[3];
+  double ss = 0.0;
+  for (std::int64_t i = 0; i < pos.size; ++i) ss += double(p[pos.offset + i]) * p[pos.offset + i];
+  EXPECT_NEAR(std::sqrt(ss / double(pos.size)), 0.02, 0.002);
+  for (std::int64_t i = 0; i < 64; ++i) ASSERT_EQ(p[m.parameter_table()[2].offset + i], 0.0f);
+}
+
+// The table once, as the embedding's tensor; the head's logits are x times it; its
+// gradient is written by the first backward after zero_grad (over NaN), added to by the
+// next, and follows the gradients into another buffer.
+const std::vector<std::string> kTiedLm = {"embedding(11, 6)", "pos_embedding(5)", "layernorm",
+                                          "linear(11, bias=false, tied)"};
+
+Tensor token_ids(std::int64_t B, std::int64_t T, std::int64_t vocab, std::uint64_t seed) {
+  std::vector<float> ids(std::size_t(B * T));
+  Rng rng(seed);
+  for (float& v : ids) v = static_cast<float>(rng.next_u64() % std::uint64_t(vocab));
+  return make_tensor({B, T}, ids);
+}
+
+TEST(ModelTiedHead, SharesTheEmbeddingsTable) {
+  Model m(kTiedLm, {5}, 3),
+      untied({"embedding(11, 6)", "pos_embedding(5)", "layernorm", "linear(11, bias=false)"}, {5}, 3);
+  std::vector<std::string> names;
+  for (const auto& e : m.parameter_table()) names.push_back(e.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.weight", "layers.1.weight", "layers.2.weight",
+                                             "layers.2.bias"}));
+  EXPECT_EQ(m.num_parameters(), 11 * 6 + 5 * 6 + 6 + 6);
+  EXPECT_EQ(untied.num_parameters(), m.num_parameters() + 11 * 6);
+  // The untied model with its head's weight set to the table gives the same logits and,
+  // summed, the same table gradient.
+  std::vector<float> p = to_host(untied.parameters(), untied.num_parameters());
+  std::copy(p.begin(), p.begin() + 66, p.end() - 66);
+  from_host(untied.parameters(), p);
+  from_host(m.parameters(), std::vector<float>(p.begin(), p.begin() + m.num_parameters()));
+  const Tensor x = token_ids(3, 5, 11, 7), dout = make_tensor({3, 5, 11}, random_values(165, 8));
+  const std::vector<float> y = to_host(m.forward(x, true).data, 165);
+  EXPECT_EQ(y, to_host(untied.forward(x, true).data, 165));
+  m.zero_grad();
+  untied.zero_grad();
+  m.backward(dout);
+  untied.backward(dout);
+  const std::vector<float> g = to_host(m.gradients(), m.num_parameters()),
+                           gu = to_host(untied.gradients(), untied.num_parameters());
+  for (std::int64_t i = 0; i < 66; ++i) ASSERT_NEAR(g[i], gu[i] + gu[gu.size() - 66 + i], 1e-5) << i;
+  for (std::int64_t i = 66; i < m.num_parameters(); ++i) ASSERT_EQ(g[i], gu[i]) << i;
+}
+
+TEST(ModelTiedHead, WritesThenAddsAndFollowsPlacedGradients) {
+  Model fresh(kTiedLm, {5}, 4), m(kTiedLm, {5}, 4);
+  const std::int64_t n = m.num_parameters();
+  const Tensor x = token_ids(2, 5, 11, 9), dout = make_tensor({2, 5, 11}, random_values(110, 10));
+  auto step = [&](Model& model) {
+    model.forward(x, true);
+    model.backward(dout);
+  };
+  step(fresh);
+  const std::vector<float> g = to_host(fresh.gradients(), n);
+  Kokkos::deep_copy(m.gradients(), std::nanf(""));
+  m.zero_grad();
+  step(m);
+  EXPECT_EQ(to_host(m.gradients(), n), g) << "the first backward after zero_grad did not write the table";
+  step(m);
+  const std::vector<float> g2 = to_host(m.gradients(), n);
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(g2[i], 2.0f * g[i]) << i;
+
+  View1 elsewhere("test::elsewhere", std::size_t(n));
+  m.place_gradients(elsewhere.data());
+  Kokkos::deep_copy(m.gradients(), std::nanf(""));
+  m.zero_grad();
+  step(m);
+  EXPECT_EQ(to_host(elsewhere, n), g) << "the head wrote its part of the table's gradient elsewhere";
 }
 
 // Gradients placed in another buffer (a shared-memory window, for the gradient

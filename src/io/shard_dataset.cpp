@@ -224,7 +224,9 @@ ShardDataset::ShardDataset(MPI_Comm comm, const std::vector<std::string>& patter
 }
 
 std::vector<std::string> ShardDataset::vocabulary() const {
-  return tokens_ && !files_.empty() ? shard::vocabulary(files_.front()) : std::vector<std::string>{};
+  if (!tokens_ || files_.empty()) return {};
+  std::lock_guard<std::mutex> lock(hdf5_mutex());  // a loader's thread may be in HDF5
+  return shard::vocabulary(files_.front());
 }
 
 std::string ShardDataset::changed_in_place() const {

@@ -121,6 +121,11 @@ void Model::find_ties() {
                        std::to_string(emb->features()) + "), but this head needs (" +
                        std::to_string(head->out_features()) + ", " + std::to_string(head->in_features()) +
                        "): its outputs must be the vocabulary and its input the embedding's width");
+    for (const Tie& t : ties_)
+      if (t.embedding == e)
+        throw InputError(where + "model.layers(" + std::to_string(t.head + 1) + ") " + specs_[t.head] +
+                         " is already tied to model.layers(" + std::to_string(e + 1) + ") " + specs_[e] +
+                         "'s table: one tied head an embedding");
     ties_.push_back({i, e});
   }
 }

@@ -26,7 +26,7 @@ std::int32_t draw(const std::vector<float>& logits, double temperature, double u
 }  // namespace
 
 TextSample sample_tokens(Model& model, ShardDataset& val, std::int64_t n, double temperature,
-                         std::uint64_t seed) {
+                         std::uint64_t seed, Tensor& x) {
   DDP_REQUIRE(val.tokens() && val.size() > 0, "sample_tokens: needs a validation set of token windows");
   const Shape& in = model.input_shape();
   const Shape& out = model.output_shape();
@@ -42,7 +42,6 @@ TextSample sample_tokens(Model& model, ShardDataset& val, std::int64_t n, double
       s.prompt.push_back(std::int32_t(first.x[t]));
   }
   std::vector<std::int32_t> text = s.prompt;
-  Tensor x;
   resize(x, 1, {T}, "sample_tokens::x");
   auto x_host = Kokkos::create_mirror_view(Kokkos::subview(x.data, std::make_pair(std::int64_t(0), T)));
   std::vector<float> logits(std::size_t(V), 0.0f);

@@ -24,8 +24,11 @@ struct TextSample {
 };
 
 // model: input (T) token ids, output (T, V) logits; val: token shards of windows of T.
+// x: the model's (1, T) input, kept by the caller from one call to the next: the model
+// holds on to its last input, and a buffer freed later, inside a captured step, would
+// end that capture.
 TextSample sample_tokens(Model& model, ShardDataset& val, std::int64_t n, double temperature,
-                         std::uint64_t seed);
+                         std::uint64_t seed, Tensor& x);
 
 // ids as text through `vocab` (id to bytes; an id outside it, or an empty vocab: "<id>").
 std::string decode(const std::vector<std::int32_t>& ids, const std::vector<std::string>& vocab);

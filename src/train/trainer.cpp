@@ -524,7 +524,7 @@ void Trainer::write_tensorboard(const EpochStats& e, std::int64_t steps, const V
 void Trainer::write_sample(std::int64_t epoch) {
   const trace::Span span("sample_tokens", "validation");
   const TextSample s = sample_tokens(model_, *val_, cfg_.io.sample_tokens, cfg_.io.sample_temperature,
-                                     hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(epoch)));
+                                     hash64(std::uint64_t(cfg_.train.seed), std::uint64_t(epoch)), sample_x_);
   if (comm_.rank() != 0) return;
   if (!vocab_read_) {
     vocab_ = val_->vocabulary();

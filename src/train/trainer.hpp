@@ -268,6 +268,7 @@ class Trainer {
   std::int64_t label_rows_ = 1;
   ShardDataset& train_;
   ShardDataset* val_;
+  Tensor sample_x_;                 // (1, T): io.sample_tokens' input, kept for the run (sample_text.hpp)
   std::vector<std::string> vocab_;  // the validation shards' id -> bytes (rank 0, once read)
   bool vocab_read_ = false;
   int prefetch_;

@@ -247,6 +247,9 @@ TEST(ModelTiedHead, Errors) {
   EXPECT_EQ(build_error({"embedding(16, 2)", "flatten", "embedding(16, 8)", "linear(16, tied)"}, {5}),
             "model.layers(4) = 'linear(16, tied)': a tied head needs one embedding before it to share its "
             "table, but model.layers(1) and model.layers(3) are both embeddings");
+  EXPECT_EQ(build_error({"embedding(16, 8)", "linear(16, tied)", "linear(8)", "linear(16, tied)"}, {5}),
+            "model.layers(4) = 'linear(16, tied)': model.layers(2) linear(16, tied) is already tied to "
+            "model.layers(1) embedding(16, 8)'s table: one tied head an embedding");
   EXPECT_EQ(build_error({"embedding(16, 8)", "linear(16, tied=maybe)"}, {5}),
             "model.layers(2) = 'linear(16, tied=maybe)': tied must be true or false, got 'maybe'");
 }

@@ -7,6 +7,7 @@
 #   bin/plot_metrics                       plots of runs' metrics.jsonl (matplotlib)
 #   bin/merge_traces                       the ranks' timelines (io.trace) in one Chrome-trace file
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
+#   bin/h5_to_torch                        a checkpoint's weights as a PyTorch state_dict
 #   share/ddp_train/inputs/                ready input files
 #   share/ddp_train/jobs/                  Slurm job templates
 #   share/doc/ddp_train/README.md, docs/*.md   the front page and the manual (docs/index.md)
@@ -33,7 +34,8 @@ install(TARGETS ddp_train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist ${PROJECT_SOURCE_DIR}/tools/make_regression_data
                  ${PROJECT_SOURCE_DIR}/tools/plot_metrics ${PROJECT_SOURCE_DIR}/tools/merge_traces
         DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 ${PROJECT_SOURCE_DIR}/tools/h5_to_torch
+        DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/images_to_h5 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images
         DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/llmc_to_h5 ${PROJECT_SOURCE_DIR}/tools/text_to_tokens

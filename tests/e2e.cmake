@@ -508,7 +508,7 @@ endif()
 add_test(NAME e2e_bench_tools_np2
          COMMAND ${DDP_PYTHON} ${E2E}/bench_tools.py ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR} ${MPIEXEC_EXECUTABLE}
                  ${_bench_torch_python})
-set_tests_properties(e2e_bench_tools_np2 PROPERTIES FIXTURES_REQUIRED fashion LABELS "e2e;tools" TIMEOUT 300
+set_tests_properties(e2e_bench_tools_np2 PROPERTIES FIXTURES_REQUIRED "fashion;markov_small" LABELS "e2e;tools" TIMEOUT 300
                      PROCESSORS 2)
 
 # Colour images and augmentation (data.image_size, data.augment, data.normalize): the

@@ -23,6 +23,14 @@ if(NOT DDP_ENABLE_CUDA)
                        "gpu_check_test: all passed")
 endif()
 
+# tools/h5_to_torch: torchvision's ResNets and ViT and an nn.Sequential through
+# torch_to_h5 and back, loaded strictly; its one-line refusals.
+if(DDP_TORCH_PYTHON)
+  add_test(NAME tools_h5_to_torch
+           COMMAND ${DDP_TORCH_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tools/h5_to_torch_test.py ${PROJECT_SOURCE_DIR}/tools)
+  set_tests_properties(tools_h5_to_torch PROPERTIES LABELS tools TIMEOUT 120)
+endif()
+
 ddp_find_python(DDP_TOOLS_PYTHON "import h5py, numpy, PIL.Image" "python3 with numpy, h5py and PIL, for the tool tests"
                 ${DDP_PYTHON} /usr/bin/python3)
 if(NOT DDP_TOOLS_PYTHON)

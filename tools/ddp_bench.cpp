@@ -86,12 +86,16 @@ double kernel_floor(Model& model, std::int64_t B, const Shape& sample, int repea
   for (auto& k : kernels) k.replay();  // warm caches and lazy initialisation
   // On a GPU the replays are queued: the clock stops when the device is done.
   compute_backend().synchronize();
+  // `repeats` times, or fewer (3 at least) where they add up to 5 s: a GPT-2-sized
+  // step on a CPU takes seconds.
   std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
+  double spent = 0.0;
+  for (int r = 0; r < repeats && (r < 3 || spent < 5.0); ++r) {
     const double t0 = now();
     for (auto& k : kernels) k.replay();
     compute_backend().synchronize();
     times.push_back(now() - t0);
+    spent += times.back();
   }
   return median(times);
 }
@@ -305,11 +309,15 @@ int main(int argc, char** argv) {
   const double floor_step = kernels_max * cfg.train.accumulation_steps + reduce;
   const double per_step = 1e3 / double(steps);
   const double other = seconds - wait - fwd - bwd - com - opt;
+  // A language model's samples are windows of data.seq_len tokens.
+  const double tokens_per_s = samples / seconds * double(cfg.data.seq_len);
+  char tokens_text[64] = "";
+  if (cfg.data.seq_len > 0) std::snprintf(tokens_text, sizeof tokens_text, " (tokens/s %.0f)", tokens_per_s);
   char text[1536];
   std::snprintf(
       text, sizeof text,
       "ddp_bench: %s, %d rank(s), batch %lld per rank, %lld steps%s\n"
-      "  samples/s   %.0f\n"
+      "  samples/s   %.*f%s\n"
       "  step        %.3f ms = data wait %.3f + forward %.3f + backward %.3f + exposed comm %.3f"
       " + optimizer %.3f + other %.3f\n"
       "  floor       %.3f ms = %zu GEMM/conv kernels %.3f (%.1f GFLOP/s) + all-reduce of %.2f MB %.3f\n"
@@ -317,12 +325,12 @@ int main(int argc, char** argv) {
       "  model       %.1f GFLOP/s per rank in training (%.3g GFLOP per step: the GEMM/conv flops)\n"
       "  compute     %s; precision %s",
       cfg.source_path.c_str(), ctx.size(), (long long)B, (long long)steps,
-      warmup ? " (after an untimed warm-up epoch)" : "", samples / seconds, step * 1e3, wait * per_step,
-      fwd * per_step, bwd * per_step, com * per_step, opt * per_step, other * per_step, floor_step * 1e3,
-      n_kernels, kernels_max * 1e3, flops / kernels_max * 1e-9, double(n_params) * 4.0 / (1024.0 * 1024.0),
-      reduce * 1e3, floor_step / step, flops * cfg.train.accumulation_steps / step * 1e-9,
-      flops * cfg.train.accumulation_steps * 1e-9, compute_backend().name().c_str(),
-      cfg.train.precision.c_str());
+      warmup ? " (after an untimed warm-up epoch)" : "", samples / seconds < 10.0 ? 3 : 0, samples / seconds,
+      tokens_text, step * 1e3, wait * per_step, fwd * per_step, bwd * per_step, com * per_step,
+      opt * per_step, other * per_step, floor_step * 1e3, n_kernels, kernels_max * 1e3,
+      flops / kernels_max * 1e-9, double(n_params) * 4.0 / (1024.0 * 1024.0), reduce * 1e3, floor_step / step,
+      flops * cfg.train.accumulation_steps / step * 1e-9, flops * cfg.train.accumulation_steps * 1e-9,
+      compute_backend().name().c_str(), cfg.train.precision.c_str());
   log::info(text);
   const double per = 1.0 / double(counted_steps);
   if (count) print_launches(dispatched, per, mode == Count::names, mode == Count::after);
@@ -366,6 +374,7 @@ int main(int argc, char** argv) {
       {"steps", (long long)steps},
       {"warmup_epochs", (long long)warmup},
       {"samples_per_s", samples / seconds},
+      {"tokens_per_s", tokens_per_s},
       {"step_ms", step * 1e3},
       {"data_wait_ms", wait * per_step},
       {"forward_ms", fwd * per_step},

@@ -3,7 +3,7 @@
 file for one epoch under torch.distributed (gloo, DistributedDataParallel), one
 thread per rank, and prints the samples/s as ddp_bench does.
 
-usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W]
+usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile|compile_fp32] [--warmup W]
                             [--profile P] [-n N] INPUT.nml [group.key=value ...]
        (or torchrun --nproc_per_node N tools/torch_bench.py INPUT.nml ...)
 
@@ -13,14 +13,17 @@ With -n it starts its N ranks itself (RANK, WORLD_SIZE, MASTER_ADDR/PORT on
 Overrides as ddp_train takes them (`data.train_files=data/x/train_000.h5`,
 `model.layers=flatten,linear(10)`), for the keys read here.
 
-The same model (model.layers, PyTorch's default initialisation), the same per-rank
-batch, optimizer (SGD with momentum and weight decay as in the input; the schedule's
-peak learning rate), the same training shards preloaded into memory as ddp_train's
-preload mode does (uint8 pixels scaled by 1/255), and DistributedSampler's
+The same model (model.layers, PyTorch's default initialisation; attention as nanoGPT
+writes it, F.scaled_dot_product_attention, PyTorch's fastest eager form), the same
+per-rank batch, optimizer (SGD with momentum and weight decay, or AdamW with its
+betas and decoupled decay, as in the input; the schedule's peak learning rate;
+train.clip_grad_norm), the same training shards preloaded into memory as
+ddp_train's preload mode does (uint8 pixels scaled by 1/255; token shards as
+data.seq_len's windows, the loss over every token), and DistributedSampler's
 shuffled, padded split of the epoch. The epoch is timed as ddp_train's is: from its
 first batch to the last optimizer step, no validation. Prints one line:
   torch_bench: INPUT, N rank(s), device D, mode M, batch B per rank, S steps, samples/s X,
-               torch V, threads T, parameters P, final loss L
+               [tokens/s K,] torch V, threads T, parameters P, final loss L
 
 --device cuda (one GPU per rank; NCCL between ranks, none for one): the shards are
 held in GPU memory as they are stored (uint8 pixels are scaled on the GPU per batch,
@@ -30,6 +33,8 @@ timed epoch, and the clock waits for the GPU. --mode:
   eager    float32 (TF32 off, as ddp_train's fp32; on with train.tf32=T: "eager fp32 (TF32)")
   amp      torch.autocast bf16, model and batches channels_last (PyTorch's AMP recipe)
   compile  torch.compile of the amp model (its compilation in the warm-up steps)
+  compile_fp32  torch.compile of the float32 model (the CPU's comparison; on the CPU
+           the warm-up is then 3 steps by default, the first steps' compilations)
 
 --profile P: after the timed epoch, P more steps under torch.profiler; rank 0 prints
 their time per step by kind of work (convolution forward, backward data, backward
@@ -139,24 +144,121 @@ class Bottleneck(nn.Module):
         return self.relu(out + (x if self.downsample is None else self.downsample(x)))
 
 
+class Attention(nn.Module):
+    """attention(heads[, causal]): nanoGPT's CausalSelfAttention, PyTorch's fastest eager
+    form (one QKV projection, F.scaled_dot_product_attention, the output projection).
+    Not the same parameters' names as ddp_train's (nn.MultiheadAttention's): timed, not
+    compared."""
+
+    def __init__(self, d, heads, causal):
+        super().__init__()
+        self.qkv, self.proj, self.heads, self.causal = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, causal
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if hasattr(nn.functional, "scaled_dot_product_attention"):
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:  # PyTorch 1.x (Debian's, the tests'): the plain form
+            a = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+            if self.causal:
+                a = a.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            y = a.softmax(-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(B, T, d))
+
+
+class Block(nn.Module):
+    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e]): the pre-norm block."""
+
+    def __init__(self, d, heads, mlp, causal, tanh, eps):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(d, eps), Attention(d, heads, causal), nn.LayerNorm(d, eps)
+        self.mlp = nn.Sequential(nn.Linear(d, mlp * d), nn.GELU(approximate="tanh" if tanh else "none"),
+                                 nn.Linear(mlp * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Positions(nn.Module):
+    """pos_embedding(P): x + weight[:T]."""
+
+    def __init__(self, positions, d, std):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(positions, d) * std)
+
+    def forward(self, x):
+        return x + self.weight[: x.shape[1]]
+
+
+class ClassToken(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, 1, d))
+
+    def forward(self, x):
+        return torch.cat([self.weight.expand(x.shape[0], -1, -1), x], 1)
+
+
+class Lambda(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
 def build_model(specs, sample_shape):
+    """The layer list as PyTorch modules. sample_shape: (C, H, W) or (n) of a sample, or
+    (T,) of token ids, which the first layer (an embedding) takes."""
     layers, shape = [], list(sample_shape)
+    embedding = None
     for spec in specs:
         m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.strip())
         name, args = m.group(1), [a.strip() for a in (m.group(2) or "").split(",") if a.strip()]
-        flags = {"sync", "zero_init"}
+        flags = {"sync", "zero_init", "causal", "tanh", "tied", "mean"}
         pos = [int(a) for a in args if "=" not in a and a not in flags]
         kw = dict(a.split("=") if "=" in a else (a, "true") for a in args if "=" in a or a in flags)
         if name == "flatten":
             layers.append(nn.Flatten())
             shape = [int(np.prod(shape))]
-        elif name == "linear":
-            layers.append(nn.Linear(shape[0], pos[0]))
-            shape = [pos[0]]
+        elif name == "linear":  # on the last dimension: a flat sample's or a sequence's
+            layers.append(nn.Linear(shape[-1], pos[0], bias=kw.get("bias", "true") != "false"))
+            if "tied" in kw:
+                layers[-1].weight = embedding.weight
+            shape = shape[:-1] + [pos[0]]
         elif name == "relu":
             layers.append(nn.ReLU())
         elif name == "tanh":
             layers.append(nn.Tanh())
+        elif name == "gelu":
+            layers.append(nn.GELU(approximate="tanh" if "tanh" in kw else "none"))
+        elif name == "layernorm":
+            layers.append(nn.LayerNorm(shape[-1], float(kw.get("eps", "1e-5"))))
+        elif name == "embedding":
+            embedding = nn.Embedding(pos[0], pos[1])  # N(0, 1), or N(0, std^2) as ddp_train's std=
+            nn.init.normal_(embedding.weight, 0.0, float(kw.get("std", "1")))
+            layers.append(embedding)
+            shape = shape + [pos[1]]
+        elif name == "pos_embedding":
+            layers.append(Positions(pos[0], shape[-1], float(kw.get("std", "1"))))
+        elif name == "attention":
+            layers.append(Attention(shape[-1], pos[0], "causal" in kw))
+        elif name == "transformer_block":
+            layers.append(Block(shape[-1], pos[0], int(kw.get("mlp", "4")), "causal" in kw, "tanh" in kw,
+                                float(kw.get("eps", "1e-5"))))
+        elif name == "patch_embed":
+            p, d = pos
+            layers += [nn.Conv2d(shape[0], d, p, p), Lambda(lambda x: x.flatten(2).transpose(1, 2))]
+            shape = [shape[1] // p * (shape[2] // p), d]
+        elif name == "class_token":
+            layers.append(ClassToken(shape[-1]))
+            shape = [shape[0] + 1, shape[1]]
+        elif name == "token_pool":
+            layers.append(Lambda((lambda x: x.mean(1)) if "mean" in kw else (lambda x: x[:, 0])))
+            shape = [shape[-1]]
         elif name == "conv2d":
             out, k = pos[0], pos[1]
             stride, pad = int(kw.get("stride", 1)), int(kw.get("pad", 0))
@@ -183,8 +285,10 @@ def build_model(specs, sample_shape):
             layers.append(nn.AdaptiveAvgPool2d(1))
             shape = [shape[0], 1, 1]
         else:
-            sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, conv2d, "
-                     "maxpool, avgpool, batchnorm2d, resblock, bottleneck, globalavgpool)")
+            sys.exit(f"torch_bench: layer '{spec}' is not built here (flatten, linear, relu, tanh, gelu, "
+                     "layernorm, embedding, pos_embedding, attention, transformer_block, patch_embed, "
+                     "class_token, token_pool, conv2d, maxpool, avgpool, batchnorm2d, resblock, bottleneck, "
+                     "globalavgpool)")
     return nn.Sequential(*layers)
 
 
@@ -213,10 +317,10 @@ def options(argv):
         i += 2
     if opts["device"] not in ("cpu", "cuda"):
         sys.exit(f"torch_bench: --device {opts['device']}: cpu or cuda")
-    if opts["mode"] not in ("eager", "amp", "compile"):
-        sys.exit(f"torch_bench: --mode {opts['mode']}: eager, amp or compile")
+    if opts["mode"] not in MODE_NAMES:
+        sys.exit(f"torch_bench: --mode {opts['mode']}: {', '.join(MODE_NAMES)}")
     if i >= len(argv):
-        sys.exit("usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile] [--warmup W] "
+        sys.exit("usage: tools/torch_bench.py [--device cpu|cuda] [--mode eager|amp|compile|compile_fp32] [--warmup W] "
                  "[--profile P] [-n N] INPUT.nml [group.key=value ...]")
     return opts, argv[:i], argv[i:]
 
@@ -278,7 +382,53 @@ def print_profile(prof, steps, seconds, cuda):
     sys.stdout.flush()
 
 
-MODE_NAMES = {"eager": "eager fp32", "amp": "AMP bf16 channels_last", "compile": "torch.compile AMP bf16 channels_last"}
+def images(files):
+    """The shards' /x (NCHW) and /y (int64), preloaded."""
+    xs, ys = [], []
+    for f in files:
+        with h5py.File(f, "r") as h:
+            x = h["x"][()]
+            layout = h["x"].attrs.get("layout", b"")
+            layout = layout.decode() if isinstance(layout, bytes) else str(layout)
+            # NHWC images (tools/images_to_h5, make_synthetic_images) to NCHW, by the rule ddp_train reads them
+            if x.ndim == 4 and (layout == "NHWC" or (not layout and x.shape[3] in (1, 3, 4) and x.shape[1] not in (1, 3, 4))):
+                x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+            xs.append(x)
+            ys.append(h["y"][()])
+    return np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+
+
+def token_windows(files, T):
+    """Token shards' windows as ddp_train reads them (docs/data.md): sample i of a shard
+    the T + 1 tokens from i T, the first T the input, the next T the targets (int64)."""
+    windows = []
+    for f in files:
+        with h5py.File(f, "r") as h:
+            tokens = h["tokens"][()].astype(np.int64)
+        n = (len(tokens) - 1) // T
+        windows.append(np.lib.stride_tricks.sliding_window_view(tokens, T + 1)[: n * T : T])
+    w = np.concatenate(windows)
+    return np.ascontiguousarray(w[:, :T]), np.ascontiguousarray(w[:, 1:])
+
+
+def optimizer(v, params):
+    """train.optimizer as the input has it: SGD (momentum, weight decay) or AdamW (betas,
+    decoupled weight decay, on weights only with train.decay_norm_and_bias = F)."""
+    lr = float(v.get("train.lr", "0.01"))
+    weight_decay = float(v.get("train.weight_decay", "0"))
+    if v.get("train.optimizer", "sgd").strip("'\" ") != "adamw":
+        return torch.optim.SGD(params, lr=lr, momentum=float(v.get("train.momentum", "0")),
+                               weight_decay=weight_decay)
+    betas = [float(b) for b in v.get("train.betas", "0.9, 0.999").replace(",", " ").split()]
+    params = list(params)
+    if v.get("train.decay_norm_and_bias", "T").strip(".").upper() in ("F", "FALSE"):
+        params = [{"params": [p for p in params if p.dim() >= 2]},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+
+MODE_NAMES = {"eager": "eager fp32", "amp": "AMP bf16 channels_last", "compile": "torch.compile AMP bf16 channels_last",
+              "compile_fp32": "torch.compile fp32"}
 
 
 def main():
@@ -294,33 +444,23 @@ def main():
         v[key] = value
     cuda = opts["device"] == "cuda"
     tf32 = v.get("train.tf32", "F").strip(".").upper() in ("T", "TRUE")
-    if opts["mode"] == "compile" and not hasattr(torch, "compile"):
+    if opts["mode"].startswith("compile") and not hasattr(torch, "compile"):
         sys.exit(f"torch_bench: --mode compile needs PyTorch 2.x (this is torch {torch.__version__})")
     if cuda and not torch.cuda.is_available():
         sys.exit("torch_bench: --device cuda, but PyTorch finds no CUDA device")
     files = sorted(f for g in strings(v["data.train_files"]) for f in glob.glob(g))
     if not files:
         sys.exit(f"torch_bench: {v['data.train_files']} matches no file")
-    xs, ys = [], []
-    for f in files:
-        with h5py.File(f, "r") as h:
-            x = h["x"][()]
-            layout = h["x"].attrs.get("layout", b"")
-            layout = layout.decode() if isinstance(layout, bytes) else str(layout)
-            # NHWC images (tools/images_to_h5, make_synthetic_images) to NCHW, by the rule ddp_train reads them
-            if x.ndim == 4 and (layout == "NHWC" or (not layout and x.shape[3] in (1, 3, 4) and x.shape[1] not in (1, 3, 4))):
-                x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-            xs.append(x)
-            ys.append(h["y"][()])
-    x = np.concatenate(xs)
-    y = torch.from_numpy(np.concatenate(ys).astype(np.int64))
+    seq_len = int(v.get("data.seq_len", "0"))
+    x, y = token_windows(files, seq_len) if seq_len else images(files)
     # On the CPU the pixels are scaled once, as before; on a GPU they stay as stored
     # and each batch is scaled there.
     scale_per_batch = cuda and x.dtype == np.uint8
-    if scale_per_batch:
+    if scale_per_batch or seq_len:
         x = torch.from_numpy(x)
     else:
         x = torch.from_numpy(x.astype(np.float32) / np.float32(255.0) if x.dtype == np.uint8 else x)
+    y = torch.from_numpy(y)
 
     # Under -n or torchrun (RANK set): a process group, gloo on the CPU, NCCL between
     # GPUs; one process started alone runs without.
@@ -346,14 +486,12 @@ def main():
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     ddp = nn.parallel.DistributedDataParallel(model) if distributed else model
-    run = torch.compile(ddp) if opts["mode"] == "compile" else ddp
+    run = torch.compile(ddp) if opts["mode"] in ("compile", "compile_fp32") else ddp
     x, y = x.to(device), y.to(device)
     batch = int(v.get("train.batch_size", "64"))
-    lr = float(v.get("train.lr", "0.01"))
-    momentum = float(v.get("train.momentum", "0"))
-    weight_decay = float(v.get("train.weight_decay", "0"))
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    loss_fn = nn.CrossEntropyLoss()
+    opt = optimizer(v, ddp.parameters())
+    clip = float(v.get("train.clip_grad_norm", "0"))
+    loss_fn = nn.CrossEntropyLoss()  # over every token of a window: the mean over B T
     amp = opts["mode"] in ("amp", "compile")
 
     def step(idx):
@@ -364,8 +502,11 @@ def main():
             xb = xb.contiguous(memory_format=torch.channels_last)
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            loss = loss_fn(run(xb), y[idx])
+            out = run(xb)
+            loss = loss_fn(out.reshape(-1, out.shape[-1]), y[idx].reshape(-1))
         loss.backward()
+        if clip > 0:
+            nn.utils.clip_grad_norm_(ddp.parameters(), clip)
         opt.step()
         return loss
 
@@ -374,7 +515,8 @@ def main():
     sampler.set_epoch(0)
     indices = torch.tensor(list(sampler)).to(device)
     steps = (len(indices) + batch - 1) // batch
-    warmup = int(opts["warmup"]) if opts["warmup"] is not None else (10 if cuda else 0)
+    # (torch.compile on the CPU: 3 steps, its compilations of the first step and of the next)
+    warmup = int(opts["warmup"]) if opts["warmup"] is not None else (10 if cuda else 3 if "compile" in opts["mode"] else 0)
     for s in range(warmup):  # not timed: cuDNN's autotuning, torch.compile's compilation
         step(indices[(s % steps) * batch:(s % steps + 1) * batch])
     if warmup and len(indices) % batch:  # the short last batch's shape too (a recompilation, a cuDNN search)
@@ -398,7 +540,9 @@ def main():
         mode_name = MODE_NAMES[opts["mode"]] + (" (TF32)" if tf32 and cuda and opts["mode"] == "eager" else "")
         print(f"torch_bench: {path}, {world} rank(s), device {where}, mode {mode_name}, "
               f"batch {batch} per rank, {steps} steps, "
-              f"samples/s {samples / seconds:.1f}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+              f"samples/s {samples / seconds:.{1 if samples / seconds >= 10 else 4}f}, "
+              + (f"tokens/s {samples * seq_len / seconds:.0f}, " if seq_len else "")
+              + f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
               f"parameters {sum(p.numel() for p in model.parameters())}, final loss {loss.item():.4f}", flush=True)
     if opts["profile"] is not None:  # the same steps again, under the profiler
         from torch.profiler import ProfilerActivity, profile

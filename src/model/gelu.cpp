@@ -5,16 +5,14 @@
 namespace ddp {
 
 namespace {
-// Kokkos moved its math functions out of Experimental in 3.7; erf, exp and tanh are
+// Kokkos moved its math functions out of Experimental in 3.7; erf and exp are
 // in both (float overloads, on the host and the device).
 #if KOKKOS_VERSION >= 30700
 using Kokkos::erf;
 using Kokkos::exp;
-using Kokkos::tanh;
 #else
 using Kokkos::Experimental::erf;
 using Kokkos::Experimental::exp;
-using Kokkos::Experimental::tanh;
 #endif
 
 // PyTorch's constants (aten/src/ATen/native/cpu/Activation.cpp), in float as its
@@ -31,15 +29,19 @@ KOKKOS_INLINE_FUNCTION float gelu_exact_grad(float x) {
   return cdf + x * pdf;
 }
 
-// The tanh form: y = 0.5 x (1 + t), t = tanh(u), u = sqrt(2/pi) (x + kappa x^3);
-// dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 kappa x^2).
-KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
-  const float t = tanh(kSqrt2OverPi * (x + kKappa * x * x * x));
-  return 0.5f * x * (1.0f + t);
+// The tanh form: y = 0.5 x (1 + t), t = tanh(u), u = sqrt(2/pi) (x + kappa x^3),
+// computed as y = x s, s = 0.5 (1 + t) = 1 / (1 + exp(-2 u)): the same function, by
+// exp, not tanh (on a 2-core EPYC glibc's tanhf took 31 ns an element and expf 7;
+// gpt_tiny's step spent 34 of its 61 ms in this layer). Where u is very negative,
+// exp(-2 u) is inf, s 0 and y -0, as with tanh.
+// dy/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 kappa x^2).
+KOKKOS_INLINE_FUNCTION float gelu_tanh_s(float x, float x2) {
+  return 1.0f / (1.0f + exp(-2.0f * kSqrt2OverPi * (x + kKappa * x2 * x)));
 }
+KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) { return x * gelu_tanh_s(x, x * x); }
 KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float x) {
-  const float x2 = x * x, t = tanh(kSqrt2OverPi * (x + kKappa * x2 * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kKappa * x2);
+  const float x2 = x * x, s = gelu_tanh_s(x, x2);
+  return s + 2.0f * x * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * kKappa * x2);
 }
 
 void require_fp32(const Tensor& t, const char* what) {

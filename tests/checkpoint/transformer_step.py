@@ -12,7 +12,10 @@ through torch_to_h5 too. Every tensor of ddp_train's checkpoint equals PyTorch's
 TOL (||ours - torch|| / ||torch||, and the same of the step's change, printed); the
 attention's key bias, whose gradient is zero but for rounding, within lr.
 A Hugging Face GPT-2 state_dict (Conv1D weights stored (in, out)) of the same weights
-converts to the same file as nanoGPT's.
+converts to the same file as nanoGPT's. Back: ddp_train's checkpoint through
+tools/h5_to_torch loads into a new model of PyTorch's class (nanoGPT's or Hugging Face's
+names, torchvision's), is the checkpoint again through torch_to_h5, and gives the
+stepped PyTorch model's logits.
 
 usage: transformer_step.py gpt|vit NP MPIEXEC DDP_TRAIN TORCH_TO_H5 WORK_DIR
 """
@@ -108,6 +111,7 @@ def to_h5(state, name):
 if kind == "gpt":
     V, T, d, heads, L = 24, 16, 32, 2, 2
     net = GPT(V, T, d, heads, L)
+    new_model = lambda shape=(V, T, d, heads, L): GPT(*shape)  # noqa: E731 (the loop below reuses d)
     tokens = np.random.default_rng(3).integers(0, V, N * T + 1)
     with h5py.File(work + "/data/train_000.h5", "w") as f:
         f.create_dataset("tokens", data=tokens.astype(np.uint16))
@@ -127,6 +131,9 @@ else:
     side, patch, d, heads, L, classes = 16, 4, 16, 2, 2, 5
     net = VisionTransformer(image_size=side, patch_size=patch, num_layers=L, num_heads=heads, hidden_dim=d,
                             mlp_dim=4 * d, num_classes=classes)
+    new_model = lambda shape=(side, patch, L, heads, d, classes): VisionTransformer(  # noqa: E731
+        image_size=shape[0], patch_size=shape[1], num_layers=shape[2], num_heads=shape[3], hidden_dim=shape[4],
+        mlp_dim=4 * shape[4], num_classes=shape[5])
     with torch.no_grad():  # torchvision zeroes the head and the class token: make them count
         for n, p in net.named_parameters():
             if n.startswith("heads.") or n == "class_token":
@@ -216,4 +223,44 @@ for k in sorted(expect):
     print(f"  {k} {g.shape}: relative difference {d:.2e} (of the step's change {dc:.2e})")
     if not d <= TOL:
         fail(f"{k} after the step differs from PyTorch's by {d:.2e} > {TOL}")
+
+# Back into PyTorch: the checkpoint through tools/h5_to_torch (the tables read
+# backwards) into a new model of PyTorch's class; missing keys only the causal-mask
+# buffers, none unexpected, the head still tied; through torch_to_h5 again it is the
+# checkpoint bit for bit; its logits are the stepped PyTorch model's.
+h5_to_torch = os.path.join(os.path.dirname(torch_to_h5), "h5_to_torch")
+ckpt = os.path.join(run_dir, "checkpoints", latest(run_dir))
+
+
+def back_to_torch(names):
+    rc, out, _ = run(["/usr/bin/env", sys.executable, h5_to_torch, ckpt, f"{work}/back_{names}.pt", "--names", names])
+    if rc != 0:
+        fail(f"h5_to_torch --names {names} exited {rc}")
+    return torch.load(f"{work}/back_{names}.pt")
+
+
+back = new_model()
+loaded = back_to_torch("nanogpt" if kind == "gpt" else "torchvision_vit")
+missing, unexpected = back.load_state_dict(loaded, strict=False)
+if unexpected or any(not m.endswith(".attn.bias") for m in missing):
+    fail(f"h5_to_torch's state_dict: missing {missing}, unexpected {unexpected}")
+if kind == "gpt" and back.lm_head.weight is not back.transformer.wte.weight:
+    fail("the loaded GPT's head is no longer tied to its embedding")
+again, _ = to_h5(back.state_dict(), "again")
+if sorted(again) != sorted(got) or not all(np.array_equal(again[k], got[k]) for k in got):
+    fail("the checkpoint through h5_to_torch and torch_to_h5 is not the checkpoint")
+net.eval(), back.eval()
+with torch.no_grad():
+    theirs, ours = net(X).double(), back(X).double()
+rel = float((ours - theirs).norm() / theirs.norm())
+print(f"h5_to_torch: {len(loaded)} tensors load into {type(back).__name__} (missing only {len(missing)} mask "
+      f"buffers); its logits within {rel:.2e} of PyTorch's stepped model's")
+if not rel <= 1e-4:
+    fail(f"the loaded model's logits differ from PyTorch's by {rel:.2e}")
+if kind == "gpt":  # Hugging Face's names: the same tensors, its Conv1D weights (in, out)
+    hf_back = back_to_torch("hf_gpt2")
+    conv1d = lambda k: k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+    if sorted(hf_back) != sorted(loaded) or not all(
+            torch.equal(hf_back[k], loaded[k].t() if conv1d(k) else loaded[k]) for k in loaded):
+        fail("h5_to_torch --names hf_gpt2 is not nanogpt's tensors with the Conv1D weights transposed")
 print(f"PASS: {kind} on {nprocs} rank(s), {len(expect)} tensors, worst relative difference {worst:.2e}")

@@ -3,9 +3,9 @@
 speed: nothing here is timed against a limit). gemm_bench and conv_bench on a few
 calls; ddp_bench on 2 ranks on one Fashion-MNIST shard of the CNN (its floor and its
 floor / actual; its kernel times by label and by kind, DDP_LAUNCH_COUNT=times and
-=device); tools/torch_bench.py, PyTorch's side of `tools/bench_all --torch`, on the
-MLP and a small ResNet on 2 ranks (the ResNet's --profile by kind) when a python with
-torch is given.
+=device), and on gpt_tiny (tokens/s); tools/torch_bench.py, PyTorch's side of
+`tools/bench_all --torch`, on gpt_tiny, the MLP and a small ResNet on 2 ranks (the
+ResNet's --profile by kind) when a python with torch is given.
 
 usage: bench_tools.py BUILD_DIR SOURCE_DIR MPIEXEC [TORCH_PYTHON]
 (run in the test directory, where data/fashion-mnist is)
@@ -145,7 +145,33 @@ for key in ("launches_per_step", "kokkos_kernels_per_step", "library_calls_per_s
 if a["kokkos_kernel_ms_per_step"] != -1 or "counted in an extra epoch after the timed ones" not in out:
     fail("DDP_LAUNCH_COUNT=after: kernel times, or no line saying where it counted")
 
+# A language model: gpt_tiny on the small Markov shards (99,841 tokens: 1,560 windows
+# of 64), its tokens/s the samples/s times 64, and its floor.
+markov = ["data.train_files=e2e_data/markov_small/train_000.h5", "data.val_files=e2e_data/markov_small/val_000.h5"]
+lm_out = run([mpiexec, "-n", "2", "--oversubscribe", os.path.join(build, "ddp_bench"),
+              os.path.join(source, "inputs", "gpt_tiny.nml"), *markov, "train.epochs=1",
+              "io.run_dir=runs/bench_tools_lm"])
+lm = json.loads([l for l in lm_out.splitlines() if l.startswith("json: ")][0][6:])
+if lm["steps"] != 49 or abs(lm["tokens_per_s"] - 64 * lm["samples_per_s"]) > 1e-6 * lm["tokens_per_s"] or \
+        not 0 < lm["efficiency"] <= 1.5 or f"samples/s   {lm['samples_per_s']:.0f} (tokens/s {lm['tokens_per_s']:.0f})" \
+        not in lm_out:
+    fail(f"ddp_bench on gpt_tiny: {lm['steps']} steps (1,560 windows, 16 a rank: 49), tokens/s "
+         f"{lm['tokens_per_s']} against samples/s {lm['samples_per_s']}, floor / actual {lm['efficiency']}")
+
 if torch_python:
+    # gpt_tiny's layers in PyTorch (nanoGPT's attention; SDPA, or the plain form under
+    # PyTorch 1.x): ddp_train's parameter count, AdamW with clipping, and it learns
+    # (below ln 16 = 2.77, where it starts, after its one epoch of 49 steps: 2.56 seen).
+    out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",
+               os.path.join(source, "inputs", "gpt_tiny.nml"), *markov], base_env=torch_env)
+    (rate, tokens, count, loss) = positive(
+        r"torch_bench: .*, 2 rank\(s\), device cpu, mode eager fp32, batch 16 per rank, 49 steps, "
+        r"samples/s ([0-9.]+), tokens/s ([0-9]+), .*parameters ([0-9]+), final loss ([0-9.]+)", out,
+        "torch_bench's gpt_tiny line")
+    lm_params = lm["params_bytes"] / 4
+    if count != lm_params or abs(tokens - 64 * rate) > 0.01 * tokens + 1 or not loss < 2.7:
+        fail(f"PyTorch's gpt_tiny: {count:.0f} parameters (ddp_train's {lm_params:.0f}), tokens/s {tokens} at "
+             f"samples/s {rate}, final loss {loss}")
     out = run([torch_python, os.path.join(source, "tools", "torch_bench.py"), "-n", "2",
                os.path.join(source, "inputs", "fashion_mlp.nml"), shard], base_env=torch_env)
     (rate, loss) = positive(r"torch_bench: .*, 2 rank\(s\), device cpu, mode eager fp32, batch 64 per rank, 79 steps, "

@@ -3,18 +3,13 @@
 #include <cmath>
 
 #include "comm/check.hpp"
+#include "model/exp_fast.hpp"
 #include "model/gemm.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
 
 namespace ddp {
 
 namespace {
-#if KOKKOS_VERSION >= 30700
-using Kokkos::exp;
-#else
-using Kokkos::Experimental::exp;
-#endif
-
 void require_plain(const Tensor& t, const char* what) {
   DDP_REQUIRE(t.type == Precision::fp32 && t.layout == Layout::nchw,
               "attention: " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
@@ -70,26 +65,22 @@ void column_sums(const float* g, std::int64_t N, std::int64_t n, Kokkos::View<do
 // s (rows, T): each row of scores becomes its softmax, in place. Row r is query
 // i = r % T of its (batch, head); with `causal` it sees keys 0..i, and the rest of the
 // row is 0 (PyTorch's -inf mask). fp32 with the row's max subtracted, the sum of the
-// exponentials in double. A team thread per row, its vector lanes along it.
+// exponentials in double. A team thread per row, its vector lanes along it. The
+// exponentials in a pass of their own, before the sum (lane_sum): on the host each
+// pass vectorises.
 void softmax_rows(float* s, std::int64_t rows, std::int64_t T, bool causal) {
   for_each_team_thread(
       "Attention::softmax", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
         float* row = s + r * T;
         const std::int64_t n = causal ? r % T + 1 : T;
-        float mx = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, n),
-            [&](std::int64_t j, float& m) { m = row[j] > m ? row[j] : m; }, Kokkos::Max<float>(mx));
-        double sum = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, n),
-            [&](std::int64_t j, double& acc) {
-              const float e = exp(row[j] - mx);
-              row[j] = e;
-              acc += e;
-            },
-            sum);
-        const float inv = static_cast<float>(1.0 / sum);
+        const float mx = lane_max(team, n, [&](std::int64_t j) { return row[j]; });
+        // up to a multiple of 16 keys: whole vectors on the host (a masked key's value is
+        // set to 0 below, whatever its exponential)
+        const std::int64_t n16 = (n + 15) / 16 * 16 < T ? (n + 15) / 16 * 16 : T;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n16),
+                             [&](std::int64_t j) { row[j] = exp_fast(row[j] - mx); });
+        const float inv =
+            static_cast<float>(1.0 / lane_sum(team, n, [&](std::int64_t j) { return double(row[j]); }));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, T),
                              [&](std::int64_t j) { row[j] = j < n ? row[j] * inv : 0.0f; });
       });
@@ -104,11 +95,8 @@ void softmax_backward_rows(const float* p, float* ds, std::int64_t rows, std::in
         const float* pr = p + r * T;
         float* gr = ds + r * T;
         const std::int64_t n = causal ? r % T + 1 : T;
-        double dot = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, n),
-            [&](std::int64_t j, double& acc) { acc += double(pr[j]) * gr[j]; }, dot);
-        const float c = static_cast<float>(dot);
+        const float c =
+            static_cast<float>(lane_sum(team, n, [&](std::int64_t j) { return double(pr[j]) * gr[j]; }));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, T),
                              [&](std::int64_t j) { gr[j] = j < n ? pr[j] * (gr[j] - c) : 0.0f; });
       });

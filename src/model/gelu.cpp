@@ -1,18 +1,17 @@
 #include "model/gelu.hpp"
 
 #include "comm/check.hpp"
+#include "model/exp_fast.hpp"
 
 namespace ddp {
 
 namespace {
-// Kokkos moved its math functions out of Experimental in 3.7; erf and exp are
-// in both (float overloads, on the host and the device).
+// Kokkos moved its math functions out of Experimental in 3.7; erf is in both (a
+// float overload, on the host and the device).
 #if KOKKOS_VERSION >= 30700
 using Kokkos::erf;
-using Kokkos::exp;
 #else
 using Kokkos::Experimental::erf;
-using Kokkos::Experimental::exp;
 #endif
 
 // PyTorch's constants (aten/src/ATen/native/cpu/Activation.cpp), in float as its
@@ -25,18 +24,19 @@ constexpr float kKappa = 0.044715f;
 // The exact form: y = 0.5 x (1 + erf(x / sqrt 2)); dy/dx = Phi(x) + x phi(x).
 KOKKOS_INLINE_FUNCTION float gelu_exact(float x) { return x * 0.5f * (1.0f + erf(x * kSqrtHalf)); }
 KOKKOS_INLINE_FUNCTION float gelu_exact_grad(float x) {
-  const float cdf = 0.5f * (1.0f + erf(x * kSqrtHalf)), pdf = kInvSqrt2Pi * exp(-0.5f * x * x);
+  const float cdf = 0.5f * (1.0f + erf(x * kSqrtHalf)), pdf = kInvSqrt2Pi * exp_fast(-0.5f * x * x);
   return cdf + x * pdf;
 }
 
 // The tanh form: y = 0.5 x (1 + t), t = tanh(u), u = sqrt(2/pi) (x + kappa x^3),
 // computed as y = x s, s = 0.5 (1 + t) = 1 / (1 + exp(-2 u)): the same function, by
 // exp, not tanh (on a 2-core EPYC glibc's tanhf took 31 ns an element and expf 7;
-// gpt_tiny's step spent 34 of its 61 ms in this layer). Where u is very negative,
-// exp(-2 u) is inf, s 0 and y -0, as with tanh.
+// gpt_tiny's step spent 34 of its 61 ms in this layer), and by exp_fast, which the
+// compiler vectorises (model/exp_fast.hpp). Where u is very negative, exp(-2 u) is
+// inf, s 0 and y -0, as with tanh.
 // dy/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 kappa x^2).
 KOKKOS_INLINE_FUNCTION float gelu_tanh_s(float x, float x2) {
-  return 1.0f / (1.0f + exp(-2.0f * kSqrt2OverPi * (x + kKappa * x2 * x)));
+  return 1.0f / (1.0f + exp_fast(-2.0f * kSqrt2OverPi * (x + kKappa * x2 * x)));
 }
 KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) { return x * gelu_tanh_s(x, x * x); }
 KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float x) {

@@ -71,7 +71,7 @@ void LayerNorm::init(Rng& /*rng*/) {
 // variance as the mean of squared deviations: no cancellation); y = (x - mean) rstd
 // weight + bias, x - mean by centred(). A team thread per row, its vector lanes over
 // the row (a GPU warp reads it coalesced); the row's three passes hit the cache after
-// the first.
+// the first. The row sums by lane_sum: in a fixed order, vectorised on the host.
 void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
   const std::int64_t d = d_, rows = x.numel() / d;
@@ -90,17 +90,11 @@ void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
       "LayerNorm::forward", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
         const float* xr = xp + r * d;
         float* yr = yp + r * d;
-        double sum = 0.0, sq = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j, double& s) { s += xr[j]; }, sum);
-        const double mu = sum / double(d);
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, d),
-            [&](std::int64_t j, double& s) {
-              const double c = xr[j] - mu;
-              s += c * c;
-            },
-            sq);
+        const double mu = lane_sum(team, d, [&](std::int64_t j) { return double(xr[j]); }) / double(d);
+        const double sq = lane_sum(team, d, [&](std::int64_t j) {
+          const double c = xr[j] - mu;
+          return c * c;
+        });
         const float hi = static_cast<float>(mu), lo = static_cast<float>(mu - double(hi)),
                     rs = static_cast<float>(1.0 / sqrt(sq / double(d) + eps));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d),
@@ -164,13 +158,10 @@ void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
         const float *xr = xp + r * d, *dyr = dyp + r * d;
         float* dxr = dxp + r * d;
         const float hi = mean(r), lo = mean_lo(r), rs = rstd(r);
-        double sg = 0.0, sgx = 0.0;
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j, double& s) { s += dyr[j] * w[j]; }, sg);
-        Kokkos::parallel_reduce(
-            Kokkos::ThreadVectorRange(team, d),
-            [&](std::int64_t j, double& s) { s += double(dyr[j] * w[j]) * (centred(xr[j], hi, lo) * rs); },
-            sgx);
+        const double sg = lane_sum(team, d, [&](std::int64_t j) { return double(dyr[j] * w[j]); }),
+                     sgx = lane_sum(team, d, [&](std::int64_t j) {
+                       return double(dyr[j] * w[j]) * (centred(xr[j], hi, lo) * rs);
+                     });
         const float mg = static_cast<float>(sg / double(d)), mgx = static_cast<float>(sgx / double(d));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j) {
           const float xhat = centred(xr[j], hi, lo) * rs;

@@ -11,6 +11,7 @@
 #include "grad_check.hpp"
 #include "model/activation.hpp"
 #include "model/dropout.hpp"
+#include "model/exp_fast.hpp"
 #include "model/flatten.hpp"
 #include "model/layer_registry.hpp"
 #include "model/linear.hpp"
@@ -18,6 +19,18 @@
 
 // Outside the anonymous namespace: nvcc's device lambdas need an enclosing function
 // with external linkage.
+namespace ddp::exp_fast_check {
+// exp_fast of each x, computed in a kernel.
+std::vector<float> on_device(const std::vector<float>& xs) {
+  const std::int64_t n = static_cast<std::int64_t>(xs.size());
+  View1 xv = make_buffer("ExpFast::x", n), yv = make_buffer("ExpFast::y", n);
+  Kokkos::deep_copy(xv, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(xs.data(), n));
+  Kokkos::parallel_for(
+      "ExpFast::test", Range(0, n), KOKKOS_LAMBDA(std::int64_t i) { yv(i) = exp_fast(xv(i)); });
+  return test::to_host(yv, n);
+}
+}  // namespace ddp::exp_fast_check
+
 namespace ddp::planes_check {
 // Where channel_sums' `then` sees each channel's sums.
 struct Keep {
@@ -191,6 +204,40 @@ TEST(ReLU, KeepsNaNAsPyTorch) {
 TEST(Tanh, GradientCheck) {
   Bound b(std::make_unique<Tanh>(), {7});
   check_layer(b, {7}, 3, true, 0.0f);
+}
+
+// exp_fast (GELU's and attention's softmax's exp), computed in a kernel (on the device
+// in the GPU build): within 1.5 ulp of exp (in double) over a sweep of the floats whose
+// exp is normal; subnormal results within one subnormal step; 1 at 0; 0, inf and NaN
+// where expf gives them.
+TEST(ExpFast, WithinOneAndAHalfUlpOfExp) {
+  std::vector<float> xs;
+  for (std::uint32_t u = 0; u <= float_bits(88.7f); u += 1021) xs.push_back(bits_float(u));
+  for (std::uint32_t u = 0x80000000u; u <= float_bits(-87.3f); u += 1021) xs.push_back(bits_float(u));
+  const std::vector<float> edges = {0.0f,   -0.0f,   1.0f,    -1.0f,   88.72f,   89.0f,    100.0f,    -88.0f,
+                                    -95.0f, -103.0f, -104.0f, -150.0f, -1000.0f, INFINITY, -INFINITY, NAN};
+  xs.insert(xs.end(), edges.begin(), edges.end());
+  const std::int64_t n = static_cast<std::int64_t>(xs.size());
+  const std::vector<float> y = exp_fast_check::on_device(xs);
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = xs[i];
+    const double e = std::exp(static_cast<double>(x));
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(y[i]));
+    } else if (e > 3.4028234663852886e38) {  // past FLT_MAX
+      EXPECT_EQ(y[i], INFINITY) << "x = " << x;
+    } else if (e < 1.1754943508222875e-38) {  // a subnormal result, or 0
+      EXPECT_LE(std::fabs(y[i] - e), 1.5e-45) << "x = " << x;
+    } else {
+      const double rel = std::fabs(y[i] - e) / e;
+      if (rel > worst) worst = rel, worst_x = x;
+    }
+  }
+  EXPECT_LE(worst, 1.5 * std::ldexp(1.0, -23)) << "at x = " << worst_x;  // 1.5 ulp of [1, 2)
+  EXPECT_EQ(y[n - edges.size()], 1.0f);                                  // exp(0)
+  EXPECT_EQ(y[n - edges.size() + 1], 1.0f);                              // exp(-0)
 }
 
 TEST(Flatten, ReshapesWithoutCopy) {

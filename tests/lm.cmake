@@ -76,6 +76,27 @@ add_test(NAME lm_llmc_shards_check
 set_tests_properties(lm_llmc_shards_check PROPERTIES FIXTURES_REQUIRED markov_llmc LABELS "e2e;lm" TIMEOUT 120
                      PASS_REGULAR_EXPRESSION "data: 1560 training samples.*check passed")
 
+# A byte-level BPE (tools/text_to_tokens --bpe / --tokenizer, Hugging Face's tokenizers
+# from the venv tools/install_deps --test makes; skipped, 77, without it) on this
+# project's manual (tests/tools/bpe_tokens_test.py), and ddp_train's start-up check of
+# its shards: 512 ids, the vocabulary table, a model of that vocabulary.
+ddp_find_python(DDP_TOKENIZERS_PYTHON "import tokenizers, h5py, numpy" "python3 with tokenizers, for the BPE test"
+                /opt/ddp_train-venv/bin/python3 ${DDP_PYTHON})
+if(NOT DDP_TOKENIZERS_PYTHON)
+  set(DDP_TOKENIZERS_PYTHON ${DDP_PYTHON})  # the script exits 77
+endif()
+add_test(NAME lm_bpe_tokens COMMAND ${DDP_TOKENIZERS_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tools/bpe_tokens_test.py
+                                    ${_lm_tools} ${PROJECT_SOURCE_DIR}/docs e2e_data/bpe_tokens_test)
+set_tests_properties(lm_bpe_tokens PROPERTIES FIXTURES_SETUP bpe_tokens LABELS "tools;lm" TIMEOUT 120
+                     SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "bpe_tokens_test: all passed")
+add_test(NAME lm_bpe_shards_check
+         COMMAND ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> --check ${GPT_TINY}
+                 "data.train_files=e2e_data/bpe_tokens_test/bpe/train_*.h5"
+                 "data.val_files=e2e_data/bpe_tokens_test/bpe/val_*.h5" io.run_dir=runs/bpe_check
+                 "model.layers=embedding(512,64),pos_embedding(64),transformer_block(4,causal,tanh),layernorm,linear(512,bias=false,tied)")
+set_tests_properties(lm_bpe_shards_check PROPERTIES FIXTURES_REQUIRED bpe_tokens LABELS "e2e;lm" TIMEOUT 120
+                     PASS_REGULAR_EXPRESSION "data: [0-9]+ training samples of shape \\(64\\).*check passed")
+
 # Real text: this project's manual as bytes (tools/text_to_tokens), a byte-level GPT of
 # gpt_tiny's shape with the tied head, 2 epochs on 2 ranks: the validation loss 10%
 # below the bytes' unigram entropy (it reads context, not frequencies; 2.89 against

@@ -22,10 +22,11 @@ def token_dtype(vocab):
     return np.uint16 if vocab <= 65536 else np.uint32
 
 
-def write_shard(path, tokens, vocab, attrs=None, vocab_table=None):
+def write_shard(path, tokens, vocab, attrs=None, vocab_table=None, tokenizer_json=None):
     """tokens: a 1-D array (or memmap) of ids in [0, vocab), written in pieces of
     CHUNK so a file larger than memory converts; vocab_table: a list of bytes, one
-    per id, or None."""
+    per id, or None; tokenizer_json: the bytes of the tokenizer.json that made the
+    tokens (/tokenizer_json), or None."""
     tmp = path + ".tmp"
     dtype = token_dtype(vocab)
     with h5py.File(tmp, "w") as f:
@@ -43,6 +44,8 @@ def write_shard(path, tokens, vocab, attrs=None, vocab_table=None):
             offsets[1:] = np.cumsum([len(b) for b in vocab_table])
             f.create_dataset("vocab_bytes", data=np.frombuffer(b"".join(vocab_table), dtype=np.uint8))
             f.create_dataset("vocab_offsets", data=offsets)
+        if tokenizer_json is not None:
+            f.create_dataset("tokenizer_json", data=np.frombuffer(tokenizer_json, dtype=np.uint8))
     os.replace(tmp, path)
 
 

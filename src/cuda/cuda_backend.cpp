@@ -282,6 +282,34 @@ class CudaBackend final : public ComputeBackend {
                             }});
   }
 
+  // One strided-batched cuBLAS call: attention's per-head products, B nh small GEMMs a
+  // product in a loop of gemm, launch-bound. A narrow operand's whole span (the
+  // batch's matrices and what lies between them) is narrowed at once, the strides
+  // kept.
+  void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                    std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
+                    float* c, int ldc, std::int64_t stride_c, int batch, Precision precision) override {
+    if (m == 0 || n == 0 || batch == 0) return;
+    const DType t = dtype_of(precision);
+    const std::size_t a_size = std::size_t((batch - 1) * stride_a +
+                                           matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
+                      b_size = std::size_t((batch - 1) * stride_b +
+                                           matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
+    const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
+    const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
+    gemm_.batched(trans_a, trans_b, m, n, k, alpha, a_op, lda, stride_a, b_op, ldb, stride_b, beta, c, ldc,
+                  stride_c, batch, t);
+    kernel_trace::count_library_call();
+    if (kernel_trace::recording())
+      kernel_trace::record({std::string("gemm batched ") + precision_name(precision) + " " +
+                                std::to_string(batch) + " x " + std::to_string(m) + "x" + std::to_string(n) +
+                                "x" + std::to_string(k),
+                            2.0 * m * n * k * batch, [=] {
+                              gemm_.batched(trans_a, trans_b, m, n, k, alpha, a_op, lda, stride_a, b_op, ldb,
+                                            stride_b, beta, c, ldc, stride_c, batch, t);
+                            }});
+  }
+
   std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) override {
     return std::make_unique<CudnnConvKernels>(*this, geometry);
   }

@@ -31,4 +31,17 @@ void CublasGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, flo
       tf32_ && ab == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+void CublasGemm::batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                         long long stride_a, const void* b, int ldb, long long stride_b, float beta, void* c,
+                         int ldc, long long stride_c, int batch, DType ab) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const kernel_trace::Timed timed("cuBLAS gemm batched", tf32_ && ab == DType::F32 ? "tf32" : dtype_name(ab));
+  // Column-major as operator(): C_i^T = op(B_i)^T op(A_i)^T, each with its stride.
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+      cuda_type(ab), ldb, stride_b, a, cuda_type(ab), lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c,
+      batch, tf32_ && ab == DType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace ddp::cuda

@@ -1,7 +1,7 @@
 #pragma once
 // The GPU GEMM: src/model/gemm.hpp's row-major contract on device pointers, through
-// cublasGemmEx with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32 shortcut for fp32
-// operands, unless set_tf32: CUBLAS_COMPUTE_32F_FAST_TF32) on fp32, bf16 or fp16 operands.
+// cublasGemmEx (cublasGemmStridedBatchedEx for a batch) with fp32 accumulation (CUBLAS_COMPUTE_32F: no TF32
+// shortcut for fp32 operands, unless set_tf32: CUBLAS_COMPUTE_32F_FAST_TF32) on fp32, bf16 or fp16 operands.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -23,6 +23,12 @@ class CublasGemm {
   void operator()(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
                   const void* b, int ldb, float beta, void* c, int ldc, DType ab = DType::F32,
                   DType c_type = DType::F32);
+
+  // `batch` of them in one cublasGemmStridedBatchedEx: A_i = a + i stride_a, B_i =
+  // b + i stride_b, C_i = c + i stride_c, the strides in elements of each one's type.
+  void batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+               long long stride_a, const void* b, int ldb, long long stride_b, float beta, void* c, int ldc,
+               long long stride_c, int batch, DType ab = DType::F32);
 
   cublasHandle_t handle() const { return handle_; }
   // fp32 operands on TF32 tensor cores (train.tf32), or not (the default)

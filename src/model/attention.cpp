@@ -174,21 +174,22 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   add_bias("Attention::forward_in_bias", qkv, in_bias_, N, d3);
   // (B, T, 3d) -> Q, K, V, each (B, nh, T, hs): head h of batch b is the hs columns at
   // h hs (Q), d + h hs (K) and 2d + h hs (V) of the batch's T rows of 3d.
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const float* q = qkv + b * T * d3 + h * hs;
-      // S (T, T) = Q_h (T, hs) K_h^T (hs, T) / sqrt(hs), into P's place
-      gemm(false, true, T, T, hs, scale, q, d3, q + d, d3, 0.0f, p + (b * nh + h) * T * T, T, prec);
-    }
+  // Per batch, the nh heads as one batched GEMM: head h + 1's columns are hs past
+  // head h's, its (T, T) block of P T^2 past.
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* q = qkv + b * T * d3;
+    // S (T, T) = Q_h (T, hs) K_h^T (hs, T) / sqrt(hs), into P's place
+    gemm_batched(false, true, T, T, hs, scale, q, d3, hs, q + d, d3, hs, 0.0f, p + b * nh * T * T, T, T * T,
+                 nh, prec);
+  }
   softmax_rows(p, B * nh * T, T, causal_);  // (B, nh, T, T): S -> P
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const float* v = qkv + b * T * d3 + 2 * d + h * hs;
-      // O_h (T, hs) = P (T, T) V_h (T, hs), into the head's columns of O:
-      // (B, nh, T, hs) -> (B, T, nh, hs) = (B, T, d)
-      gemm(false, false, T, hs, T, 1.0f, p + (b * nh + h) * T * T, T, v, d3, 0.0f, o + b * T * d + h * hs, d,
-           prec);
-    }
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* v = qkv + b * T * d3 + 2 * d;
+    // O_h (T, hs) = P (T, T) V_h (T, hs), into the head's columns of O:
+    // (B, nh, T, hs) -> (B, T, nh, hs) = (B, T, d)
+    gemm_batched(false, false, T, hs, T, 1.0f, p + b * nh * T * T, T, T * T, v, d3, hs, 0.0f, o + b * T * d,
+                 d, hs, nh, prec);
+  }
   // y (N, d) = O (N, d) W_out^T (d, d) + b_out
   gemm(false, true, N, d, d, 1.0f, o, d, out_weight_, d, 0.0f, y.data.data(), d, prec);
   add_bias("Attention::forward_out_bias", y.data.data(), out_bias_, N, d);
@@ -216,25 +217,24 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   column_sums(dyp, N, d, partial_, dout_bias_, add);
   // dO (N, d) = dy (N, d) W_out (d, d)
   gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const float *v = qkv + b * T * d3 + 2 * d + h * hs, *ph = p + (b * nh + h) * T * T,
-                  *doh = dO + b * T * d + h * hs;
-      // dP (T, T) = dO_h (T, hs) V_h^T (hs, T), into dS's place
-      gemm(false, true, T, T, hs, 1.0f, doh, d, v, d3, 0.0f, ds + (b * nh + h) * T * T, T, prec);
-      // dV_h (T, hs) = P^T (T, T) dO_h (T, hs)
-      gemm(true, false, T, hs, T, 1.0f, ph, T, doh, d, 0.0f, dqkv + b * T * d3 + 2 * d + h * hs, d3, prec);
-    }
+  for (std::int64_t b = 0; b < B; ++b) {  // the heads batched, as in forward
+    const float *v = qkv + b * T * d3 + 2 * d, *pb = p + b * nh * T * T, *dob = dO + b * T * d;
+    // dP (T, T) = dO_h (T, hs) V_h^T (hs, T), into dS's place
+    gemm_batched(false, true, T, T, hs, 1.0f, dob, d, hs, v, d3, hs, 0.0f, ds + b * nh * T * T, T, T * T, nh,
+                 prec);
+    // dV_h (T, hs) = P^T (T, T) dO_h (T, hs)
+    gemm_batched(true, false, T, hs, T, 1.0f, pb, T, T * T, dob, d, hs, 0.0f, dqkv + b * T * d3 + 2 * d, d3,
+                 hs, nh, prec);
+  }
   softmax_backward_rows(p, ds, B * nh * T, T, causal_);  // (B, nh, T, T): dP -> dS
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < nh; ++h) {
-      const float *q = qkv + b * T * d3 + h * hs, *dsh = ds + (b * nh + h) * T * T;
-      float* dq = dqkv + b * T * d3 + h * hs;
-      // dQ_h (T, hs) = dS (T, T) K_h (T, hs) / sqrt(hs)
-      gemm(false, false, T, hs, T, scale, dsh, T, q + d, d3, 0.0f, dq, d3, prec);
-      // dK_h (T, hs) = dS^T (T, T) Q_h (T, hs) / sqrt(hs)
-      gemm(true, false, T, hs, T, scale, dsh, T, q, d3, 0.0f, dq + d, d3, prec);
-    }
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float *q = qkv + b * T * d3, *dsb = ds + b * nh * T * T;
+    float* dq = dqkv + b * T * d3;
+    // dQ_h (T, hs) = dS (T, T) K_h (T, hs) / sqrt(hs)
+    gemm_batched(false, false, T, hs, T, scale, dsb, T, T * T, q + d, d3, hs, 0.0f, dq, d3, hs, nh, prec);
+    // dK_h (T, hs) = dS^T (T, T) Q_h (T, hs) / sqrt(hs)
+    gemm_batched(true, false, T, hs, T, scale, dsb, T, T * T, q, d3, hs, 0.0f, dq + d, d3, hs, nh, prec);
+  }
   // dqkv (B, nh, T, hs) x 3 sit in (B, T, 3d) already: the heads wrote their columns.
   // dW_in (3d, d) += dqkv^T (3d, N) x (N, d)
   gemm(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec);

@@ -18,11 +18,11 @@
 // again for dS while it runs: at B = 8, nh = 12, T = 1024 that is 0.4 GB kept plus
 // 0.4 GB in backward, at T = 4096 16 times that; so a few thousand tokens is the
 // limit of this path (an O(T) fused one, flash or cuDNN SDPA, is a later task).
-// The per-head products go through the gemm seam, one call per (batch, head) with
-// leading dimensions that pick the head's columns out of the rows of qkv, so no head
-// is copied: B nh small GEMMs per product (2 products in forward, 4 in backward),
-// launch-bound on a GPU at small T: fine for this slice; a strided-batched GEMM in
-// the seam is the next step. The softmax in fp32 with the row's max subtracted, its
+// The per-head products go through the gemm seam with leading dimensions that pick
+// the head's columns out of the rows of qkv, so no head is copied: per batch one
+// gemm_batched over the nh heads (2 products in forward, 4 in backward), one
+// strided-batched cuBLAS call on a GPU (a loop of oneDNN's sgemm on the host, whose
+// batched matmul was no faster at gpt_tiny's shapes). The softmax in fp32 with the row's max subtracted, its
 // sums in double, a team thread per row; the bias gradients as column sums in double
 // (not a GEMV: oneDNN's splits its sum between its threads). Every sum of the layer's
 // own in an order fixed by the shapes: the same bits every run, on any number of

@@ -186,6 +186,19 @@ class ComputeBackend {
   // A and B are taken at `precision`, products accumulate in fp32, C stays fp32.
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     const float* b, int ldb, float beta, float* c, int ldc, Precision precision) = 0;
+  // `batch` such GEMMs at once: C_i = alpha op(A_i) op(B_i) + beta C_i with
+  // A_i = a + i stride_a, B_i = b + i stride_b, C_i = c + i stride_c (floats), the
+  // C_i apart: attention's per-head products, whose heads are columns of one matrix.
+  // Here a loop of gemm (oneDNN's batched matmul ran those shapes no faster on the
+  // host); the GPU build's one cuBLAS strided-batched call.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                            int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
+                            float beta, float* c, int ldc, std::int64_t stride_c, int batch,
+                            Precision precision) {
+    for (int i = 0; i < batch; ++i)
+      gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+           c + i * stride_c, ldc, precision);
+  }
 
   virtual std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) = 0;
 

@@ -3,6 +3,8 @@
 // space: the process's compute backend (model/backend.hpp) runs it, oneDNN on the
 // host or cuBLAS on the rank's stream.
 
+#include <cstdint>
+
 #include "model/precision.hpp"
 
 namespace ddp {
@@ -13,5 +15,12 @@ namespace ddp {
 // fp32 and C stays fp32 (src/model/precision.hpp).
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc, Precision precision = Precision::fp32);
+
+// `batch` GEMMs of one shape: C_i (m, n) = alpha op(A_i) op(B_i) + beta C_i with
+// A_i = a + i stride_a, B_i = b + i stride_b, C_i = c + i stride_c (in floats); the
+// C_i must not overlap. One library call where the backend has one (cuBLAS).
+void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                  std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta, float* c,
+                  int ldc, std::int64_t stride_c, int batch, Precision precision = Precision::fp32);
 
 }  // namespace ddp

@@ -144,6 +144,37 @@ ddp_add_checkpoint_test(any_world_size_gpt_tiny_np2_np3 FIXTURE markov_small NP 
 set_tests_properties(checkpoint_exactness_gpt_tiny_np2 checkpoint_any_world_size_gpt_tiny_np2_np3 PROPERTIES
                      LABELS "e2e;checkpoint;lm")
 
+# ZeRO stages 1 and 2 bitwise equal to stage 0 with the transformer layers (the MLP's
+# zero_equal, --own-model): gpt_tiny (its AdamW with clipping) and a small ViT, fp32
+# and bf16 with 2 micro-steps, through shared memory and through MPI, 1 epoch on 2 ranks.
+ddp_add_checkpoint_test(zero_equal_gpt_tiny_np2 FIXTURE markov_small NP 2 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/zero_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${GPT_TINY}
+          runs/zero_equal_gpt 2 --own-model ${_markov_small} train.epochs=1)
+ddp_add_checkpoint_test(zero_equal_vit_np2 FIXTURE synthetic64 NP 2 TIMEOUT 300
+  COMMAND ${DDP_PYTHON} ${CKPT}/zero_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+          ${PROJECT_SOURCE_DIR}/inputs/vit_fashion.nml runs/zero_equal_vit 2 --own-model
+          "data.train_files=data/synthetic64/train_*.h5" "data.val_files=data/synthetic64/val_*.h5"
+          train.epochs=1 train.batch_size=32 "data.normalize=0.485,0.456,0.406,0.229,0.224,0.225"
+          "model.layers=patch_embed(16,64),class_token,pos_embedding(17,std=0.02),transformer_block(4,eps=1e-6),layernorm(eps=1e-6),token_pool,linear(10)")
+set_tests_properties(checkpoint_zero_equal_gpt_tiny_np2 checkpoint_zero_equal_vit_np2 PROPERTIES
+                     LABELS "e2e;checkpoint;lm")
+
+# The GPU build (skipped, 77, without a device): gpt_tiny and the small ViT replayed from
+# CUDA graphs end bitwise where their uncaptured runs end (graph_equal.py, 2 epochs).
+if(DDP_ENABLE_CUDA)
+  ddp_add_checkpoint_test(cuda_graph_equal_gpt_tiny_np2 FIXTURE markov_small NP 2 TIMEOUT 900
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/graph_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+            runs/ckpt_graph_gpt ${GPT_TINY} -- ${_markov_small})
+  ddp_add_checkpoint_test(cuda_graph_equal_vit_np2 FIXTURE synthetic64 NP 2 TIMEOUT 900
+    COMMAND ${DDP_WITH_GPU} ${DDP_PYTHON} ${CKPT}/graph_equal.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train>
+            runs/ckpt_graph_vit ${PROJECT_SOURCE_DIR}/inputs/vit_fashion.nml --
+            "data.train_files=data/synthetic64/train_*.h5" "data.val_files=data/synthetic64/val_*.h5"
+            train.batch_size=32 "data.normalize=0.485,0.456,0.406,0.229,0.224,0.225"
+            "model.layers=patch_embed(16,64),class_token,pos_embedding(17,std=0.02),transformer_block(4,eps=1e-6),layernorm(eps=1e-6),token_pool,linear(10)")
+  set_tests_properties(checkpoint_cuda_graph_equal_gpt_tiny_np2 checkpoint_cuda_graph_equal_vit_np2 PROPERTIES
+                       SKIP_RETURN_CODE 77 LABELS "e2e;checkpoint;lm;gpu")
+endif()
+
 # Bad input: one line each, naming the culprit, no rank left waiting.
 function(lm_error_test name fixture regex)
   ddp_add_error_test(${name} NP 2 REGEX "${regex}" ARGS ${ARGN})

@@ -19,7 +19,13 @@ last bits, and training carries that on (after 3 epochs: 6e-8 to 1.2e-7 of the l
 an ulp or two; bound 1e-6). Stage 1 uses MPI_Allreduce itself and stays bitwise
 equal. On 1 and 2 ranks every path is bitwise (a + b = b + a).
 
+With --own-model (usage's second form) the input's own model runs instead of the MLP,
+with the given overrides (its data, a shorter run): a transformer's layers (gpt_tiny,
+a small ViT) under ZeRO, for AdamW as the input has it (clipping included), fp32
+and bf16 with 2 micro-steps, through shared memory and MPI (polling).
+
 usage: zero_equal.py MPIEXEC DDP_TRAIN TINY.nml RUN_PREFIX W
+       zero_equal.py MPIEXEC DDP_TRAIN INPUT.nml RUN_PREFIX W --own-model [group.key=value ...]
 """
 import os
 import shutil
@@ -31,25 +37,33 @@ from common import arrays, fail, latest, mpirun, run
 
 mpiexec, binary, nml, prefix, W = sys.argv[1:6]
 W = int(W)
+OWN_MODEL = sys.argv[6:7] == ["--own-model"]
 MLP = "model.layers=linear(256),relu,linear(256),relu,linear(3)"
 BASE = [nml, "train.epochs=3", "train.batch_size=4", MLP, "train.log_every=0", "io.checkpoint_every=1"]
 
 CASES = []  # (name, overrides)
-for opt, opt_args in (("sgd", ["train.optimizer=sgd", "train.momentum=0.9", "train.weight_decay=1e-4"]),
-                      ("adamw", ["train.optimizer=adamw", "train.weight_decay=0.01"])):
-    for prec, prec_args in (("fp32", ["train.precision=fp32"]),
-                            ("bf16", ["train.precision=bf16", "train.accumulation_steps=2"])):
-        for clip in ("0", "0.05"):
-            CASES.append((f"{opt}_{prec}_clip{clip}_shm", opt_args + prec_args + [f"train.clip_grad_norm={clip}"]))
-# Through MPI: buckets of 0.1 MB (26,214 floats; the first 0.01 MB), so that several
-# are in flight and most straddle two shares. SGD: AdamW divides each gradient by its
-# own running magnitude, so on 3-4 ranks, where the orders of the sums differ, a
-# gradient whose ranks' parts nearly cancel steps by up to lr either way, and
-# the difference says nothing about the reduce-scatter; SGD's stays at the last bits.
-ONE = ["train.optimizer=sgd", "train.momentum=0.9", "train.clip_grad_norm=0.05", "train.accumulation_steps=2",
-       "comm.shared_memory=F", "comm.bucket_mb=0.1", "comm.first_bucket_mb=0.01"]
-for overlap in ("poll", "thread", "none"):
-    CASES.append((f"sgd_fp32_clip0.05_mpi_{overlap}", ONE + [f"comm.overlap={overlap}"]))
+if OWN_MODEL:
+    BASE = [nml, "train.log_every=0", "io.checkpoint_every=1"] + sys.argv[7:]
+    MPI = ["comm.shared_memory=F", "comm.bucket_mb=0.1", "comm.first_bucket_mb=0.01", "comm.overlap=poll"]
+    BF16 = ["train.precision=bf16", "train.accumulation_steps=2"]
+    CASES = [("own_fp32_shm", []), ("own_bf16_shm", BF16), ("own_fp32_mpi_poll", MPI),
+             ("own_bf16_mpi_poll", BF16 + MPI)]
+else:
+    for opt, opt_args in (("sgd", ["train.optimizer=sgd", "train.momentum=0.9", "train.weight_decay=1e-4"]),
+                          ("adamw", ["train.optimizer=adamw", "train.weight_decay=0.01"])):
+        for prec, prec_args in (("fp32", ["train.precision=fp32"]),
+                                ("bf16", ["train.precision=bf16", "train.accumulation_steps=2"])):
+            for clip in ("0", "0.05"):
+                CASES.append((f"{opt}_{prec}_clip{clip}_shm", opt_args + prec_args + [f"train.clip_grad_norm={clip}"]))
+    # Through MPI: buckets of 0.1 MB (26,214 floats; the first 0.01 MB), so that several
+    # are in flight and most straddle two shares. SGD: AdamW divides each gradient by its
+    # own running magnitude, so on 3-4 ranks, where the orders of the sums differ, a
+    # gradient whose ranks' parts nearly cancel steps by up to lr either way, and
+    # the difference says nothing about the reduce-scatter; SGD's stays at the last bits.
+    ONE = ["train.optimizer=sgd", "train.momentum=0.9", "train.clip_grad_norm=0.05", "train.accumulation_steps=2",
+           "comm.shared_memory=F", "comm.bucket_mb=0.1", "comm.first_bucket_mb=0.01"]
+    for overlap in ("poll", "thread", "none"):
+        CASES.append((f"sgd_fp32_clip0.05_mpi_{overlap}", ONE + [f"comm.overlap={overlap}"]))
 
 
 def final(run_dir):

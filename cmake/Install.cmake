@@ -6,6 +6,7 @@
 #                                          synthetic), with the module they share, bin/token_shards.py
 #   bin/plot_metrics                       plots of runs' metrics.jsonl (matplotlib)
 #   bin/merge_traces                       the ranks' timelines (io.trace) in one Chrome-trace file
+#   bin/scaling_model                      samples/s on W GPUs predicted from a 1-rank trace
 #   bin/torch_to_h5                        a PyTorch state_dict as a file for io.init_from
 #   bin/h5_to_torch                        a checkpoint's weights as a PyTorch state_dict
 #   share/ddp_train/inputs/                ready input files
@@ -33,7 +34,7 @@ set_target_properties(ddp_train PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
 install(TARGETS ddp_train RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/prepare_fashion_mnist ${PROJECT_SOURCE_DIR}/tools/make_regression_data
                  ${PROJECT_SOURCE_DIR}/tools/plot_metrics ${PROJECT_SOURCE_DIR}/tools/merge_traces
-        DESTINATION ${CMAKE_INSTALL_BINDIR})
+                 ${PROJECT_SOURCE_DIR}/tools/scaling_model DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/torch_to_h5 ${PROJECT_SOURCE_DIR}/tools/h5_to_torch
         DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/images_to_h5 ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images

@@ -44,3 +44,17 @@ add_test(NAME tools_make_synthetic_images
          COMMAND ${DDP_TOOLS_PYTHON} ${_tools_tests}/make_synthetic_images_test.py
                  ${PROJECT_SOURCE_DIR}/tools/make_synthetic_images)
 set_tests_properties(tools_images_to_h5 tools_make_synthetic_images PROPERTIES LABELS tools TIMEOUT 120 PROCESSORS 2)
+
+# tools/scaling_model: its arithmetic on a made-up trace (overlap, no overlap, shared
+# cores, a rescaled step, a measured all-reduce table; one-line refusals), and on a
+# 1-rank trace of ddp_train's, which carries the buckets the model reduces.
+add_test(NAME tools_scaling_model_trace
+         COMMAND ${DDP_RUN} 1 $<TARGET_FILE:ddp_train> ${TINY} --trace io.trace_steps=3,8 train.epochs=1
+                 comm.bucket_mb=0.05 comm.first_bucket_mb=0.01 io.run_dir=runs/scaling_model_trace)
+set_tests_properties(tools_scaling_model_trace PROPERTIES FIXTURES_REQUIRED e2e_data FIXTURES_SETUP
+                     scaling_model_trace LABELS tools TIMEOUT 120)
+add_test(NAME tools_scaling_model
+         COMMAND ${DDP_PYTHON} ${_tools_tests}/scaling_model_test.py ${PROJECT_SOURCE_DIR}/tools
+                 scaling_model_test runs/scaling_model_trace/trace/rank0.json)
+set_tests_properties(tools_scaling_model PROPERTIES FIXTURES_REQUIRED scaling_model_trace LABELS tools TIMEOUT 120
+                     PASS_REGULAR_EXPRESSION "scaling_model_test: all passed")

@@ -11,6 +11,9 @@
 // samples/s, the per-step split, the floor and the efficiency floor/actual, and a
 // JSON line for scripts.
 //
+// DDP_BENCH_ALLREDUCE=1: only the all-reduce, at sizes from 4 KB to 64 MB, and its
+// alpha-beta fit (bench_allreduce below), then exit: what tools/scaling_model reads.
+//
 // DDP_LAUNCH_COUNT=1: also counts what the epoch dispatched (Kokkos kernels, deep
 // copies, GEMM/convolution calls; model/kernel_trace.hpp) and prints it per step;
 // DDP_LAUNCH_COUNT=names adds the Kokkos kernels per step by label;
@@ -36,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -130,6 +134,46 @@ double allreduce_floor(Communicator& comm, const CommConfig& cc, MPI_Comm world,
     if (r >= 2) times.push_back(slowest);
   }
   return median(times);
+}
+
+// DDP_BENCH_ALLREDUCE=1: nccl-tests' all_reduce_perf for the run's own path. The
+// all-reduce of 1 Ki to 16 Mi floats (4 KB to 64 MB), each as allreduce_floor times
+// it (the communicator's bucket reducer, one bucket), on rank 0 a line per size with
+// its time, algorithm bandwidth (bytes / time) and bus bandwidth (that times
+// 2 (W - 1) / W, what each rank's links carry in a ring), then a JSON line that
+// tools/scaling_model reads: the times by size, and the alpha-beta fit (alpha the
+// median time of the three smallest sizes, busbw from the largest:
+// t(n) = alpha + n 2 (W - 1) / W / busbw).
+void bench_allreduce(Communicator& comm, const CommConfig& cc, MPI_Comm world) {
+  const int W = comm.size();
+  const double ring = 2.0 * (W - 1) / std::max(W, 1);
+  std::vector<std::pair<double, double>> points;  // (bytes, seconds)
+  log::info("allreduce   " + std::to_string(W) +
+            " ranks, the run's path (comm.backend, overlap, shared_memory)");
+  log::info("allreduce      bytes    time_us   algbw_GB/s   busbw_GB/s");
+  for (std::size_t n = 1024; n <= (std::size_t(1) << 24); n *= 4) {
+    const double t = allreduce_floor(comm, cc, world, n, 20), bytes = 4.0 * double(n);
+    points.emplace_back(bytes, t);
+    char line[160];
+    std::snprintf(line, sizeof line, "allreduce %10.0f %10.1f %12.3f %12.3f", bytes, t * 1e6,
+                  t > 0 ? bytes / t / 1e9 : 0.0, t > 0 ? bytes * ring / t / 1e9 : 0.0);
+    log::info(line);
+  }
+  std::vector<double> small = {points[0].second, points[1].second, points[2].second};
+  std::sort(small.begin(), small.end());
+  const double alpha = small[1], big = points.back().first, tb = points.back().second;
+  const double busbw = tb > alpha ? big * ring / (tb - alpha) : 0.0;
+  std::string bytes, seconds;
+  for (const auto& [b, t] : points) {
+    bytes += (bytes.empty() ? "" : ", ") + std::to_string(std::int64_t(b));
+    char v[32];
+    std::snprintf(v, sizeof v, "%.9f", t);
+    seconds += (seconds.empty() ? "" : ", ") + std::string(v);
+  }
+  char fit[120];
+  std::snprintf(fit, sizeof fit, "\"alpha_us\": %.3f, \"busbw_gbs\": %.4f", alpha * 1e6, busbw / 1e9);
+  log::info("allreduce_json: {\"world_size\": " + std::to_string(W) + ", " + fit + ", \"bytes\": [" + bytes +
+            "], \"seconds\": [" + seconds + "]}");
 }
 
 // DDP_LAUNCH_COUNT's modes: 1 counts, names adds the kernels by label, times their
@@ -263,6 +307,10 @@ int main(int argc, char** argv) {
   Data data = open_data(ctx, cfg);
   ModelSetup net = build_model(ctx, cfg, data);
   auto comm = make_communicator(ctx, cfg);
+  if (const char* a = std::getenv("DDP_BENCH_ALLREDUCE"); a && std::string(a) == "1") {
+    bench_allreduce(*comm, cfg.comm, ctx.world());
+    return 0;
+  }
   Trainer trainer(cfg, *comm, *net.model, net.loss, *data.train, nullptr, data.prefetch_batches);
 
   EpochStats e;

@@ -126,13 +126,16 @@ void Trainer::make_optimizer_and_scaler() {
   }
 }
 
-void Trainer::make_reducer() {
-  const std::int64_t n_params = model_.num_parameters();
+std::vector<Bucket> Trainer::bucket_plan() const {
   std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
   for (const Model::ParamEntry& p : model_.parameter_table()) tensors.push_back({p.offset, p.size});
-  reducer_ = comm_.make_bucket_reducer(model_.gradients().data(),
-                                       plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb),
-                                       cfg_.comm.overlap, cfg_.comm.shared_memory,
+  return plan_buckets(tensors, cfg_.comm.bucket_mb, cfg_.comm.first_bucket_mb);
+}
+
+void Trainer::make_reducer() {
+  const std::int64_t n_params = model_.num_parameters();
+  reducer_ = comm_.make_bucket_reducer(model_.gradients().data(), bucket_plan(), cfg_.comm.overlap,
+                                       cfg_.comm.shared_memory,
                                        cfg_.comm.zero == 2 ? shares_.bounds : std::vector<std::int64_t>{});
   if (float* shared = reducer_ ? reducer_->take_gradients() : nullptr) {
     model_.place_gradients(shared);
@@ -239,31 +242,49 @@ void Trainer::open_trace() {
   const std::string path = dir + "/rank" + std::to_string(comm_.rank()) + ".json";
   std::string layers;
   for (const std::string& l : cfg_.model.layers) layers += (layers.empty() ? "" : ", ") + json_string(l);
-  const std::string meta =
-      "\"world_size\": " + std::to_string(comm_.size()) + ", \"host\": " + json_string(host) +
-      ", \"backend\": " + json_string(cfg_.comm.backend) +
-      ", \"overlap\": " + json_string(cfg_.comm.overlap) +
-      ", \"batch_size\": " + std::to_string(cfg_.train.batch_size) +
-      ", \"precision\": " + json_string(cfg_.train.precision) + ", \"layers\": [" + layers + "]";
+  // The gradient buckets as the reducer plans them on any number of ranks (one rank
+  // has no reducer, but tools/scaling_model predicts more from its trace): in the
+  // order they are reduced, each one's bytes and the layers whose gradients it holds.
+  std::string buckets;
+  const auto& table = model_.parameter_table();
+  for (const Bucket& b : bucket_plan()) {
+    std::int64_t first = -1, last = -1;
+    for (const Model::ParamEntry& p : table)
+      if (p.offset >= b.begin && p.offset < b.end) {
+        const std::int64_t i = std::stoll(p.name.substr(p.name.find('.') + 1));  // "layers.<i>...."
+        first = first < 0 ? i : std::min(first, i);
+        last = std::max(last, i);
+      }
+    buckets += std::string(buckets.empty() ? "" : ", ") +
+               "{\"bytes\": " + std::to_string((b.end - b.begin) * 4) + ", \"layers\": [" +
+               std::to_string(first) + ", " + std::to_string(last) + "]}";
+  }
+  const std::string meta = "\"world_size\": " + std::to_string(comm_.size()) +
+                           ", \"host\": " + json_string(host) +
+                           ", \"backend\": " + json_string(cfg_.comm.backend) +
+                           ", \"overlap\": " + json_string(cfg_.comm.overlap) +
+                           ", \"batch_size\": " + std::to_string(cfg_.train.batch_size) +
+                           ", \"accumulation_steps\": " + std::to_string(cfg_.train.accumulation_steps) +
+                           ", \"precision\": " + json_string(cfg_.train.precision) + ", \"layers\": [" +
+                           layers + "]" + ", \"buckets\": [" + buckets + "]";
   trace::open(comm_.mpi_comm(), path, cfg_.io.trace_steps[0], cfg_.io.trace_steps[1],
               "rank " + std::to_string(comm_.rank()) + " (" + host + ")", meta);
   if (!reducer_) return;
   // A bucket's row says which tensors it carries, "all-reduce bucket 0: layers.6.bias
   // (40 B)", "all-reduce bucket 1: layers.0-4 (1.27 MB)": buckets are contiguous
   // ranges of whole tensors.
-  const auto& table = model_.parameter_table();
-  const auto& buckets = reducer_->buckets();
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
+  const auto& reduced = reducer_->buckets();
+  for (std::size_t b = 0; b < reduced.size(); ++b) {
     std::vector<const Model::ParamEntry*> in;
     for (const Model::ParamEntry& p : table)
-      if (p.offset >= buckets[b].begin && p.offset < buckets[b].end) in.push_back(&p);
+      if (p.offset >= reduced[b].begin && p.offset < reduced[b].end) in.push_back(&p);
     if (in.empty()) continue;
     const auto layer = [](const std::string& name) { return name.substr(0, name.rfind('.')); };  // "layers.4"
     const std::string first = layer(in.front()->name), last = layer(in.back()->name);
     std::string tensors = in.size() == 1  ? in.front()->name
                           : first == last ? first
                                           : first + "-" + last.substr(last.find('.') + 1);
-    const double bytes = double(buckets[b].end - buckets[b].begin) * 4.0;
+    const double bytes = double(reduced[b].end - reduced[b].begin) * 4.0;
     char size[32];
     if (bytes < 1024.0)
       std::snprintf(size, sizeof size, "%.0f B", bytes);

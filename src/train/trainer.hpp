@@ -153,6 +153,8 @@ class Trainer {
   // scaler; the gradient buckets (comm.overlap) and their line on rank 0.
   void make_optimizer_and_scaler();
   void make_reducer();
+  // The gradient buckets over the parameter table (comm.bucket_mb, first_bucket_mb).
+  std::vector<Bucket> bucket_plan() const;
   // Collective. Ends the run in one line where a node's room (comm/memory_room.hpp)
   // cannot hold what its ranks are still to take (CPU build; the CUDA build's are on
   // the device).

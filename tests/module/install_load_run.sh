@@ -38,7 +38,7 @@ prefix=$tmp/prefix
 echo "== cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; exit 1; }
 modulefile=$prefix/share/modulefiles/ddp_train/$version
-for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/merge_traces bin/torch_to_h5 bin/h5_to_torch \
+for f in bin/ddp_train bin/prepare_fashion_mnist bin/make_regression_data bin/plot_metrics bin/merge_traces bin/scaling_model bin/torch_to_h5 bin/h5_to_torch \
          bin/llmc_to_h5 bin/text_to_tokens bin/make_markov_tokens bin/token_shards.py \
          share/ddp_train/inputs/regression.nml share/ddp_train/jobs/cpu.sbatch \
          share/ddp_train/jobs/requeue.sbatch share/modulefiles/ddp_train/$version \

@@ -5,6 +5,7 @@
 // per element costs more than the arithmetic around it: batch norm's passes with
 // `(e / hw) % C` took 38% of the small ResNet's run on the host (perf, one rank).
 
+#include <cfloat>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -65,20 +66,21 @@ KOKKOS_INLINE_FUNCTION double lane_sum(const ElementTeam::member_type& team, std
 }
 
 // The largest f(j) over j in [0, n), n >= 1, by one team thread as lane_sum: on the
-// host in 16 running maxima, a loop the compiler vectorises. (NaNs are passed over.)
+// host in 16 running maxima, a loop the compiler vectorises. From the lowest finite
+// float, as Kokkos's Max on the device: NaNs are passed over, and all -inf gives
+// -FLT_MAX, on both.
 template <class F>
 KOKKOS_INLINE_FUNCTION float lane_max(const ElementTeam::member_type& team, std::int64_t n, const F& f) {
 #if defined(__CUDA_ARCH__)
-  float m = f(0);
+  float m = -FLT_MAX;
   Kokkos::parallel_reduce(
       Kokkos::ThreadVectorRange(team, n), [&](std::int64_t j, float& acc) { acc = f(j) > acc ? f(j) : acc; },
       Kokkos::Max<float>(m));
   return m;
 #else
   (void)team;
-  const float first = f(0);
   float lane[16];
-  for (int l = 0; l < 16; ++l) lane[l] = first;
+  for (int l = 0; l < 16; ++l) lane[l] = -FLT_MAX;
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16)
     for (int l = 0; l < 16; ++l) lane[l] = f(j + l) > lane[l] ? f(j + l) : lane[l];

@@ -151,50 +151,56 @@ TEST(Precision, GemmOperandsAreRounded) {
 }
 
 // gemm_batched as attention calls it: 3 heads side by side in each row of A and B
-// (stride one head's columns, ld the whole row) and C's blocks apart, every
-// transpose, at each precision: each C_i as the reference's on its operands (rounded
-// to the precision), beta's sum included; C outside the blocks untouched. The GPU
-// build's one strided-batched cuBLAS call; the host's loop.
+// (stride one head's columns, ld the whole row), and C's blocks either apart or,
+// as attention's O, dV, dQ and dK, side by side in its rows (stride n, ld past 3 n),
+// every transpose, at each precision, beta 0 (attention's) and 0.75: each C_i as the
+// reference's on its operands (rounded to the precision); C outside the blocks
+// untouched. The GPU build's one strided-batched cuBLAS call; the host's loop.
 TEST(Precision, BatchedGemmIsEachProduct) {
   const int m = 9, n = 7, k = 5, batch = 3;
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
-    for (int t = 0; t < 4; ++t) {
-      const bool ta = t & 1, tb = t & 2;
+    for (int t = 0; t < 8; ++t) {
+      const bool ta = t & 1, tb = t & 2, interleaved = t & 4;
+      const float beta = interleaved ? 0.0f : 0.75f;
       // A_i (m, k) or (k, m) stored as head i's columns of a wider row-major matrix
       const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-      const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1, ldc = n + 3;
-      const std::int64_t c_stride = std::int64_t(m) * ldc;
+      const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1, ldc = interleaved ? batch * n + 2 : n + 3;
+      const std::int64_t c_stride = interleaved ? n : std::int64_t(m) * ldc,
+                         c_size = interleaved ? std::int64_t(m) * ldc : c_stride * batch;
       const std::vector<float> a = random_values(std::size_t(a_rows) * lda, 31 + t),
                                b = random_values(std::size_t(b_rows) * ldb, 41 + t),
-                               c0 = random_values(std::size_t(c_stride) * batch, 51 + t);
+                               c0 = random_values(std::size_t(c_size), 51 + t);
       View1 av("test::a", a.size()), bv("test::b", b.size()), cv("test::c", c0.size());
       from_host(av, a);
       from_host(bv, b);
       from_host(cv, c0);
-      gemm_batched(ta, tb, m, n, k, 0.5f, av.data(), lda, a_cols, bv.data(), ldb, b_cols, 0.75f, cv.data(),
+      gemm_batched(ta, tb, m, n, k, 0.5f, av.data(), lda, a_cols, bv.data(), ldb, b_cols, beta, cv.data(),
                    ldc, c_stride, batch, p);
-      const std::vector<float> c = to_host(cv, std::int64_t(c0.size()));
+      const std::vector<float> c = to_host(cv, c_size);
+      std::vector<bool> in_block(c.size(), false);
       for (int i = 0; i < batch; ++i) {
         std::vector<float> ai(std::size_t(a_rows) * a_cols), bi(std::size_t(b_rows) * b_cols),
-            ci(std::size_t(m) * n);
+            ci(std::size_t(m) * n), got(std::size_t(m) * n);
         for (int r = 0; r < a_rows; ++r)
           for (int q = 0; q < a_cols; ++q) ai[r * a_cols + q] = a[r * lda + i * a_cols + q];
         for (int r = 0; r < b_rows; ++r)
           for (int q = 0; q < b_cols; ++q) bi[r * b_cols + q] = b[r * ldb + i * b_cols + q];
         for (int r = 0; r < m; ++r)
-          for (int q = 0; q < n; ++q) ci[r * n + q] = c0[i * c_stride + r * ldc + q];
+          for (int q = 0; q < n; ++q) {
+            const std::int64_t e = i * c_stride + r * ldc + q;
+            ci[r * n + q] = c0[e];
+            got[r * n + q] = c[e];
+            in_block[e] = true;
+          }
         const std::vector<float> want =
-            reference_gemm(ta, tb, m, n, k, 0.5f, rounded(p, ai), rounded(p, bi), 0.75f, ci);
-        std::vector<float> got(std::size_t(m) * n), outside;
-        for (int r = 0; r < m; ++r)
-          for (int q = 0; q < ldc; ++q)
-            (q < n ? got[r * n + q] : outside.emplace_back()) = c[i * c_stride + r * ldc + q];
-        EXPECT_LT(max_relative_error(got, want), 1e-6)
-            << precision_name(p) << " trans " << ta << tb << " C_" << i;
-        for (int r = 0, o = 0; r < m; ++r)
-          for (int q = n; q < ldc; ++q, ++o)
-            EXPECT_EQ(outside[o], c0[i * c_stride + r * ldc + q])
-                << "C_" << i << " row " << r << " col " << q;
+            reference_gemm(ta, tb, m, n, k, 0.5f, rounded(p, ai), rounded(p, bi), beta, ci);
+        EXPECT_LT(max_relative_error(got, want), 1e-6) << precision_name(p) << " trans " << ta << tb
+                                                       << (interleaved ? " interleaved" : "") << " C_" << i;
+      }
+      for (std::size_t e = 0; e < c.size(); ++e) {
+        if (!in_block[e]) {
+          EXPECT_EQ(c[e], c0[e]) << "C's element " << e << " outside the blocks";
+        }
       }
     }
 }

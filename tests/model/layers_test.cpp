@@ -10,6 +10,7 @@
 #include "comm/check.hpp"
 #include "grad_check.hpp"
 #include "model/activation.hpp"
+#include "model/backend.hpp"
 #include "model/dropout.hpp"
 #include "model/exp_fast.hpp"
 #include "model/flatten.hpp"
@@ -206,10 +207,11 @@ TEST(Tanh, GradientCheck) {
   check_layer(b, {7}, 3, true, 0.0f);
 }
 
-// exp_fast (GELU's and attention's softmax's exp), computed in a kernel (on the device
-// in the GPU build): within 1.5 ulp of exp (in double) over a sweep of the floats whose
-// exp is normal; subnormal results within one subnormal step; 1 at 0; 0, inf and NaN
-// where expf gives them.
+// exp_fast (GELU's and attention's softmax's exp), computed in a kernel: within 1.5
+// ulp of exp (in double) over a sweep of the floats whose exp is normal; subnormal
+// results within one subnormal step; 1 at 0; 0, inf and NaN where expf gives them. On
+// the device (the GPU build) exp_fast is CUDA's expf, documented within 2 ulp: 2 ulp
+// and 2 subnormal steps there.
 TEST(ExpFast, WithinOneAndAHalfUlpOfExp) {
   std::vector<float> xs;
   for (std::uint32_t u = 0; u <= float_bits(88.7f); u += 1021) xs.push_back(bits_float(u));
@@ -219,6 +221,7 @@ TEST(ExpFast, WithinOneAndAHalfUlpOfExp) {
   xs.insert(xs.end(), edges.begin(), edges.end());
   const std::int64_t n = static_cast<std::int64_t>(xs.size());
   const std::vector<float> y = exp_fast_check::on_device(xs);
+  const bool device = compute_backend().device_memory();
   double worst = 0.0;
   float worst_x = 0.0f;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -229,15 +232,15 @@ TEST(ExpFast, WithinOneAndAHalfUlpOfExp) {
     } else if (e > 3.4028234663852886e38) {  // past FLT_MAX
       EXPECT_EQ(y[i], INFINITY) << "x = " << x;
     } else if (e < 1.1754943508222875e-38) {  // a subnormal result, or 0
-      EXPECT_LE(std::fabs(y[i] - e), 1.5e-45) << "x = " << x;
+      EXPECT_LE(std::fabs(y[i] - e), device ? 3e-45 : 1.5e-45) << "x = " << x;
     } else {
       const double rel = std::fabs(y[i] - e) / e;
       if (rel > worst) worst = rel, worst_x = x;
     }
   }
-  EXPECT_LE(worst, 1.5 * std::ldexp(1.0, -23)) << "at x = " << worst_x;  // 1.5 ulp of [1, 2)
-  EXPECT_EQ(y[n - edges.size()], 1.0f);                                  // exp(0)
-  EXPECT_EQ(y[n - edges.size() + 1], 1.0f);                              // exp(-0)
+  EXPECT_LE(worst, (device ? 2.0 : 1.5) * std::ldexp(1.0, -23)) << "at x = " << worst_x;  // ulps of [1, 2)
+  EXPECT_EQ(y[n - edges.size()], 1.0f);                                                   // exp(0)
+  EXPECT_EQ(y[n - edges.size() + 1], 1.0f);                                               // exp(-0)
 }
 
 TEST(Flatten, ReshapesWithoutCopy) {

@@ -33,6 +33,7 @@ CMAKE_OPTIONS_NOT_EXPOSED = {
     "DDP_TEST_TIMEOUT": "test suite only (its default suits `spack install --test`)",
     "DDP_TORCH_PYTHON": "test suite only: the PyTorch comparisons skip without torch",
     "DDP_TB_PYTHON": "test suite only: the TensorBoard read-back skips without the tensorboard package",
+    "DDP_TOKENIZERS_PYTHON": "test suite only: the BPE test skips without Hugging Face's tokenizers",
     "DDP_HYDRA": "test suite only: MPICH's mpiexec.hydra, another MPI's launcher; its test skips without it",
     "DDP_TOOLS_PYTHON": "test suite only: the image tools' tests are left out without PIL",
 }

@@ -34,15 +34,8 @@ import numpy as np
 
 tools, docs, work = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, tools)
+from checks import check, finish  # noqa: E402
 from token_shards import read_vocab  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def run(*args):
@@ -120,5 +113,4 @@ refused([f"{work}/third.txt", f"{work}/x", "--tokenizer", f"{work}/third.txt"],
         ["third.txt: not a tokenizer.json that Hugging Face's tokenizers reads"], "not a tokenizer")
 check(not os.path.exists(f"{work}/x"), "nothing written for a refused run")
 
-print("bpe_tokens_test: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
-sys.exit(1 if failures else 0)
+finish("bpe_tokens_test")

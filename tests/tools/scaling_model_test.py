@@ -22,16 +22,11 @@ import os
 import subprocess
 import sys
 
+from checks import check, finish
+
 tools, work = sys.argv[1], sys.argv[2]
 real = sys.argv[3] if len(sys.argv) > 3 else None
 os.makedirs(work, exist_ok=True)
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def run(*args):
@@ -107,5 +102,4 @@ if real:
                                    for r in rows.values()),
           f"h100-ib on a real trace: efficiencies in (0, 1], overlap no slower ({out.splitlines()[0]})")
 
-print("scaling_model_test: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
-sys.exit(1 if failures else 0)
+finish("scaling_model_test")

@@ -21,15 +21,8 @@ import numpy as np
 
 tools, work = sys.argv[1], sys.argv[2]
 sys.path.insert(0, tools)
+from checks import check, finish  # noqa: E402
 from token_shards import read_vocab  # noqa: E402
-
-failures = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAILED: ") + what)
-    if not cond:
-        failures.append(what)
 
 
 def run(tool, *args):
@@ -131,5 +124,4 @@ check(b"".join(vocab[int(v)] for v in stream) == expected, "the shards decode to
 n_val = len(tokens_of([f"{work}/text/{p}" for p in val]))
 check(n_val == int(len(stream) * 0.1) and len(train) == 3, f"validation the last tenth ({n_val} of {len(stream)})")
 
-print("token_tools_test: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
-sys.exit(1 if failures else 0)
+finish("token_tools_test")

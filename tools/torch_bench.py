@@ -168,7 +168,8 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e]): the pre-norm block."""
+    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e][, block=N]): the pre-norm
+    block (block=N ignored, as attention's)."""
 
     def __init__(self, d, heads, mlp, causal, tanh, eps):
         super().__init__()

@@ -1,5 +1,5 @@
 #pragma once
-// attention(heads[, causal]): multi-head self-attention, PyTorch's
+// attention(heads[, causal][, block=N]): multi-head self-attention, PyTorch's
 // nn.MultiheadAttention(d, heads, bias=True, batch_first=True) called as mha(x, x, x)
 // with dropout 0, and with `causal` attn_mask the causal mask (-inf above the
 // diagonal: token i attends to tokens 0..i), as GPT-2's attention:
@@ -13,14 +13,32 @@
 // its initialisation: xavier_uniform_ on in_proj_weight, nn.Linear's
 // kaiming_uniform_(a=sqrt(5)) on out_proj.weight, zeros on both biases.
 //
-// The plain path, the naive T x T one: every (batch, head) gets its (T, T) scores.
-// Memory: forward keeps P, B nh T^2 floats, for backward, and backward takes as many
-// again for dS while it runs: at B = 8, nh = 12, T = 1024 that is 0.4 GB kept plus
-// 0.4 GB in backward, at T = 4096 16 times that; so a few thousand tokens is the
-// limit of this path (an O(T) fused one, flash or cuDNN SDPA, is a later task).
+// Two paths, the same arithmetic row by row; results within float rounding of each
+// other, not the same bits (a GEMM's bits depend on its shape, and dK and dV are
+// summed block by block), except that one block of all T gives the keep path's bits:
+// - keep (block=0): every (batch, head) gets its (T, T) scores, and forward keeps
+//   the probabilities P, B nh T^2 floats, for backward, which takes as many again for
+//   dS while it runs.
+// - blocks of query rows (block=N; N >= T: one block of all T): forward works one
+//   block of N queries of one sample at a time and keeps only each row's softmax
+//   statistics (its max and the reciprocal of its sum, 2 B nh T floats); backward
+//   recomputes the block's scores and, from the statistics, the same bits of P. A
+//   causal block of queries i0..i0+N-1 sees keys 0..i0+N-1 only, so the masked corner
+//   past the block is neither computed nor stored. Memory: O(B nh T) kept plus one block's (nh, N, T)
+//   scores and their gradient, for one extra GEMM a block in backward (the
+//   recomputation flash attention makes too).
+// The default: blocks of R rows where T > R, the keep path where T <= R; R is 128 on
+// the host (faster than keeping P from T = 256 on, attention.cpp), and on a GPU the
+// largest power of two up to 512 (at least 16) whose (nh, R, T) scores take at most
+// 64 MiB. At B = 8, nh = 12, T = 4096 the keep path would hold 6.4 GB of P a layer
+// (and as much again for dS in backward); the block path holds 3 MB of statistics
+// and, on the GPU (R = 256), 96 MiB of scratch a layer (p_ and ds_).
+// Neither is a fused kernel: the blocks go through the gemm seam, on a GPU cuBLAS
+// (a fused flash or cuDNN SDPA kernel for bf16 on the GPU is a later task).
 // The per-head products go through the gemm seam with leading dimensions that pick
 // the head's columns out of the rows of qkv, so no head is copied: per batch one
-// gemm_batched over the nh heads (2 products in forward, 4 in backward), one
+// gemm_batched over the nh heads (2 products in forward, 4 in backward; per block, 2
+// and 5 on the block path), one
 // strided-batched cuBLAS call on a GPU (a loop of oneDNN's sgemm on the host, whose
 // batched matmul was no faster at gpt_tiny's shapes). The softmax in fp32 with the row's max subtracted, its
 // sums in double, a team thread per row; the bias gradients as column sums in double
@@ -37,11 +55,16 @@ namespace ddp {
 
 class Attention : public Layer {
  public:
-  Attention(std::int64_t heads, bool causal) : heads_(heads), causal_(causal) {}
+  // block: query rows a block (>= 1), 0 for the keep path, kAutoBlock for the rule above.
+  static constexpr std::int64_t kAutoBlock = -1;
+  Attention(std::int64_t heads, bool causal, std::int64_t block = kAutoBlock)
+      : heads_(heads), causal_(causal), block_(block) {}
 
   std::string kind() const override { return "attention"; }
   std::int64_t heads() const { return heads_; }
   bool causal() const { return causal_; }
+  // Query rows a block after output_shape (0: the keep path), from the option and (nh, T).
+  std::int64_t block_rows() const { return rows_; }
   Shape output_shape(const Shape& in_sample) override;
   std::vector<ParamSpec> parameter_specs() const override;
   void bind(float* params, float* grads) override;
@@ -50,8 +73,12 @@ class Attention : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
  private:
+  void scores(const float* qkv, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n,
+              float* s) const;
   std::int64_t heads_;  // nh
   bool causal_;
+  std::int64_t block_;                   // the option: kAutoBlock, 0 (keep) or rows
+  std::int64_t rows_ = 0;                // resolved by output_shape: 0 (keep) or rows a block
   std::int64_t T_ = 0, d_ = 0, hs_ = 0;  // tokens, width, head size d / nh
   Shape sample_;                         // (T, d)
   float* in_weight_ = nullptr;           // (3d, d)
@@ -62,14 +89,15 @@ class Attention : public Layer {
   float* din_bias_ = nullptr;            // (3d)
   float* dout_weight_ = nullptr;         // (d, d)
   float* dout_bias_ = nullptr;           // (d)
-  // Grown only: a smaller batch uses a prefix. qkv_ and do_ hold one row more than
-  // they use (see reserve_buffers in attention.cpp).
+  // Grown only: a smaller batch uses a prefix.
   View1 qkv_;                      // (B, T, 3d): Q, K, V of forward, heads side by side in each
-  View1 p_;                        // (B, nh, T, T): the probabilities, kept for backward
+  View1 p_;                        // keep: (B, nh, T, T), the probabilities kept for backward;
+                                   // blocks: (nh, N, T), one block's scores and probabilities
+  View1 stats_;                    // blocks: (B, nh, T, 2), each row's max and 1 / sum
   View1 o_;                        // (B, T, d): the heads' outputs, concatenated
   View1 do_;                       // (B, T, d): backward's gradient of o_
   View1 dqkv_;                     // (B, T, 3d): backward's gradient of qkv_
-  View1 ds_;                       // (B, nh, T, T): backward's gradient of the scores
+  View1 ds_;                       // as p_: backward's gradient of the scores
   Kokkos::View<double*> partial_;  // (K, 3d) the bias gradients' sums over K stretches of rows
 };
 

@@ -1,11 +1,12 @@
 #pragma once
-// transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e]): the pre-norm block of
-// GPT-2 and ViT, torchvision's EncoderBlock (vision_transformer.py) with dropout 0:
+// transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N]): the
+// pre-norm block of GPT-2 and ViT, torchvision's EncoderBlock (vision_transformer.py) with dropout 0:
 //   r = x + self_attention(ln_1(x))          attention(heads[, causal])
 //   y = r + mlp(ln_2(r))                     mlp: linear(mlp d) -> gelu -> linear(d)
 // on a (T, d) sample. causal: GPT-2's masked attention (ViT's is not); tanh: GPT-2's
 // tanh GELU (ViT's is exact); eps: the layer norms' (1e-5 by default, GPT-2's; ViT's
-// 1e-6). Parameters in EncoderBlock's names under the model's "layers.<i>." prefix:
+// 1e-6); block: the attention's (attention.hpp: its path for long sequences).
+// Parameters in EncoderBlock's names under the model's "layers.<i>." prefix:
 // ln_1.weight, ln_1.bias, self_attention.in_proj_weight, self_attention.in_proj_bias,
 // self_attention.out_proj.weight, self_attention.out_proj.bias, ln_2.weight, ln_2.bias,
 // mlp.0.weight, mlp.0.bias (mlp d, d), mlp.3.weight, mlp.3.bias (d, mlp d): the
@@ -27,9 +28,11 @@ namespace ddp {
 
 class TransformerBlock : public Layer {
  public:
-  TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh, float eps);
+  TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh, float eps,
+                   std::int64_t block = Attention::kAutoBlock);
 
   std::string kind() const override { return "transformer_block"; }
+  const Attention& attention() const { return *attn_; }
   Shape output_shape(const Shape& in_sample) override;
   std::vector<ParamSpec> parameter_specs() const override;
   void bind(float* params, float* grads) override;

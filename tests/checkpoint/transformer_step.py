@@ -118,7 +118,10 @@ if kind == "gpt":
         f.attrs["vocab_size"] = np.int64(V)
     windows = torch.from_numpy(np.stack([tokens[i * T:i * T + T + 1] for i in range(N)]))
     X, Y = windows[:, :-1], windows[:, 1:]
-    layers = [f"'embedding({V}, {d})'", f"'pos_embedding({T})'"] + [f"'transformer_block({heads}, causal, tanh)'"] * L \
+    # The first block's attention keeps its probabilities, the second's works in
+    # blocks of 5 queries (5 + 5 + 5 + 1) and recomputes them: both paths in one step.
+    layers = [f"'embedding({V}, {d})'", f"'pos_embedding({T})'", f"'transformer_block({heads}, causal, tanh)'"] \
+        + [f"'transformer_block({heads}, causal, tanh, block=5)'"] * (L - 1) \
         + ["'layernorm'", f"'linear({V}, bias=false, tied)'"]
     data_line, per_sample = f"seq_len = {T}", T
     betas, decay, lr = (0.9, 0.95), 0.1, 3e-3
@@ -148,8 +151,8 @@ else:
         f.create_dataset("y", data=y)
     X, Y = torch.from_numpy(x), torch.from_numpy(y)
     layers = [f"'patch_embed({patch}, {d})'", "'class_token'", f"'pos_embedding({(side // patch) ** 2 + 1})'"] \
-        + [f"'transformer_block({heads}, eps=1e-6)'"] * L + ["'layernorm(eps=1e-6)'", "'token_pool'",
-                                                             f"'linear({classes})'"]
+        + [f"'transformer_block({heads}, eps=1e-6)'"] + [f"'transformer_block({heads}, eps=1e-6, block=8)'"] * (L - 1) \
+        + ["'layernorm(eps=1e-6)'", "'token_pool'", f"'linear({classes})'"]  # the second in blocks of 8 of 17
     data_line, per_sample = "shuffle = F", 1
     betas, decay, lr = (0.9, 0.999), 0.05, 1e-3
     sd, hf = net.state_dict(), None

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "comm/check.hpp"
@@ -18,6 +19,7 @@
 #include "model/attention.hpp"
 #include "model/gelu.hpp"
 #include "model/model.hpp"
+#include "model/transformer_block.hpp"
 
 namespace ddp {
 namespace {
@@ -541,12 +543,15 @@ TEST(Model, TransformerLayersInSummaryAndNames) {
 
 // attention(heads[, causal]) against finite differences: every gradient (x and the
 // four parameters, the biases moved off their initial 0), several widths and head
-// counts, one token, one head.
+// counts, one token, one head; the block path (block=N) with blocks that do not divide
+// T and blocks of one query.
 TEST(Attention, GradientCheck) {
   const std::vector<std::pair<std::string, Shape>> cases = {
-      {"attention(2)", {5, 8}},         {"attention(3, causal)", {7, 12}}, {"attention(2)", {1, 8}},
-      {"attention(2, causal)", {1, 8}}, {"attention(1)", {4, 6}},          {"attention(1, causal)", {6, 4}},
-      {"attention(4, causal)", {3, 8}}};
+      {"attention(2)", {5, 8}},          {"attention(3, causal)", {7, 12}},
+      {"attention(2)", {1, 8}},          {"attention(2, causal)", {1, 8}},
+      {"attention(1)", {4, 6}},          {"attention(1, causal)", {6, 4}},
+      {"attention(4, causal)", {3, 8}},  {"attention(3, causal, block=3)", {7, 12}},
+      {"attention(2, block=2)", {5, 8}}, {"attention(1, causal, block=1)", {6, 4}}};
   for (const auto& [spec, in] : cases) {
     SCOPED_TRACE(spec + " on " + shape_str(in));
     BoundLayer b(spec, in);
@@ -601,9 +606,11 @@ TEST(Attention, ParametersAndInit) {
 // tokens change too. A gradient at token t alone reaches no input after t.
 TEST(Attention, CausalMaskHidesLaterTokens) {
   const std::int64_t B = 2, T = 6, d = 8, t = 3;
-  for (bool causal : {true, false}) {
-    SCOPED_TRACE(causal ? "causal" : "not causal");
-    BoundLayer b(causal ? "attention(2, causal)" : "attention(2)", {T, d});
+  for (const char* spec :
+       {"attention(2, causal)", "attention(2)", "attention(2, causal, block=2)", "attention(2, block=4)"}) {
+    SCOPED_TRACE(spec);
+    const bool causal = std::string(spec).find("causal") != std::string::npos;
+    BoundLayer b(spec, {T, d});
     test::from_host(b.params, random_values(b.n, 5, -0.5f, 0.5f));
     std::vector<float> xs = random_values(B * T * d, 6);
     Tensor x = make_tensor({B, T, d}, xs), y, y2;
@@ -645,42 +652,130 @@ TEST(Attention, CausalMaskHidesLaterTokens) {
 // without the input gradient (the model's first layer) the parameter gradients are
 // the same.
 TEST(Attention, GradientsAccumulateOverwriteAndRepeat) {
-  BoundLayer b("attention(4, causal)", {9, 16});
-  test::from_host(b.params, random_values(b.n, 3, -0.5f, 0.5f));
-  Tensor x = make_tensor({3, 9, 16}, random_values(432, 1, -2.0f, 2.0f)), y, dx;
-  Tensor dy = make_tensor({3, 9, 16}, random_values(432, 2));
-  b.layer->forward(x, y, true);
-  const std::vector<float> y_once = to_host(y.data, y.numel());
-  b.layer->backward(x, y, dy, dx);
-  const std::vector<float> once = to_host(b.grads, b.n), dx_once = to_host(dx.data, dx.numel());
-  b.layer->backward(x, y, dy, dx);
-  const std::vector<float> twice = to_host(b.grads, b.n);
-  // The GEMMs add the second gradient into the first (beta = 1): not the doubled bits.
-  std::vector<float> doubled(once);
-  for (float& v : doubled) v *= 2;
-  EXPECT_LE(test::max_relative_error(twice, doubled), 1e-6);
-  EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
-  b.layer->set_overwrite_gradients(true);
-  b.layer->forward(x, y, true);
-  EXPECT_EQ(to_host(y.data, y.numel()), y_once);
-  b.layer->backward(x, y, dy, dx);
-  EXPECT_EQ(to_host(b.grads, b.n), once);
-  EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
+  for (const char* spec : {"attention(4, causal)", "attention(4, causal, block=4)"}) {
+    SCOPED_TRACE(spec);
+    BoundLayer b(spec, {9, 16});
+    test::from_host(b.params, random_values(b.n, 3, -0.5f, 0.5f));
+    Tensor x = make_tensor({3, 9, 16}, random_values(432, 1, -2.0f, 2.0f)), y, dx;
+    Tensor dy = make_tensor({3, 9, 16}, random_values(432, 2));
+    b.layer->forward(x, y, true);
+    const std::vector<float> y_once = to_host(y.data, y.numel());
+    b.layer->backward(x, y, dy, dx);
+    const std::vector<float> once = to_host(b.grads, b.n), dx_once = to_host(dx.data, dx.numel());
+    b.layer->backward(x, y, dy, dx);
+    const std::vector<float> twice = to_host(b.grads, b.n);
+    // The GEMMs add the second gradient into the first (beta = 1): not the doubled bits.
+    std::vector<float> doubled(once);
+    for (float& v : doubled) v *= 2;
+    EXPECT_LE(test::max_relative_error(twice, doubled), 1e-6);
+    EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
+    b.layer->set_overwrite_gradients(true);
+    b.layer->forward(x, y, true);
+    EXPECT_EQ(to_host(y.data, y.numel()), y_once);
+    b.layer->backward(x, y, dy, dx);
+    EXPECT_EQ(to_host(b.grads, b.n), once);
+    EXPECT_EQ(to_host(dx.data, dx.numel()), dx_once);
 
-  BoundLayer first("attention(4, causal)", {9, 16});
-  test::from_host(first.params, to_host(b.params, b.n));
-  first.layer->set_needs_input_grad(false);
-  Tensor y1, dx1;
-  first.layer->forward(x, y1, true);
-  first.layer->backward(x, y1, dy, dx1);
-  EXPECT_EQ(to_host(first.grads, first.n), once);
-  EXPECT_EQ(dx1.numel(), 0);
+    BoundLayer first(spec, {9, 16});
+    test::from_host(first.params, to_host(b.params, b.n));
+    first.layer->set_needs_input_grad(false);
+    Tensor y1, dx1;
+    first.layer->forward(x, y1, true);
+    first.layer->backward(x, y1, dy, dx1);
+    EXPECT_EQ(to_host(first.grads, first.n), once);
+    EXPECT_EQ(dx1.numel(), 0);
+  }
 }
 
 // A smaller batch after a larger one uses a prefix of the buffers and gives what it
 // gives alone.
 TEST(Attention, SmallerBatchAfterLarger) {
   expect_smaller_batch_after_larger("attention(2, causal)", {5, 8}, true);
+  expect_smaller_batch_after_larger("attention(2, causal, block=2)", {5, 8}, true);
+}
+
+// The block path against the keep path on the same parameters and data, causal and
+// not, blocks that divide T and blocks that do not: the same arithmetic row by row,
+// GEMMs of other shapes and dK, dV summed over the query blocks, so within float
+// rounding, tensor by tensor (Q's, K's and V's thirds of in_proj apart); one block of
+// all T (block=T): the keep path's bits.
+TEST(Attention, BlocksAgreeWithKeep) {
+  const std::int64_t B = 3, T = 40, d = 32;
+  for (const char* opts : {"", ", causal"})
+    for (int rows : {7, 8, 16, 39, 40}) {
+      const std::string keep_spec = std::string("attention(4") + opts + ", block=0)",
+                        block_spec =
+                            std::string("attention(4") + opts + ", block=" + std::to_string(rows) + ")";
+      SCOPED_TRACE(block_spec);
+      BoundLayer keep(keep_spec, {T, d}), blocks(block_spec, {T, d});
+      EXPECT_EQ(dynamic_cast<const Attention&>(*keep.layer).block_rows(), 0);
+      EXPECT_EQ(dynamic_cast<const Attention&>(*blocks.layer).block_rows(), rows);
+      const std::vector<float> p = random_values(keep.n, 31, -0.3f, 0.3f);
+      test::from_host(keep.params, p);
+      test::from_host(blocks.params, p);
+      Tensor x = make_tensor({B, T, d}, random_values(B * T * d, 32, -2.0f, 2.0f));
+      Tensor dy = make_tensor({B, T, d}, random_values(B * T * d, 33));
+      Tensor yk, yb, dxk, dxb;
+      keep.layer->forward(x, yk, true);
+      blocks.layer->forward(x, yb, true);
+      keep.layer->backward(x, yk, dy, dxk);
+      blocks.layer->backward(x, yb, dy, dxb);
+      const std::vector<float> gk = to_host(keep.grads, keep.n), gb = to_host(blocks.grads, blocks.n);
+      // (name, offset, size) in the gradient buffer: in_proj's weight by thirds
+      const std::vector<std::tuple<const char*, std::int64_t, std::int64_t>> parts = {
+          {"dW_q", 0, d * d},
+          {"dW_k", d * d, d * d},
+          {"dW_v", 2 * d * d, d * d},
+          {"db_in", 3 * d * d, 3 * d},
+          {"dW_out", 3 * d * d + 3 * d, d * d},
+          {"db_out", 4 * d * d + 3 * d, d}};
+      if (rows == T) {
+        EXPECT_EQ(to_host(yb.data, yb.numel()), to_host(yk.data, yk.numel()));
+        EXPECT_EQ(to_host(dxb.data, dxb.numel()), to_host(dxk.data, dxk.numel()));
+        EXPECT_EQ(gb, gk);
+        continue;
+      }
+      EXPECT_LE(test::max_relative_error(to_host(yb.data, yb.numel()), to_host(yk.data, yk.numel())), 1e-6);
+      EXPECT_LE(test::max_relative_error(to_host(dxb.data, dxb.numel()), to_host(dxk.data, dxk.numel())),
+                1e-6);
+      for (const auto& [name, at, size] : parts)
+        EXPECT_LE(test::max_relative_error(std::vector<float>(gb.begin() + at, gb.begin() + at + size),
+                                           std::vector<float>(gk.begin() + at, gk.begin() + at + size)),
+                  1e-6)
+            << name;
+    }
+}
+
+// The default path: keep up to R tokens, blocks of R above; R 128 on the host, on a
+// GPU the largest power of two up to 512 (at least 16) whose (heads, R, T) scores take
+// at most 64 MiB; block=N caps at T; transformer_block passes its option on.
+TEST(Attention, DefaultBlockRows) {
+  const auto rows = [](const std::string& spec, std::int64_t T, std::int64_t d) {
+    std::unique_ptr<Layer> l = make_layer(spec);
+    l->output_shape({T, d});
+    return dynamic_cast<const Attention&>(*l).block_rows();
+  };
+#if defined(KOKKOS_ENABLE_CUDA)
+  EXPECT_EQ(rows("attention(12, causal)", 512, 768), 0);
+  EXPECT_EQ(rows("attention(12, causal)", 513, 768), 512);
+  EXPECT_EQ(rows("attention(12, causal)", 1024, 768), 512);
+  EXPECT_EQ(rows("attention(12, causal)", 4096, 768), 256);  // 48 MiB of scores a block
+  EXPECT_EQ(rows("attention(16)", 1 << 20, 1024), 16);       // the floor, over 64 MiB
+#else
+  EXPECT_EQ(rows("attention(4, causal)", 64, 64), 0);
+  EXPECT_EQ(rows("attention(4, causal)", 128, 64), 0);
+  EXPECT_EQ(rows("attention(4, causal)", 129, 64), 128);
+  EXPECT_EQ(rows("attention(12)", 4096, 768), 128);
+#endif
+  EXPECT_EQ(rows("attention(2, block=0)", 4096, 8), 0);
+  EXPECT_EQ(rows("attention(2, block=64)", 4096, 8), 64);
+  EXPECT_EQ(rows("attention(2, block=64)", 40, 8), 40);
+  EXPECT_EQ(rows("attention(2, block=5)", 40, 8), 5);
+  std::unique_ptr<Layer> blk = make_layer("transformer_block(2, causal, block=5)");
+  blk->output_shape({40, 8});
+  const auto* tb = dynamic_cast<const TransformerBlock*>(blk.get());
+  ASSERT_NE(tb, nullptr);
+  EXPECT_EQ(tb->attention().block_rows(), 5);
 }
 
 // One head over one token attends to itself alone: y = (x W_v^T + b_v) W_out^T + b_out,
@@ -785,20 +880,22 @@ TEST(Registry, AttentionSpecsAndErrors) {
   EXPECT_TRUE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=true)")).causal());
   EXPECT_FALSE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=false)")).causal());
   EXPECT_EQ(dynamic_cast<Attention&>(*make_layer("attention(2, causal, dropout=0)")).heads(), 2);
-  EXPECT_NE(known_layers().find(", attention(heads[, causal])"), std::string::npos) << known_layers();
+  EXPECT_NE(known_layers().find(", attention(heads[, causal][, block=N])"), std::string::npos)
+      << known_layers();
+  EXPECT_THROW(make_layer("attention(2, block=-1)"), InputError);
   EXPECT_EQ(spec_error("attention(3)", {5, 8}),
             "attention: the features (8) are not a multiple of the heads (3)");
   EXPECT_EQ(spec_error("attention(16, causal)", {5, 8}),
             "attention: the features (8) are not a multiple of the heads (16)");
   EXPECT_EQ(spec_error("attention", {5, 8}),
-            "attention takes 1 argument, got 0; usage: attention(heads[, causal])");
+            "attention takes 1 argument, got 0; usage: attention(heads[, causal][, block=N])");
   EXPECT_EQ(spec_error("attention(0)", {5, 8}), "heads must be >= 1");
   EXPECT_EQ(spec_error("attention(two)", {5, 8}), "heads must be an integer, got 'two'");
   EXPECT_EQ(spec_error("attention(2, causal=maybe)", {5, 8}), "causal must be true or false, got 'maybe'");
   EXPECT_EQ(spec_error("attention(2, dropout=0.1)", {5, 8}),
             "attention: dropout=0.1 is not yet supported (attention runs with dropout 0)");
   EXPECT_EQ(spec_error("attention(2, bias=false)", {5, 8}),
-            "attention has no option 'bias'; usage: attention(heads[, causal])");
+            "attention has no option 'bias'; usage: attention(heads[, causal][, block=N])");
   EXPECT_EQ(spec_error("attention(2)", {8}),
             "attention needs a sequence input (tokens, features) but gets (8)");
   EXPECT_EQ(spec_error("attention(2)"),

@@ -153,15 +153,16 @@ TEST(Precision, GemmOperandsAreRounded) {
 // gemm_batched as attention calls it: 3 heads side by side in each row of A and B
 // (stride one head's columns, ld the whole row), and C's blocks either apart or,
 // as attention's O, dV, dQ and dK, side by side in its rows (stride n, ld past 3 n),
-// every transpose, at each precision, beta 0 (attention's) and 0.75: each C_i as the
+// every transpose, at each precision, beta 0 and 0.75 (attention's block path adds
+// dK and dV of later blocks into side-by-side blocks: beta 1): each C_i as the
 // reference's on its operands (rounded to the precision); C outside the blocks
 // untouched. The GPU build's one strided-batched cuBLAS call; the host's loop.
 TEST(Precision, BatchedGemmIsEachProduct) {
   const int m = 9, n = 7, k = 5, batch = 3;
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < 16; ++t) {
       const bool ta = t & 1, tb = t & 2, interleaved = t & 4;
-      const float beta = interleaved ? 0.0f : 0.75f;
+      const float beta = t & 8 ? 0.75f : 0.0f;
       // A_i (m, k) or (k, m) stored as head i's columns of a wider row-major matrix
       const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
       const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1, ldc = interleaved ? batch * n + 2 : n + 3;

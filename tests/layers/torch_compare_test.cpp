@@ -225,6 +225,12 @@ TEST(TorchCompare, PatchEmbed3TwoChannels) { compare_case("patch_embed_p3"); }
 TEST(TorchCompare, ClassToken) { compare_case("class_token"); }
 TEST(TorchCompare, TokenPoolClass) { compare_case("token_pool_class"); }
 TEST(TorchCompare, TokenPoolMean) { compare_case("token_pool_mean"); }
+// attention's block path (attention.hpp)
+TEST(TorchCompare, AttentionBlocksOf3CausalT7) { compare_case("attention_block3_causal_t7"); }
+TEST(TorchCompare, AttentionBlocksOf2T5) { compare_case("attention_block2_t5"); }
+TEST(TorchCompare, AttentionOneBlockOfAllT6) { compare_case("attention_block_all_t6"); }
+TEST(TorchCompare, AttentionBlocksOf8CausalT32D64H4) { compare_case("attention_block8_causal_t32"); }
+TEST(TorchCompare, TransformerBlockGpt2BlocksOf4) { compare_case("block_gpt2_block4"); }
 
 // A whole model (group /<group> of the reference): our names are exactly the
 // nn.Sequential's state_dict keys (with the "layers." prefix of the checkpoint), and

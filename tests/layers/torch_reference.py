@@ -343,6 +343,18 @@ def main():
             err = (tv(probe) - vit(probe)).abs().max().item()
         assert err < 1e-5, f"the layer list is not torchvision's VisionTransformer: {err}"
         model_group(f, "vit_model", vit, (3, 3, 8, 8))
+        # Attention's block path (query rows a block, P recomputed in backward), after the
+        # cases above: blocks that do not divide T (7 = 3 + 3 + 1, 5 = 2 + 2 + 1), a
+        # single block of all T, and the wider causal shape in blocks of 8.
+        case(f, "attention_block3_causal_t7", "attention(3, causal, block=3)", SelfAttention(12, 3, causal=True),
+             (2, 7, 12))
+        case(f, "attention_block2_t5", "attention(2, block=2)", SelfAttention(8, 2), (3, 5, 8))
+        case(f, "attention_block_all_t6", "attention(2, causal, block=6)", SelfAttention(8, 2, causal=True),
+             (2, 6, 8))
+        case(f, "attention_block8_causal_t32", "attention(4, causal, block=8)", SelfAttention(64, 4, causal=True),
+             (2, 32, 64), x_scale=0.25)
+        case(f, "block_gpt2_block4", "transformer_block(4, causal, tanh, block=4)",
+             Block(16, 4, causal=True, tanh=True), (2, 9, 16), x_scale=0.5)
 
 
 if __name__ == "__main__":

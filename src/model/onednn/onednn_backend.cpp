@@ -1,8 +1,10 @@
 #include "model/onednn/onednn_backend.hpp"
 
+#include <cstdlib>
 #include <dnnl.hpp>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -25,8 +27,32 @@ void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const f
     DDP_FATAL("oneDNN sgemm (" << m << "x" << n << "x" << k << ") failed with status " << status);
 }
 
+// A thread's bf16 operand buffers, shared by all its shapes' GEMMs (each runs to its
+// end before the next starts): grown only, to the largest spans met. (One pair per
+// shape, as before, grew with the shapes: attention's blocks make a shape each.)
+struct Bf16Scratch {
+  struct Buffer {
+    std::unique_ptr<void, void (*)(void*)> data{nullptr, std::free};
+    std::size_t bytes = 0;
+    void* at_least(std::size_t n) {
+      if (n > bytes) {
+        data.reset(std::aligned_alloc(64, (n + 63) / 64 * 64));
+        DDP_REQUIRE(data != nullptr, "cannot allocate " << n << " bytes of bf16 GEMM operands");
+        bytes = n;
+      }
+      return data.get();
+    }
+  };
+  Buffer a, b;
+};
+
+Bf16Scratch& bf16_scratch() {
+  thread_local Bf16Scratch scratch;
+  return scratch;
+}
+
 // A bf16 GEMM for one shape: reorders of A and B from fp32 into bf16 buffers of the
-// same layout, and a matmul with an fp32 destination.
+// same layout (the thread's Bf16Scratch), and a matmul with an fp32 destination.
 struct Bf16Gemm {
   memory a32, b32, a16, b16, c32;
   dnnl::reorder to16_a, to16_b;
@@ -48,8 +74,8 @@ struct Bf16Gemm {
     a32 = memory(a32_md, eng, DNNL_MEMORY_NONE);
     b32 = memory(b32_md, eng, DNNL_MEMORY_NONE);
     c32 = memory(c_md, eng, DNNL_MEMORY_NONE);
-    a16 = memory(a16_md, eng);
-    b16 = memory(b16_md, eng);
+    a16 = memory(a16_md, eng, DNNL_MEMORY_NONE);
+    b16 = memory(b16_md, eng, DNNL_MEMORY_NONE);
     to16_a = dnnl::reorder(a32, a16);
     to16_b = dnnl::reorder(b32, b16);
     dnnl::primitive_attr attr;
@@ -67,6 +93,9 @@ struct Bf16Gemm {
     a32.set_data_handle(const_cast<float*>(a));
     b32.set_data_handle(const_cast<float*>(b));
     c32.set_data_handle(c);
+    Bf16Scratch& scratch = bf16_scratch();
+    a16.set_data_handle(scratch.a.at_least(a16.get_desc().get_size()));
+    b16.set_data_handle(scratch.b.at_least(b16.get_desc().get_size()));
     to16_a.execute(s, a32, a16);
     to16_b.execute(s, b32, b16);
     matmul.execute(s, {{DNNL_ARG_SRC, a16}, {DNNL_ARG_WEIGHTS, b16}, {DNNL_ARG_DST, c32}});
@@ -75,7 +104,7 @@ struct Bf16Gemm {
 };
 
 // Per thread (training and validation may run on different threads): primitives
-// are built once per shape, and their bf16 buffers are not shared.
+// are built once per shape; their bf16 buffers are the thread's Bf16Scratch.
 Bf16Gemm& bf16_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, int lda, int ldb,
                     float beta, int ldc) {
   using Key = std::tuple<bool, bool, int, int, int, float, int, int, float, int>;

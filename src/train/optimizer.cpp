@@ -6,6 +6,7 @@
 
 #include "comm/check.hpp"
 #include "model/tensor.hpp"
+#include "train/adamw_host.hpp"
 
 namespace ddp {
 
@@ -55,6 +56,7 @@ void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, float sc
                   float one_minus_beta1, float one_minus_beta2, float step_size, float bias_correction2_sqrt,
                   float eps) {
   const bool masked = decays.extent(0) > 0;
+#if defined(KOKKOS_ENABLE_CUDA)
   Kokkos::parallel_for(
       "AdamW::step", Kokkos::RangePolicy<Kokkos::DefaultExecutionSpace>(0, p.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) {
@@ -65,6 +67,11 @@ void adamw_update(Kokkos::View<float*> p, Kokkos::View<const float*> g, float sc
         const float denom = kmath::sqrt(v(i)) / bias_correction2_sqrt + eps;
         p(i) -= step_size * m(i) / denom;
       });
+#else
+  adamw_update_host(p.data(), g.data(), scale, m.data(), v.data(), p.extent(0), decay,
+                    masked ? decays.data() : nullptr, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size,
+                    bias_correction2_sqrt, eps);
+#endif
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include "cuda/conv_epilogue.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dtype.hpp"
+#include "cuda/flash_attention.hpp"
 #include "cuda/gemm.hpp"
 #include "model/kernel_trace.hpp"
 
@@ -282,10 +283,38 @@ class CudaBackend final : public ComputeBackend {
                             }});
   }
 
+  // Flash attention's kernels (cuda/flash_attention.cu) where this GPU runs them: bf16,
+  // sm_80 or later (DDP_TEST_COMPUTE_CAPABILITY's too), the head size's shared memory.
+  // In a benchmark's record, forward as its 2 products' flops, backward as its 5.
+  bool has_fused_attention(std::int64_t head_size, Precision p) const override {
+    return p == Precision::bf16 && major_ >= 8 && flash_attention_supported(head_size);
+  }
+  void fused_attention_forward(const FusedAttention& a, const float* qkv, float* o, float* stats) override {
+    const AttentionDims dims{a.B, a.T, a.heads, a.head_size, a.causal};
+    const cudaStream_t stream = stream_;
+    flash_attention_forward(dims, qkv, o, stats, stream);
+    if (kernel_trace::recording())
+      kernel_trace::record({"flash attention forward T=" + std::to_string(a.T),
+                            4.0 * a.B * a.heads * a.T * a.T * a.head_size,
+                            [=] { flash_attention_forward(dims, qkv, o, stats, stream); }});
+  }
+  void fused_attention_backward(const FusedAttention& a, const float* qkv, const float* o, const float* d_o,
+                                const float* stats, float* delta, float* dqkv) override {
+    const AttentionDims dims{a.B, a.T, a.heads, a.head_size, a.causal};
+    const cudaStream_t stream = stream_;
+    flash_attention_backward(dims, qkv, o, d_o, stats, delta, dqkv, stream);
+    if (kernel_trace::recording())
+      kernel_trace::record({"flash attention backward T=" + std::to_string(a.T),
+                            10.0 * a.B * a.heads * a.T * a.T * a.head_size, [=] {
+                              flash_attention_backward(dims, qkv, o, d_o, stats, delta, dqkv, stream);
+                            }});
+  }
+
   // One strided-batched cuBLAS call: attention's per-head products, B nh small GEMMs a
   // product in a loop of gemm, launch-bound. A narrow operand's whole span (the
   // batch's matrices and what lies between them) is narrowed at once, the strides
   // kept.
+
   void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
                     float* c, int ldc, std::int64_t stride_c, int batch, Precision precision) override {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "comm/check.hpp"
+#include "model/backend.hpp"
 #include "model/exp_fast.hpp"
 #include "model/gemm.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
@@ -238,14 +239,19 @@ void Attention::scores(const float* qkv, std::int64_t b, std::int64_t i0, std::i
                precision());
 }
 
+bool Attention::runs_fused() const {
+  return fused_ && compute_backend().has_fused_attention(hs_, precision());
+}
+
 // x: (B, T, d) -> y: (B, T, d). The GEMMs of the projections over the N = B T rows;
 // those of the heads per sample (and block), on the heads' columns in place.
 void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
-  const bool keep = rows_ == 0;
+  const bool fused = runs_fused(), keep = !fused && rows_ == 0;
+  ran_fused_ = fused;
   reserve(qkv_, N * d3, "Attention::qkv");
-  reserve(p_, keep ? B * nh * T * T : nh * rows_ * T, "Attention::p");
+  if (!fused) reserve(p_, keep ? B * nh * T * T : nh * rows_ * T, "Attention::p");
   if (!keep) reserve(stats_, B * nh * T * 2, "Attention::stats");
   reserve(o_, N * d, "Attention::o");
   resize(y, B, sample_, "Attention::y");
@@ -261,7 +267,9 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
     gemm_batched(false, false, m, hs, n, 1.0f, pb, n, m * n, qkv + b * T * d3 + 2 * d, d3, hs, 0.0f,
                  o + (b * T + i0) * d, d, hs, nh, prec);
   };
-  if (keep) {
+  if (fused) {
+    compute_backend().fused_attention_forward({B, T, nh, hs, causal_}, qkv, o, stats_.data());
+  } else if (keep) {
     for (std::int64_t b = 0; b < B; ++b) scores(qkv, b, 0, T, T, p + b * nh * T * T);
     softmax_rows(p, B * nh * T, T, T, 0, T, causal_, nullptr);  // (B, nh, T, T): S -> P
     for (std::int64_t b = 0; b < B; ++b) mix(b, 0, T, T, p + b * nh * T * T);
@@ -285,10 +293,10 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   require_plain(dy, "the output gradient");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
-  const bool keep = rows_ == 0;
+  const bool fused = ran_fused_, keep = !fused && rows_ == 0;  // forward's path: its buffers
   reserve(do_, N * d, "Attention::do");
   reserve(dqkv_, N * d3, "Attention::dqkv");
-  reserve(ds_, keep ? B * nh * T * T : nh * rows_ * T, "Attention::ds");
+  reserve(ds_, fused ? B * nh * T : keep ? B * nh * T * T : nh * rows_ * T, "Attention::ds");
   const Precision prec = precision();
   const bool add = !overwrite_gradients();
   const float beta = add ? 1.0f : 0.0f;
@@ -327,7 +335,9 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
     gemm_batched(true, false, n, hs, m, scale, dsb, n, m * n, q + i0 * d3, d3, hs, kv_beta, dq + d, d3, hs,
                  nh, prec);
   };
-  if (keep) {
+  if (fused) {
+    compute_backend().fused_attention_backward({B, T, nh, hs, causal_}, qkv, o, dO, stats_.data(), ds, dqkv);
+  } else if (keep) {
     for (std::int64_t b = 0; b < B; ++b) p_and_v(b, 0, T, T, p + b * nh * T * T, ds + b * nh * T * T, 0.0f);
     softmax_backward_rows(p, ds, B * nh * T, T, T, 0, causal_);  // (B, nh, T, T): dP -> dS
     for (std::int64_t b = 0; b < B; ++b) q_and_k(b, 0, T, T, ds + b * nh * T * T, 0.0f);

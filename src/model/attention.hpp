@@ -1,5 +1,5 @@
 #pragma once
-// attention(heads[, causal][, block=N]): multi-head self-attention, PyTorch's
+// attention(heads[, causal][, block=N][, fused]): multi-head self-attention, PyTorch's
 // nn.MultiheadAttention(d, heads, bias=True, batch_first=True) called as mha(x, x, x)
 // with dropout 0, and with `causal` attn_mask the causal mask (-inf above the
 // diagonal: token i attends to tokens 0..i), as GPT-2's attention:
@@ -33,8 +33,11 @@
 // 64 MiB. At B = 8, nh = 12, T = 4096 the keep path would hold 6.4 GB of P a layer
 // (and as much again for dS in backward); the block path holds 3 MB of statistics
 // and, on the GPU (R = 256), 96 MiB of scratch a layer (p_ and ds_).
-// Neither is a fused kernel: the blocks go through the gemm seam, on a GPU cuBLAS
-// (a fused flash or cuDNN SDPA kernel for bf16 on the GPU is a later task).
+// Neither is a fused kernel: the blocks go through the gemm seam, on a GPU cuBLAS.
+// - fused (the `fused` option): where the backend has it (the GPU build at bf16, head
+//   sizes 16, 32, 64 and 128: cuda/flash_attention.hpp), flash attention's kernels between the
+//   projections, keeping the block path's statistics and nothing of (T, T); elsewhere
+//   the path above. Opt-in until it has run on a GPU: compiled, not run.
 // The per-head products go through the gemm seam with leading dimensions that pick
 // the head's columns out of the rows of qkv, so no head is copied: per batch one
 // gemm_batched over the nh heads (2 products in forward, 4 in backward; per block, 2
@@ -57,14 +60,16 @@ class Attention : public Layer {
  public:
   // block: query rows a block (>= 1), 0 for the keep path, kAutoBlock for the rule above.
   static constexpr std::int64_t kAutoBlock = -1;
-  Attention(std::int64_t heads, bool causal, std::int64_t block = kAutoBlock)
-      : heads_(heads), causal_(causal), block_(block) {}
+  Attention(std::int64_t heads, bool causal, std::int64_t block = kAutoBlock, bool fused = false)
+      : heads_(heads), causal_(causal), block_(block), fused_(fused) {}
 
   std::string kind() const override { return "attention"; }
   std::int64_t heads() const { return heads_; }
   bool causal() const { return causal_; }
   // Query rows a block after output_shape (0: the keep path), from the option and (nh, T).
   std::int64_t block_rows() const { return rows_; }
+  // Whether the fused kernels run at the layer's precision on this backend.
+  bool runs_fused() const;
   Shape output_shape(const Shape& in_sample) override;
   std::vector<ParamSpec> parameter_specs() const override;
   void bind(float* params, float* grads) override;
@@ -78,6 +83,8 @@ class Attention : public Layer {
   std::int64_t heads_;  // nh
   bool causal_;
   std::int64_t block_;                   // the option: kAutoBlock, 0 (keep) or rows
+  bool fused_;                           // the option: the backend's fused kernels where it has them
+  bool ran_fused_ = false;               // whether the last forward ran them (backward follows it)
   std::int64_t rows_ = 0;                // resolved by output_shape: 0 (keep) or rows a block
   std::int64_t T_ = 0, d_ = 0, hs_ = 0;  // tokens, width, head size d / nh
   Shape sample_;                         // (T, d)
@@ -93,11 +100,11 @@ class Attention : public Layer {
   View1 qkv_;                      // (B, T, 3d): Q, K, V of forward, heads side by side in each
   View1 p_;                        // keep: (B, nh, T, T), the probabilities kept for backward;
                                    // blocks: (nh, N, T), one block's scores and probabilities
-  View1 stats_;                    // blocks: (B, nh, T, 2), each row's max and 1 / sum
+  View1 stats_;                    // blocks, fused: (B, nh, T, 2), each row's max and 1 / sum
   View1 o_;                        // (B, T, d): the heads' outputs, concatenated
   View1 do_;                       // (B, T, d): backward's gradient of o_
   View1 dqkv_;                     // (B, T, 3d): backward's gradient of qkv_
-  View1 ds_;                       // as p_: backward's gradient of the scores
+  View1 ds_;                       // as p_: backward's gradient of the scores; fused: (B, nh, T) scratch
   Kokkos::View<double*> partial_;  // (K, 3d) the bias gradients' sums over K stretches of rows
 };
 

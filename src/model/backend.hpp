@@ -200,6 +200,25 @@ class ComputeBackend {
            c + i * stride_c, ldc, precision);
   }
 
+  // Fused self-attention (flash attention's algorithm: O(T) memory, no (T, T)
+  // matrix), where the backend has it for these arguments: the GPU build at bf16 with
+  // head sizes 16, 32, 64, 128 (cuda/flash_attention.hpp for the layouts). The host
+  // has none: false, and nothing done.
+  struct FusedAttention {
+    std::int64_t B, T, heads, head_size;
+    bool causal;
+  };
+  virtual bool has_fused_attention(std::int64_t /*head_size*/, Precision /*p*/) const { return false; }
+  // o (B, T, d) and stats (B, heads, T, 2: each query's max score and 1 / sum) from
+  // qkv (B, T, 3d).
+  virtual void fused_attention_forward(const FusedAttention& /*a*/, const float* /*qkv*/, float* /*o*/,
+                                       float* /*stats*/) {}
+  // dqkv (B, T, 3d), written, from forward's qkv, o and stats and dO (B, T, d); delta
+  // (B, heads, T) is scratch.
+  virtual void fused_attention_backward(const FusedAttention& /*a*/, const float* /*qkv*/, const float* /*o*/,
+                                        const float* /*d_o*/, const float* /*stats*/, float* /*delta*/,
+                                        float* /*dqkv*/) {}
+
   virtual std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) = 0;
 
   // Batch norm's training passes in the vendor's library, or null where the backend

@@ -162,17 +162,19 @@ const LayerRow kLayers[] = {
        if (!(eps > 0.0f)) throw InputError("eps must be > 0");  // as a float: 1e-50 is 0
        return std::make_unique<LayerNorm>(eps);
      }},
-    {"attention", "attention(heads[, causal][, block=N])", 1, "causal,dropout,block", "causal",
+    {"attention", "attention(heads[, causal][, block=N][, fused])", 1, "causal,dropout,block,fused",
+     "causal,fused",
      [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
        auto it = o.find("dropout");
        if (it != o.end() && float_arg(it->second, "dropout") != 0.0)
          throw InputError("attention: dropout=" + it->second +
                           " is not yet supported (attention runs with dropout 0)");
        return std::make_unique<Attention>(positive(a[0], "heads"), bool_option(o, "causal", false),
-                                          int_option(o, "block", Attention::kAutoBlock, 0));
+                                          int_option(o, "block", Attention::kAutoBlock, 0),
+                                          bool_option(o, "fused", false));
      }},
-    {"transformer_block", "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N])", 1,
-     "mlp,causal,tanh,eps,dropout,block", "causal,tanh",
+    {"transformer_block", "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N][, fused])",
+     1, "mlp,causal,tanh,eps,dropout,block,fused", "causal,tanh,fused",
      [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {
        auto it = o.find("dropout");
        if (it != o.end() && float_arg(it->second, "dropout") != 0.0)
@@ -183,7 +185,8 @@ const LayerRow kLayers[] = {
        if (!(eps > 0.0f)) throw InputError("eps must be > 0");
        return std::make_unique<TransformerBlock>(
            positive(a[0], "heads"), int_option(o, "mlp", 4, 1), bool_option(o, "causal", false),
-           bool_option(o, "tanh", false), eps, int_option(o, "block", Attention::kAutoBlock, 0));
+           bool_option(o, "tanh", false), eps, int_option(o, "block", Attention::kAutoBlock, 0),
+           bool_option(o, "fused", false));
      }},
     {"embedding", "embedding(vocab, d[, std=s])", 2, "std", "",
      [](const Args& a, const Options& o) -> std::unique_ptr<Layer> {

@@ -16,11 +16,11 @@ void add(const Tensor& a, const Tensor& b, Tensor& out, const char* label) {
 }  // namespace
 
 TransformerBlock::TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh,
-                                   float eps, std::int64_t block)
+                                   float eps, std::int64_t block, bool fused)
     : mlp_ratio_(mlp_ratio),
       ln1_(std::make_unique<LayerNorm>(eps)),
       ln2_(std::make_unique<LayerNorm>(eps)),
-      attn_(std::make_unique<Attention>(heads, causal, block)),
+      attn_(std::make_unique<Attention>(heads, causal, block, fused)),
       gelu_(std::make_unique<Gelu>(tanh)) {}
 
 std::vector<TransformerBlock::Part> TransformerBlock::parts() const {

@@ -1,11 +1,11 @@
 #pragma once
-// transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N]): the
+// transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N][, fused]): the
 // pre-norm block of GPT-2 and ViT, torchvision's EncoderBlock (vision_transformer.py) with dropout 0:
 //   r = x + self_attention(ln_1(x))          attention(heads[, causal])
 //   y = r + mlp(ln_2(r))                     mlp: linear(mlp d) -> gelu -> linear(d)
 // on a (T, d) sample. causal: GPT-2's masked attention (ViT's is not); tanh: GPT-2's
 // tanh GELU (ViT's is exact); eps: the layer norms' (1e-5 by default, GPT-2's; ViT's
-// 1e-6); block: the attention's (attention.hpp: its path for long sequences).
+// 1e-6); block, fused: the attention's (attention.hpp: its paths for long sequences).
 // Parameters in EncoderBlock's names under the model's "layers.<i>." prefix:
 // ln_1.weight, ln_1.bias, self_attention.in_proj_weight, self_attention.in_proj_bias,
 // self_attention.out_proj.weight, self_attention.out_proj.bias, ln_2.weight, ln_2.bias,
@@ -29,7 +29,7 @@ namespace ddp {
 class TransformerBlock : public Layer {
  public:
   TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh, float eps,
-                   std::int64_t block = Attention::kAutoBlock);
+                   std::int64_t block = Attention::kAutoBlock, bool fused = false);
 
   std::string kind() const override { return "transformer_block"; }
   const Attention& attention() const { return *attn_; }

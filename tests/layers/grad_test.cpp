@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -746,6 +747,80 @@ TEST(Attention, BlocksAgreeWithKeep) {
     }
 }
 
+// One run of attention at `precision` on parameters, x and dy from fixed seeds:
+// y, dx and the parameter gradients, in that order.
+std::vector<std::vector<float>> attention_run(const std::string& spec, std::int64_t B, std::int64_t T,
+                                              std::int64_t d, Precision precision) {
+  BoundLayer l(spec, {T, d});
+  l.layer->set_precision(precision);
+  test::from_host(l.params, random_values(l.n, 41, -0.3f, 0.3f));
+  Tensor x = make_tensor({B, T, d}, random_values(B * T * d, 42, -2.0f, 2.0f));
+  Tensor dy = make_tensor({B, T, d}, random_values(B * T * d, 43));
+  Tensor y, dx;
+  l.layer->forward(x, y, true);
+  l.layer->backward(x, y, dy, dx);
+  return {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(l.grads, l.n)};
+}
+
+// `fused` asks for the backend's fused kernels where it has them (the GPU build at
+// bf16); the host has none, and the layer takes its path without them, bit for bit.
+TEST(Attention, FusedOptionOnTheHost) {
+  EXPECT_TRUE(make_layer("transformer_block(2, causal, fused)") != nullptr);
+  std::unique_ptr<Layer> l = make_layer("attention(2, causal, fused)");
+  l->output_shape({40, 16});
+#if defined(KOKKOS_ENABLE_CUDA)
+  GTEST_SKIP() << "the GPU build: Attention.FusedAgreesWithBlocksOnTheGpu";
+#else
+  l->set_precision(Precision::bf16);
+  EXPECT_FALSE(dynamic_cast<const Attention&>(*l).runs_fused());
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    EXPECT_EQ(attention_run("attention(2, causal, fused)", 3, 40, 16, p),
+              attention_run("attention(2, causal)", 3, 40, 16, p))
+        << precision_name(p);
+#endif
+}
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// On the GPU at bf16 the fused kernels (cuda/flash_attention.cu) against the block
+// path at bf16, whose GEMMs take the same bf16 operands: the probabilities are
+// rounded to bf16 at other points (the fused path before normalising), so within 3e-2
+// of each tensor's largest value (an emulation of both in numpy gave at most 8e-3);
+// and against the block path in fp32 within 6e-2 (the emulation: 2.7e-2), lest a
+// fault of the block path on the GPU hide one of the kernels'. Tiles that do not
+// divide T, causal and not, every head size the kernels take, 1 to 3 key tiles per
+// query tile; and the same bits when run again (no atomics). Compiled, not run, until
+// a GPU session runs it.
+TEST(Attention, FusedAgreesWithBlocksOnTheGpu) {
+  struct Case {
+    std::int64_t heads, head_size, T;
+    bool causal;
+  };
+  for (const Case& c : {Case{2, 16, 5, true}, Case{2, 32, 64, false}, Case{4, 64, 100, true},
+                        Case{2, 64, 130, false}, Case{2, 64, 128, true}, Case{1, 128, 70, true}}) {
+    const std::int64_t d = c.heads * c.head_size;
+    const std::string opts = std::to_string(c.heads) + (c.causal ? ", causal" : "");
+    SCOPED_TRACE("heads " + opts + ", head size " + std::to_string(c.head_size) + ", T " +
+                 std::to_string(c.T));
+    std::unique_ptr<Layer> probe = make_layer("attention(" + opts + ", fused)");
+    probe->output_shape({c.T, d});
+    probe->set_precision(Precision::bf16);
+    if (!dynamic_cast<const Attention&>(*probe).runs_fused()) GTEST_SKIP() << "no fused kernels on this GPU";
+    const auto fused = attention_run("attention(" + opts + ", fused)", 3, c.T, d, Precision::bf16);
+    const auto blocks = attention_run("attention(" + opts + ", block=32)", 3, c.T, d, Precision::bf16);
+    const auto fp32 = attention_run("attention(" + opts + ", block=32)", 3, c.T, d, Precision::fp32);
+    const char* names[] = {"y", "dx", "parameter gradients"};
+    for (int t = 0; t < 3; ++t) {
+      for (float v : fused[t]) ASSERT_TRUE(std::isfinite(v)) << names[t];
+      EXPECT_LE(test::max_relative_error(fused[t], blocks[t]), 3e-2)
+          << names[t] << " against the block path, bf16";
+      EXPECT_LE(test::max_relative_error(fused[t], fp32[t]), 6e-2)
+          << names[t] << " against the block path, fp32";
+    }
+    EXPECT_EQ(attention_run("attention(" + opts + ", fused)", 3, c.T, d, Precision::bf16), fused);
+  }
+}
+#endif
+
 // The default path: keep up to R tokens, blocks of R above; R 128 on the host, on a
 // GPU the largest power of two up to 512 (at least 16) whose (heads, R, T) scores take
 // at most 64 MiB; block=N caps at T; transformer_block passes its option on.
@@ -880,7 +955,7 @@ TEST(Registry, AttentionSpecsAndErrors) {
   EXPECT_TRUE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=true)")).causal());
   EXPECT_FALSE(dynamic_cast<Attention&>(*make_layer("attention(4, causal=false)")).causal());
   EXPECT_EQ(dynamic_cast<Attention&>(*make_layer("attention(2, causal, dropout=0)")).heads(), 2);
-  EXPECT_NE(known_layers().find(", attention(heads[, causal][, block=N])"), std::string::npos)
+  EXPECT_NE(known_layers().find(", attention(heads[, causal][, block=N][, fused])"), std::string::npos)
       << known_layers();
   EXPECT_THROW(make_layer("attention(2, block=-1)"), InputError);
   EXPECT_EQ(spec_error("attention(3)", {5, 8}),
@@ -888,14 +963,14 @@ TEST(Registry, AttentionSpecsAndErrors) {
   EXPECT_EQ(spec_error("attention(16, causal)", {5, 8}),
             "attention: the features (8) are not a multiple of the heads (16)");
   EXPECT_EQ(spec_error("attention", {5, 8}),
-            "attention takes 1 argument, got 0; usage: attention(heads[, causal][, block=N])");
+            "attention takes 1 argument, got 0; usage: attention(heads[, causal][, block=N][, fused])");
   EXPECT_EQ(spec_error("attention(0)", {5, 8}), "heads must be >= 1");
   EXPECT_EQ(spec_error("attention(two)", {5, 8}), "heads must be an integer, got 'two'");
   EXPECT_EQ(spec_error("attention(2, causal=maybe)", {5, 8}), "causal must be true or false, got 'maybe'");
   EXPECT_EQ(spec_error("attention(2, dropout=0.1)", {5, 8}),
             "attention: dropout=0.1 is not yet supported (attention runs with dropout 0)");
   EXPECT_EQ(spec_error("attention(2, bias=false)", {5, 8}),
-            "attention has no option 'bias'; usage: attention(heads[, causal][, block=N])");
+            "attention has no option 'bias'; usage: attention(heads[, causal][, block=N][, fused])");
   EXPECT_EQ(spec_error("attention(2)", {8}),
             "attention needs a sequence input (tokens, features) but gets (8)");
   EXPECT_EQ(spec_error("attention(2)"),

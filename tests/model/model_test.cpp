@@ -48,8 +48,10 @@ TEST(ModelSpecs, ErrorMessages) {
             "conv2d(out, k[, stride=s][, pad=p][, bias=false]), maxpool(k[, stride=s][, pad=p]), "
             "avgpool(k[, stride=s][, pad=p]), globalavgpool, batchnorm2d[(sync)], "
             "resblock(channels[, stride=s][, zero_init][, sync]), bottleneck(width[, stride=s][, "
-            "zero_init][, sync]), gelu[(tanh)], layernorm[(eps=e)], attention(heads[, causal][, block=N]), "
-            "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N]), embedding(vocab, d[, std=s]), "
+            "zero_init][, sync]), gelu[(tanh)], layernorm[(eps=e)], attention(heads[, causal][, block=N][, "
+            "fused]), "
+            "transformer_block(heads[, mlp=4][, causal][, tanh][, eps=e][, block=N][, fused]), "
+            "embedding(vocab, d[, std=s]), "
             "pos_embedding(positions[, std=s]), patch_embed(p, d), class_token, token_pool[(mean)]");
   EXPECT_EQ(build_error({"linear(0)"}, {4}), "model.layers(1) = 'linear(0)': out features must be >= 1");
   EXPECT_EQ(build_error({"linear(8)", "dropout(1.5)"}, {4}),

@@ -201,7 +201,7 @@ constexpr int backward_smem() {
 
 #if DDP_FLASH_DEVICE_CODE
 // P (16, 64) of this warp's rows against a tile's 64 columns, from the scores in
-// s_w (fp32, overwritten by P), into p_w (bf16) too. `keys_are_rows`: the warp's
+// s_w (fp32, overwritten by P), into p_w (bf16) too where given. `keys_are_rows`: the warp's
 // rows are keys and the columns queries (dK, dV), else the other way (dQ). m, inv:
 // the query tile's statistics (the columns' or the rows'); row0, col0: the first
 // row's and column's token.
@@ -214,7 +214,7 @@ __device__ void probabilities(float* s_w, bf16* p_w, const float* m, const float
     const bool seen = key < T && query < T && (!causal || key <= query);
     const float p = seen ? expf(s_w[r * kTile + c] * scale - m[qa]) * inv[qa] : 0.0f;
     s_w[r * kTile + c] = p;
-    p_w[r * kTile + c] = __float2bfloat16_rn(p);
+    if (p_w != nullptr) p_w[r * kTile + c] = __float2bfloat16_rn(p);
   }
 }
 
@@ -371,8 +371,9 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows_t<HS>(q_w, k_s, s_w);  // S (16 queries, 64 keys) = Q_w K^T
     __syncwarp();
     // the warp's rows' statistics: m_s and inv_s from this warp's first row on
-    probabilities(s_w, p_w, m_s + warp * kRows, inv_s + warp * kRows, false, q0 + warp * kRows, k0, T, causal,
-                  scale);
+    // (no bf16 P: dQ needs only dS)
+    probabilities(s_w, nullptr, m_s + warp * kRows, inv_s + warp * kRows, false, q0 + warp * kRows, k0, T,
+                  causal, scale);
     rows_times_rows_t<HS>(do_w, v_s, dp_w);  // dP (16 queries, 64 keys) = dO_w V^T
     __syncwarp();
     score_gradients(s_w, dp_w, p_w, delta_s + warp * kRows, false);

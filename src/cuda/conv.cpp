@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/conv_graph.hpp"
 #include "cuda/conv_search.hpp"
 #include "cuda/cuda_check.hpp"
 #include "model/backend.hpp"
@@ -105,10 +106,15 @@ bool env_flag(const char* name, bool unset) {
   return v && *v ? std::string(v) != "0" : unset;
 }
 
-CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc, bool deterministic)
+CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc, bool deterministic,
+                     bool graph_api, bool heuristics_b)
     : stream_(stream), dtype_(dtype), search_(search), nhwc_(nhwc), deterministic_(deterministic) {
   CUDNN_CHECK(cudnnCreate(&handle_));
   CUDNN_CHECK(cudnnSetStream(handle_, stream_));
+  if (graph_api)
+    graph_ = std::make_unique<CudnnGraphConv>(handle_, stream_, dtype_, nhwc_, deterministic_,
+                                              search_ == Search::Benchmark, heuristics_b,
+                                              [this](std::size_t bytes) { return workspace(bytes); });
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc_));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_desc_));
   CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc_));
@@ -116,6 +122,7 @@ CudnnConv::CudnnConv(cudaStream_t stream, DType dtype, Search search, bool nhwc,
 }
 
 CudnnConv::~CudnnConv() {
+  graph_.reset();  // its descriptors name the handle
   if (workspace_) cudaFreeAsync(workspace_, stream_);
   cudnnDestroyConvolutionDescriptor(conv_desc_);
   cudnnDestroyFilterDescriptor(w_desc_);
@@ -128,7 +135,11 @@ void CudnnConv::set_tf32(bool on) {
   if (on == tf32_) return;
   tf32_ = on;
   plans_.clear();  // chosen under the other math
+  if (graph_) graph_->set_tf32(on);
 }
+
+std::size_t CudnnConv::graph_plans() const { return graph_ ? graph_->plans() : 0; }
+std::size_t CudnnConv::graph_declined() const { return graph_ ? graph_->declined() : 0; }
 
 void* CudnnConv::workspace(std::size_t bytes) {
   if (bytes > workspace_bytes_) {
@@ -261,6 +272,9 @@ const CudnnConv::Plan& CudnnConv::plan(const ConvShape& s) {
 }
 
 void CudnnConv::forward(const ConvShape& s, const void* x, const void* w, void* y, float alpha, float beta) {
+  if (graph_ && graph_->run(ConvDirection::Forward, s, x, w, y, alpha, beta, "cuDNN conv forward",
+                            call_detail(s, dtype_)))
+    return;
   const Plan& p = plan(s);
   void* ws = workspace(p.fwd_bytes);
   const kernel_trace::Timed timed("cuDNN conv forward", call_detail(s, dtype_).c_str());
@@ -270,6 +284,9 @@ void CudnnConv::forward(const ConvShape& s, const void* x, const void* w, void* 
 
 void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha,
                               float beta) {
+  if (graph_ && graph_->run(ConvDirection::BackwardData, s, w, dy, dx, alpha, beta,
+                            "cuDNN conv backward data", call_detail(s, dtype_)))
+    return;
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_data_bytes);
   const kernel_trace::Timed timed("cuDNN conv backward data", call_detail(s, dtype_).c_str());
@@ -279,6 +296,9 @@ void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy,
 
 void CudnnConv::backward_filter(const ConvShape& s, const void* x, const void* dy, void* dw, float alpha,
                                 float beta) {
+  if (graph_ && graph_->run(ConvDirection::BackwardFilter, s, x, dy, dw, alpha, beta,
+                            "cuDNN conv backward filter", call_detail(s, dtype_)))
+    return;
   const Plan& p = plan(s);
   void* ws = workspace(p.bwd_filter_bytes);
   const kernel_trace::Timed timed("cuDNN conv backward filter", call_detail(s, dtype_).c_str());

@@ -9,11 +9,14 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "cuda/dtype.hpp"
 
 namespace ddp::cuda {
+
+class CudnnGraphConv;
 
 struct ConvShape {
   int n = 1, c = 1, h = 1, w = 1;  // input  (N, C, H, W)
@@ -43,8 +46,11 @@ class CudnnConv {
   // fp16), else NCHW and (K, C, R, S).
   // deterministic = false (DDP_CUDNN_DETERMINISTIC=0): nondeterministic algorithms
   // may be chosen too (conv_search.hpp, best).
+  // graph_api (DDP_CUDNN_GRAPH=1): each convolution through cuDNN's graph API
+  // (conv_graph.hpp) where it has an engine the rules allow, else as before;
+  // heuristics_b (DDP_CUDNN_HEURISTICS=B) its heuristics' mode B instead of INSTANT.
   CudnnConv(cudaStream_t stream, DType dtype = DType::F32, Search search = Search::Heuristic,
-            bool nhwc = false, bool deterministic = true);
+            bool nhwc = false, bool deterministic = true, bool graph_api = false, bool heuristics_b = false);
   ~CudnnConv();
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
@@ -64,6 +70,11 @@ class CudnnConv {
   // them on Ampere and newer) or not (FMA math, the default). The algorithms are
   // chosen again for it.
   void set_tf32(bool on);
+
+  // The graph API's count of convolutions (shape, direction, alpha/beta, alignment)
+  // with a plan of its own, and of those it left to the legacy API; 0 and 0 without it.
+  std::size_t graph_plans() const;
+  std::size_t graph_declined() const;
 
  private:
   struct Plan {
@@ -86,6 +97,7 @@ class CudnnConv {
   cudnnFilterDescriptor_t w_desc_ = nullptr;
   cudnnConvolutionDescriptor_t conv_desc_ = nullptr;
   std::map<decltype(ConvShape().key()), Plan> plans_;
+  std::unique_ptr<CudnnGraphConv> graph_;  // graph_api
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

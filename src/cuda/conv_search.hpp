@@ -94,6 +94,71 @@ const char* determinism_word(const Perf& chosen) {
   return chosen.determinism != CUDNN_DETERMINISTIC ? ", nondeterministic" : "";
 }
 
+// The same rules for cuDNN's graph API (cuda/conv_graph.cpp), where an engine says
+// what it does by its numerical notes instead of an algorithm number. Left out:
+// - an engine that narrows its inputs (DOWN_CONVERT_INPUTS: fp32 operands summed as
+//   fp16 or bf16), as PyTorch leaves it out;
+// - on fp32 operands, one on tensor cores (TF32) unless train.tf32 asks for them;
+// - in bf16/fp16, the FFT and Winograd transforms (as `transforms` above), and an
+//   engine that sums in the narrow type (REDUCED_PRECISION_REDUCTION): the sums stay
+//   fp32, as the legacy API's are and as the stated tolerances assume, unless
+//   narrow_sums (DDP_CUDNN_NARROW_SUMS=1: PyTorch allows such engines);
+// - unless nondeterministic ones are allowed, one that sums with atomics.
+// Unlike `best`, nothing left out is taken as a last resort: where no engine passes,
+// the legacy API's choice (with its own last resorts) runs that convolution.
+struct EngineRules {
+  bool fp32 = true;           // fp32 operands (else bf16/fp16)
+  bool tf32 = false;          // fp32 may run on TF32 tensor cores (train.tf32)
+  bool deterministic = true;  // DDP_CUDNN_DETERMINISTIC unset or 1
+  bool narrow_sums = false;   // bf16/fp16 engines may sum in the narrow type
+};
+
+inline bool engine_allowed(const std::vector<cudnnBackendNumericalNote_t>& notes, const EngineRules& rules) {
+  for (cudnnBackendNumericalNote_t note : notes) switch (note) {
+      case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:
+        return false;
+      case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:
+        if (rules.fp32 && !rules.tf32) return false;
+        break;
+      case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:
+        if (!rules.fp32 && !rules.narrow_sums) return false;
+        break;
+      case CUDNN_NUMERICAL_NOTE_FFT:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6:
+      case CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13:
+        if (!rules.fp32) return false;
+        break;
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        if (rules.deterministic) return false;
+        break;
+      default:
+        break;
+    }
+  return true;
+}
+
+// The order of a timed search over graph-API plans: by median time over the rounds,
+// those that failed any round last. times_ms[i] holds candidate i's rounds; a
+// negative time is a failed run.
+inline std::vector<int> rank_by_median(const std::vector<std::vector<float>>& times_ms) {
+  std::vector<float> median(times_ms.size(), -1.0f);
+  for (std::size_t i = 0; i < times_ms.size(); ++i) {
+    std::vector<float> t = times_ms[i];
+    if (t.empty() || *std::min_element(t.begin(), t.end()) < 0) continue;
+    std::sort(t.begin(), t.end());
+    median[i] = t[t.size() / 2];
+  }
+  std::vector<int> order(times_ms.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const bool a_ran = median[a] >= 0, b_ran = median[b] >= 0;
+    return a_ran != b_ran ? a_ran : median[a] < median[b];
+  });
+  return order;
+}
+
 // A timed search's (Find's) word on a choice: its time (and whether it is
 // nondeterministic), and the fastest that ran whatever its kind (nondeterministic, or
 // a transform left out in bf16/fp16), so the log shows what the rules above cost.

@@ -112,11 +112,34 @@ bool deterministic_convolutions() {
   return on;
 }
 
+// DDP_CUDNN_GRAPH=1: the convolutions through cuDNN's graph API (cuda/conv_graph.hpp),
+// engines chosen as PyTorch chooses them; each one it has no allowed engine for runs
+// as without it. Off by default: compiled, and not yet run on a GPU.
+bool graph_convolutions() {
+  static const bool on = env_flag("DDP_CUDNN_GRAPH");
+  return on;
+}
+
+// DDP_CUDNN_HEURISTICS=B: the graph API's heuristics in mode B (slower to choose, a
+// model of the device) instead of INSTANT (PyTorch's default). Any other value is an
+// error, so that a misspelt one does not pass unnoticed.
+bool heuristics_mode_b() {
+  static const bool b = [] {
+    const char* v = std::getenv("DDP_CUDNN_HEURISTICS");
+    const std::string mode = v ? v : "";
+    DDP_REQUIRE(mode.empty() || mode == "B" || mode == "b" || mode == "INSTANT" || mode == "instant",
+                "DDP_CUDNN_HEURISTICS=" << mode << ": INSTANT or B");
+    return mode == "B" || mode == "b";
+  }();
+  return b;
+}
+
 // How the convolutions' algorithms are chosen, for the compute line.
 std::string convolution_choice() {
   std::string text = convolution_search() == CudnnConv::Search::Benchmark
                          ? "timed per shape (DDP_CUDNN_BENCHMARK=1)"
                          : "cuDNN's heuristics";
+  if (graph_convolutions()) text += heuristics_mode_b() ? " (graph API, mode B)" : " (graph API, INSTANT)";
   return text + (deterministic_convolutions()
                      ? ", deterministic"
                      : ", nondeterministic ones allowed (DDP_CUDNN_DETERMINISTIC=0)");
@@ -360,7 +383,8 @@ class CudaBackend final : public ComputeBackend {
   CudnnConv& conv(DType t, bool nhwc) {
     auto& c = convs_[int(t)][nhwc];
     if (!c) {
-      c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc, deterministic_convolutions());
+      c = std::make_unique<CudnnConv>(stream_, t, convolution_search(), nhwc, deterministic_convolutions(),
+                                      graph_convolutions(), heuristics_mode_b());
       if (t == DType::F32) c->set_tf32(tf32_);
     }
     return *c;

@@ -15,6 +15,10 @@
 //   convolution bf16 channels-last (the GPU's bf16 path)  1e-2 against the loop on
 //                                 the same bf16-rounded operands (results stored in bf16:
 //                                 2^-8 relative each)
+//   the same convolutions through cuDNN's graph API (DDP_CUDNN_GRAPH=1), at the same
+//   tolerances, and fp32 with alpha 0.5, beta 1 (1e-5), bf16 backward-data with beta 1
+//   (1e-2); the graph API must have run them (in bf16 a 3-channel stem may go to the
+//   legacy API). Outputs hold NaN before every call with beta 0.
 //   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
 //   backward-data adding to dx    1e-6 fp32, 1e-2 bf16 against the gradient written alone
 //                                 plus what dx held
@@ -179,11 +183,30 @@ ConvRef conv_ref(const ddp::cuda::ConvShape& s, const std::vector<float>& x, con
   return r;
 }
 
+// The graph API (DDP_CUDNN_GRAPH=1) must have run the convolutions itself: plans made,
+// and at most max_declined left to the legacy API (bf16: a 3-channel stem's three may
+// have no engine the rules allow, where the legacy API has last resorts).
+void check_graph_ran(const ddp::cuda::CudnnConv& conv, const std::string& tag, int max_declined = 0) {
+  check(("graph API plans made" + tag).c_str(), conv.graph_plans() > 0 ? 0.0 : 1.0, 0);
+  check(("graph API convolutions declined" + tag).c_str(), double(conv.graph_declined()), max_declined);
+}
+
+// Outputs filled with NaN (all bits set) before a call with beta = 0: one that read
+// them would show.
+template <class T>
+void poison(cudaStream_t stream, const DeviceBuffer<T>& b) {
+  CUDA_CHECK(cudaMemsetAsync(b.ptr, 0xFF, b.n * sizeof(T), stream));
+}
+
 // Both ways of choosing the algorithms: cuDNN's heuristics (the default) and its
-// timed search (DDP_CUDNN_BENCHMARK=1).
-void test_conv(cudaStream_t stream, ddp::cuda::CudnnConv::Search search) {
-  ddp::cuda::CudnnConv conv(stream, ddp::cuda::DType::F32, search);
-  const char* how = search == ddp::cuda::CudnnConv::Search::Benchmark ? " (timed search)" : "";
+// timed search (DDP_CUDNN_BENCHMARK=1); through the legacy API and the graph API.
+// With the graph API also alpha 0.5 and beta 1 (a plan of their own): the result
+// blended with what the output held.
+void test_conv(cudaStream_t stream, ddp::cuda::CudnnConv::Search search, bool graph) {
+  ddp::cuda::CudnnConv conv(stream, ddp::cuda::DType::F32, search, false, true, graph);
+  const std::string how =
+      std::string(search == ddp::cuda::CudnnConv::Search::Benchmark ? " (timed search)" : "") +
+      (graph ? " graph API" : "");
   ddp::cuda::ConvShape shapes[3];
   shapes[0] = {2, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1, 1, 1};    // same padding
   shapes[1] = {3, 5, 12, 10, 6, 5, 3, 0, 1, 2, 2, 1, 1};  // strided, uneven
@@ -196,6 +219,7 @@ void test_conv(cudaStream_t stream, ddp::cuda::CudnnConv::Search search) {
       std::vector<float> dy = random_vector(std::size_t(s.n) * s.k * s.out_h() * s.out_w(), 300 + id);
       ConvRef ref = conv_ref(s, x, w, dy);
       DeviceBuffer<float> dx_in(x), dw_in(w), ddy(dy), y(dy.size()), dx(x.size()), dw(w.size());
+      for (const DeviceBuffer<float>* out : {&y, &dx, &dw}) poison(stream, *out);
       conv.forward(s, dx_in.ptr, dw_in.ptr, y.ptr);
       conv.backward_data(s, dw_in.ptr, ddy.ptr, dx.ptr);
       conv.backward_filter(s, dx_in.ptr, ddy.ptr, dw.ptr);
@@ -204,9 +228,33 @@ void test_conv(cudaStream_t stream, ddp::cuda::CudnnConv::Search search) {
       check(("cuDNN conv forward fp32" + tag).c_str(), rel_err(y.download(), ref.y), 1e-5);
       check(("cuDNN conv backward-data fp32" + tag).c_str(), rel_err(dx.download(), ref.dx), 1e-5);
       check(("cuDNN conv backward-filter fp32" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-5);
+      if (!graph) continue;
+      // out = 0.5 * result + out's random contents
+      const std::vector<float> y0 = random_vector(dy.size(), 700 + id),
+                               dx0 = random_vector(x.size(), 800 + id),
+                               dw0 = random_vector(w.size(), 900 + id);
+      y.upload(y0);
+      dx.upload(dx0);
+      dw.upload(dw0);
+      conv.forward(s, dx_in.ptr, dw_in.ptr, y.ptr, 0.5f, 1.0f);
+      conv.backward_data(s, dw_in.ptr, ddy.ptr, dx.ptr, 0.5f, 1.0f);
+      conv.backward_filter(s, dx_in.ptr, ddy.ptr, dw.ptr, 0.5f, 1.0f);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      auto blended = [](const std::vector<double>& r, const std::vector<float>& held) {
+        std::vector<double> b(r.size());
+        for (std::size_t i = 0; i < r.size(); ++i) b[i] = 0.5 * r[i] + held[i];
+        return b;
+      };
+      check(("cuDNN conv forward fp32 alpha 0.5 beta 1" + tag).c_str(),
+            rel_err(y.download(), blended(ref.y, y0)), 1e-5);
+      check(("cuDNN conv backward-data fp32 alpha 0.5 beta 1" + tag).c_str(),
+            rel_err(dx.download(), blended(ref.dx, dx0)), 1e-5);
+      check(("cuDNN conv backward-filter fp32 alpha 0.5 beta 1" + tag).c_str(),
+            rel_err(dw.download(), blended(ref.dw, dw0)), 1e-5);
     }
     ++id;
   }
+  if (graph) check_graph_ran(conv, " fp32" + how);
 }
 
 // MPI on device buffers (staged, and direct where MPI is CUDA-aware) against MPI on
@@ -312,13 +360,18 @@ static void local_rank(MPI_Comm world, int* rank, int* size) {
 // operands moved NCHW -> NHWC (the filter KCRS -> KRSC) and cast to bf16 on the device
 // by transpose_image, the results moved back and widened by it, against the double
 // loop on the same bf16-rounded operands.
-void test_conv_nhwc(cudaStream_t stream) {
+void test_conv_nhwc(cudaStream_t stream, ddp::cuda::CudnnConv::Search search, bool graph) {
   using ddp::cuda::DType;
   using ddp::cuda::transpose_image;
-  ddp::cuda::CudnnConv conv(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true);
-  ddp::cuda::ConvShape shapes[2];
-  shapes[0] = {4, 16, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, 1};  // channels the tensor cores take whole
-  shapes[1] = {3, 3, 12, 10, 8, 5, 3, 0, 1, 2, 2, 1, 1};  // a 3-channel stem, strided, uneven
+  ddp::cuda::CudnnConv conv(stream, DType::BF16, search, /*nhwc=*/true, true, graph);
+  const std::string how =
+      std::string(search == ddp::cuda::CudnnConv::Search::Benchmark ? " (timed search)" : "") +
+      (graph ? " graph API" : "");
+  ddp::cuda::ConvShape shapes[4];
+  shapes[0] = {4, 16, 9, 9, 32, 3, 3, 1, 1, 1, 1, 1, 1};     // channels the tensor cores take whole
+  shapes[1] = {3, 3, 12, 10, 8, 5, 3, 0, 1, 2, 2, 1, 1};     // a 3-channel stem, strided, uneven
+  shapes[2] = {8, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1};   // a ResNet block's 3x3
+  shapes[3] = {8, 64, 28, 28, 128, 1, 1, 0, 0, 2, 2, 1, 1};  // a ResNet downsample's 1x1 of stride 2
   int id = 0;
   for (const auto& s : shapes) {
     const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
@@ -341,6 +394,7 @@ void test_conv_nhwc(cudaStream_t stream) {
     to_nhwc(x32.ptr, x16.ptr, s.n, s.c, hw);
     to_nhwc(w32.ptr, w16.ptr, s.k, s.c, rs);
     to_nhwc(dy32.ptr, dy16.ptr, s.n, s.k, pq);
+    for (const DeviceBuffer<std::uint16_t>* out : {&y16, &dx16, &dw16}) poison(stream, *out);
     conv.forward(s, x16.ptr, w16.ptr, y16.ptr);
     conv.backward_data(s, w16.ptr, dy16.ptr, dx16.ptr);
     conv.backward_filter(s, x16.ptr, dy16.ptr, dw16.ptr);
@@ -348,12 +402,23 @@ void test_conv_nhwc(cudaStream_t stream) {
     from_nhwc(dx16.ptr, dx.ptr, s.n, s.c, hw);
     from_nhwc(dw16.ptr, dw.ptr, s.k, s.c, rs);
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    const std::string tag = " bf16 nhwc shape " + std::to_string(id);
+    const std::string tag = " bf16 nhwc shape " + std::to_string(id) + how;
     check(("cuDNN conv forward" + tag).c_str(), rel_err(y.download(), ref.y), 1e-2);
     check(("cuDNN conv backward-data" + tag).c_str(), rel_err(dx.download(), ref.dx), 1e-2);
     check(("cuDNN conv backward-filter" + tag).c_str(), rel_err(dw.download(), ref.dw), 1e-2);
+    if (graph) {
+      // backward data onto what dx holds (beta = 1: a residual block's first convolution
+      // in the step): dx + dx, each rounded to bf16, against 2 ref.dx
+      conv.backward_data(s, w16.ptr, dy16.ptr, dx16.ptr, 1.0f, 1.0f);
+      from_nhwc(dx16.ptr, dx.ptr, s.n, s.c, hw);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<double> twice = ref.dx;
+      for (double& v : twice) v *= 2;
+      check(("cuDNN conv backward-data beta 1" + tag).c_str(), rel_err(dx.download(), twice), 1e-2);
+    }
     ++id;
   }
+  if (graph) check_graph_ran(conv, " bf16 nhwc" + how, 3);
 }
 
 // n values on the device as a tensor of fp32 or bf16 elements holds them (bf16: the
@@ -537,9 +602,12 @@ int main(int argc, char** argv) {
   cudaStream_t compute;
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
   test_gemm(compute);
-  test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic);
-  test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark);
-  test_conv_nhwc(compute);
+  for (bool graph : {false, true}) {
+    test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
+    test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
+    test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
+    test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
+  }
   test_conv_accumulate(compute);
   test_transpose_image(compute);
   test_graph_capture(compute, ddp::Precision::fp32);

@@ -134,3 +134,59 @@ TEST(ConvSearch, NondeterministicAllowedTakesTheFirstThatRan) {
 }
 
 }  // namespace
+
+// The graph API's rules on an engine's numerical notes (conv_search.hpp,
+// engine_allowed), one rule at a time, then together.
+TEST(ConvSearch, GraphEngineRulesReadTheNumericalNotes) {
+  using Notes = std::vector<cudnnBackendNumericalNote_t>;
+  const ddp::cuda::EngineRules fp32{true, false, true}, fp32_tf32{true, true, true}, bf16{false, false, true},
+      bf16_any{false, false, false};
+  // no notes: every rule passes it
+  for (const auto& r : {fp32, fp32_tf32, bf16, bf16_any}) EXPECT_TRUE(ddp::cuda::engine_allowed({}, r));
+  // inputs narrowed to fp16/bf16: never
+  for (const auto& r : {fp32, fp32_tf32, bf16, bf16_any})
+    EXPECT_FALSE(ddp::cuda::engine_allowed(Notes{CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS}, r));
+  // tensor cores: on fp32 operands only with TF32 asked for; always in bf16
+  const Notes tc{CUDNN_NUMERICAL_NOTE_TENSOR_CORE};
+  EXPECT_FALSE(ddp::cuda::engine_allowed(tc, fp32));
+  EXPECT_TRUE(ddp::cuda::engine_allowed(tc, fp32_tf32));
+  EXPECT_TRUE(ddp::cuda::engine_allowed(tc, bf16));
+  // transforms, and sums in the narrow type: in fp32 only
+  for (auto note : {CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, CUDNN_NUMERICAL_NOTE_FFT,
+                    CUDNN_NUMERICAL_NOTE_WINOGRAD, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4,
+                    CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13}) {
+    EXPECT_TRUE(ddp::cuda::engine_allowed(Notes{note}, fp32)) << int(note);
+    EXPECT_FALSE(ddp::cuda::engine_allowed(Notes{note}, bf16)) << int(note);
+    EXPECT_FALSE(ddp::cuda::engine_allowed(Notes{note}, bf16_any)) << int(note);
+  }
+  // sums in the narrow type where asked for (DDP_CUDNN_NARROW_SUMS=1)
+  const ddp::cuda::EngineRules bf16_narrow_sums{false, false, true, true};
+  EXPECT_TRUE(
+      ddp::cuda::engine_allowed(Notes{CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION}, bf16_narrow_sums));
+  EXPECT_FALSE(ddp::cuda::engine_allowed(Notes{CUDNN_NUMERICAL_NOTE_FFT}, bf16_narrow_sums));
+  // atomics: only where nondeterministic engines are allowed
+  const Notes atomics{CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC};
+  EXPECT_FALSE(ddp::cuda::engine_allowed(atomics, bf16));
+  EXPECT_TRUE(ddp::cuda::engine_allowed(atomics, bf16_any));
+  // notes that change nothing, beside one that does: the one decides
+  const Notes harmless{CUDNN_NUMERICAL_NOTE_STRICT_NAN_PROP};
+  EXPECT_TRUE(ddp::cuda::engine_allowed(harmless, fp32));
+  Notes with_tc = harmless;
+  with_tc.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+  EXPECT_FALSE(ddp::cuda::engine_allowed(with_tc, fp32));
+  EXPECT_TRUE(ddp::cuda::engine_allowed(with_tc, fp32_tf32));
+}
+
+// The graph API's timed search ranks its plans by the median of their rounds; one
+// that failed any round goes last, whatever its other times.
+TEST(ConvSearch, GraphPlansRankByMedianAndFailuresLast) {
+  const std::vector<std::vector<float>> times{
+      {0.9f, 0.2f, 0.95f},  // median 0.9 although its best round is the fastest of all
+      {0.5f, 0.6f, 0.4f},   // median 0.5
+      {0.1f, -1.0f, 0.1f},  // failed a round
+      {},                   // never ran (no workspace to be had)
+      {0.7f, 0.3f, 0.3f},   // median 0.3
+  };
+  EXPECT_EQ(ddp::cuda::rank_by_median(times), (std::vector<int>{4, 1, 0, 2, 3}));
+  EXPECT_TRUE(ddp::cuda::rank_by_median({}).empty());
+}

@@ -168,8 +168,8 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e][, block=N]): the pre-norm
-    block (block=N ignored, as attention's)."""
+    """transformer_block(heads[, mlp=r][, causal][, tanh][, eps=e][, block=N][, fused]): the
+    pre-norm block (block=N and fused ignored, as attention's)."""
 
     def __init__(self, d, heads, mlp, causal, tanh, eps):
         super().__init__()
@@ -219,7 +219,7 @@ def build_model(specs, sample_shape):
     for spec in specs:
         m = re.fullmatch(r"(\w+)(?:\((.*)\))?", spec.strip())
         name, args = m.group(1), [a.strip() for a in (m.group(2) or "").split(",") if a.strip()]
-        flags = {"sync", "zero_init", "causal", "tanh", "tied", "mean"}
+        flags = {"sync", "zero_init", "causal", "tanh", "tied", "mean", "fused"}  # fused: PyTorch's SDPA anyway
         pos = [int(a) for a in args if "=" not in a and a not in flags]
         kw = dict(a.split("=") if "=" in a else (a, "true") for a in args if "=" in a or a in flags)
         if name == "flatten":

@@ -43,4 +43,35 @@ KOKKOS_INLINE_FUNCTION float exp_fast(float x) {
 #endif
 }
 
+// Phi(x) = 0.5 erfc(-x / sqrt 2), the standard normal CDF: the exact GELU's x Phi(x)
+// and its gradient's first term. On the host a form GCC vectorises (glibc's erff is a
+// call it cannot widen: vit_fashion's two exact GELUs took 9.2 of its 19.7 ms step on
+// a 2-core Xeon), on the device CUDA's erff.
+//
+// erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2), z >= 0, P of degree 9: the
+// Chebyshev fit of Numerical Recipes' erfcc, relative error under 1.2e-7 for every
+// z >= 0 (checked in double: 1.04e-7 at most over [0, 9]). So Phi(x) = erfc(|z|) / 2
+// for x < 0 and 1 - erfc(|z|) / 2 for x >= 0 (z = x / sqrt 2), in float within a few
+// ulp of Phi wherever it is a normal float (layers_test's NormalCdf), with no
+// cancellation in the lower tail (where 1 + erf(z) loses its digits). NaN stays NaN.
+KOKKOS_INLINE_FUNCTION float normal_cdf(float x) {
+#if defined(__CUDA_ARCH__)
+  return 0.5f * erfcf(-x * 0.70710678118654752440f);
+#else
+  const float z = (x < 0.0f ? -x : x) * 0.70710678118654752440f, t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  const float half_erfc = 0.5f * t * exp_fast(p - z * z);
+  return x < 0.0f ? half_erfc : 1.0f - half_erfc;
+#endif
+}
+
 }  // namespace ddp

@@ -483,6 +483,15 @@ if(DDP_ENABLE_CUDA)
   set_tests_properties(e2e_error_gpu_element_warps PROPERTIES FIXTURES_REQUIRED e2e_data
                        LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
                        ENVIRONMENT DDP_ELEMENT_WARPS=64)
+  # DDP_CUDNN_HEURISTICS neither INSTANT nor B: one line at start-up on 2 ranks (the
+  # compute line reads it, with or without the graph API); skipped (77) without a device.
+  add_test(NAME e2e_error_gpu_cudnn_heuristics
+           COMMAND ${DDP_WITH_GPU}
+                   ${E2E}/expect_error.sh "DDP_CUDNN_HEURISTICS='A': the mode of cuDNN's heuristics for the graph API's convolutions, INSTANT or B" --
+                   ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY})
+  set_tests_properties(e2e_error_gpu_cudnn_heuristics PROPERTIES FIXTURES_REQUIRED e2e_data
+                       LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
+                       ENVIRONMENT DDP_CUDNN_HEURISTICS=A)
 endif()
 
 # tools/plot_metrics on two real 3-epoch runs: a PNG that is a plot, two runs overlaid,

@@ -122,13 +122,15 @@ bool graph_convolutions() {
 
 // DDP_CUDNN_HEURISTICS=B: the graph API's heuristics in mode B (slower to choose, a
 // model of the device) instead of INSTANT (PyTorch's default). Any other value is an
-// error, so that a misspelt one does not pass unnoticed.
+// input error at start-up (the compute line reads it), so that a misspelt one does not
+// pass unnoticed.
 bool heuristics_mode_b() {
   static const bool b = [] {
     const char* v = std::getenv("DDP_CUDNN_HEURISTICS");
     const std::string mode = v ? v : "";
-    DDP_REQUIRE(mode.empty() || mode == "B" || mode == "b" || mode == "INSTANT" || mode == "instant",
-                "DDP_CUDNN_HEURISTICS=" << mode << ": INSTANT or B");
+    if (!(mode.empty() || mode == "B" || mode == "b" || mode == "INSTANT" || mode == "instant"))
+      throw InputError("DDP_CUDNN_HEURISTICS='" + mode +
+                       "': the mode of cuDNN's heuristics for the graph API's convolutions, INSTANT or B");
     return mode == "B" || mode == "b";
   }();
   return b;
@@ -136,10 +138,11 @@ bool heuristics_mode_b() {
 
 // How the convolutions' algorithms are chosen, for the compute line.
 std::string convolution_choice() {
+  const bool mode_b = heuristics_mode_b();  // read (and checked) with or without the graph API
   std::string text = convolution_search() == CudnnConv::Search::Benchmark
                          ? "timed per shape (DDP_CUDNN_BENCHMARK=1)"
                          : "cuDNN's heuristics";
-  if (graph_convolutions()) text += heuristics_mode_b() ? " (graph API, mode B)" : " (graph API, INSTANT)";
+  if (graph_convolutions()) text += mode_b ? " (graph API, mode B)" : " (graph API, INSTANT)";
   return text + (deterministic_convolutions()
                      ? ", deterministic"
                      : ", nondeterministic ones allowed (DDP_CUDNN_DETERMINISTIC=0)");

@@ -140,6 +140,7 @@ void CudnnConv::set_tf32(bool on) {
 
 std::size_t CudnnConv::graph_plans() const { return graph_ ? graph_->plans() : 0; }
 std::size_t CudnnConv::graph_declined() const { return graph_ ? graph_->declined() : 0; }
+std::string CudnnConv::graph_declined_reason() const { return graph_ ? graph_->declined_reason() : ""; }
 
 void* CudnnConv::workspace(std::size_t bytes) {
   if (bytes > workspace_bytes_) {
@@ -280,6 +281,12 @@ void CudnnConv::forward(const ConvShape& s, const void* x, const void* w, void* 
   const kernel_trace::Timed timed("cuDNN conv forward", call_detail(s, dtype_).c_str());
   CUDNN_CHECK(cudnnConvolutionForward(handle_, &alpha, x_desc_, x, w_desc_, w, conv_desc_, p.fwd, ws,
                                       p.fwd_bytes, &beta, y_desc_, y));
+}
+
+bool CudnnConv::forward_stats(const ConvShape& s, const void* x, const void* w, void* y, const float* scale,
+                              const float* bias, float* sum, float* sqsum) {
+  return graph_ && graph_->forward_stats(s, x, w, y, scale, bias, sum, sqsum,
+                                         "cuDNN conv forward with statistics", call_detail(s, dtype_));
 }
 
 void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include "cuda/dtype.hpp"
@@ -65,6 +66,13 @@ class CudnnConv {
   void backward_filter(const ConvShape& s, const void* x, const void* dy, void* dw, float alpha = 1,
                        float beta = 0);
 
+  // y = conv(relu(x * scale + bias), w) (scale null: conv(x, w)) and the per-channel
+  // sums of y and y^2 (K each, fp32) in one cuDNN graph (CudnnGraphConv::forward_stats):
+  // false, having run nothing, without the graph API (graph_api), in fp32 or NCHW, or
+  // where cuDNN has no engine for it. scale, bias (C) fp32.
+  bool forward_stats(const ConvShape& s, const void* x, const void* w, void* y, const float* scale,
+                     const float* bias, float* sum, float* sqsum);
+
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // fp32 on TF32 tensor cores (train.tf32: cuDNN's default math on fp32, which takes
   // them on Ampere and newer) or not (FMA math, the default). The algorithms are
@@ -75,6 +83,7 @@ class CudnnConv {
   // with a plan of its own, and of those it left to the legacy API; 0 and 0 without it.
   std::size_t graph_plans() const;
   std::size_t graph_declined() const;
+  std::string graph_declined_reason() const;  // the last declined graph's shape and why
 
  private:
   struct Plan {

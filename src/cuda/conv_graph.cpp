@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
+#include <limits>
 #include <utility>
 
 #include "cuda/conv_search.hpp"
@@ -54,8 +56,11 @@ void set_pair(const Desc& d, cudnnBackendAttributeName_t name, int a, int b) {
 }
 
 // The tensors' unique ids in every graph: the convolution's input, filter and output
-// (in backward, dx is the X tensor, dw the W tensor and dy the Y tensor).
-constexpr std::int64_t kX = 1, kW = 2, kY = 3;
+// (in backward, dx is the X tensor, dw the W tensor and dy the Y tensor); in a forward
+// with statistics, the prologue's per-channel scale and bias, the statistics' sum and
+// sum of squares, and the prologue's three virtual results (never in memory).
+constexpr std::int64_t kX = 1, kW = 2, kY = 3, kScale = 4, kBias = 5, kSum = 6, kSqsum = 7;
+constexpr std::int64_t kScaled = 8, kBiased = 9, kRectified = 10;
 
 // Whether d finalized: a descriptor cuDNN refuses declines the convolution to the
 // legacy path rather than ending the run.
@@ -63,10 +68,15 @@ bool finalized(const Desc& d) { return cudnnBackendFinalize(d.get()) == CUDNN_ST
 
 // A 4-D tensor given in NCHW order (as the graph API takes every layout), its strides
 // NCHW or channels-last; null where cuDNN does not finalize it.
+// A virtual one is an intermediate of the graph, in no memory.
 Desc tensor(std::int64_t uid, DType t, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
-            bool nhwc, std::int64_t alignment) {
+            bool nhwc, std::int64_t alignment, bool is_virtual = false) {
   Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const cudnnDataType_t type = cudnn_type(t);
+  if (is_virtual) {
+    const bool yes = true;
+    set(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
+  }
   const std::int64_t dims[4] = {n, c, h, w};
   const std::int64_t nchw[4] = {c * h * w, h * w, w, 1}, channels_last[4] = {h * w * c, 1, w * c, c};
   set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
@@ -175,26 +185,48 @@ std::vector<Desc> engine_configs(cudnnBackendDescriptor_t graph, cudnnBackendHeu
   return configs;
 }
 
+// Why configurations were passed over, counted for the log and for a declined graph's
+// word (CudnnGraphConv::declined_reason): one that does not say its engine, one our
+// rules leave out (with its notes), one that does not finalize, one whose workspace is
+// too large.
+struct PassedOver {
+  int unreadable = 0, rules = 0, finalize = 0, workspace = 0;
+  std::string notes;  // of the first the rules left out
+  std::string text() const {
+    char t[256];
+    std::snprintf(
+        t, sizeof t,
+        "%d left out by the rules%s%s%s, %d not finalized, %d with too large a workspace, %d unreadable",
+        rules, notes.empty() ? "" : " (the first: ", notes.c_str(), notes.empty() ? "" : ")", finalize,
+        workspace, unreadable);
+    return t;
+  }
+};
+
 // The configuration as a candidate: its engine's notes against the rules, then a plan
 // finalized for it. False where the rules leave it out, its engine is among `skip`
 // (one already a candidate), it does not finalize, or its workspace exceeds
 // max_workspace (more than the device has to spare: PyTorch too passes over a plan
-// whose workspace cannot be had).
+// whose workspace cannot be had); `why` counts which.
 bool make_candidate(cudnnHandle_t handle, Desc config, const EngineRules& rules,
-                    const std::vector<std::int64_t>& skip, std::int64_t max_workspace, Candidate* out) {
+                    const std::vector<std::int64_t>& skip, std::int64_t max_workspace, Candidate* out,
+                    PassedOver* why) {
   Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t e = engine.get();
   std::int64_t n = 0;
   if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
                                &n, &e) != CUDNN_STATUS_SUCCESS)
-    return false;
+    return ++why->unreadable, false;
   std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
   std::int64_t count = 0;
   if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                std::int64_t(notes.size()), &count, notes.data()) != CUDNN_STATUS_SUCCESS)
-    return false;
+    return ++why->unreadable, false;
   notes.resize(std::size_t(std::min<std::int64_t>(count, std::int64_t(notes.size()))));
-  if (!engine_allowed(notes, rules)) return false;
+  if (!engine_allowed(notes, rules)) {
+    if (why->rules++ == 0) why->notes = note_names(notes);
+    return false;
+  }
   std::int64_t index = -1;
   (void)cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
   if (index >= 0 && std::find(skip.begin(), skip.end(), index) != skip.end()) return false;
@@ -202,12 +234,12 @@ bool make_candidate(cudnnHandle_t handle, Desc config, const EngineRules& rules,
   Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-  if (cudnnBackendFinalize(plan.get()) != CUDNN_STATUS_SUCCESS) return false;
+  if (cudnnBackendFinalize(plan.get()) != CUDNN_STATUS_SUCCESS) return ++why->finalize, false;
   std::int64_t bytes = 0;
   if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
                                &bytes) != CUDNN_STATUS_SUCCESS ||
       bytes < 0 || bytes > max_workspace)
-    return false;
+    return ++why->workspace, false;
   out->config = std::move(config);
   out->plan = std::move(plan);
   out->workspace = bytes;
@@ -216,16 +248,44 @@ bool make_candidate(cudnnHandle_t handle, Desc config, const EngineRules& rules,
   return true;
 }
 
-// A finalized variant pack: the operands by unique id (X, W, Y) and the workspace.
-Desc variant_pack(const std::array<const void*, 3>& xwy, void* workspace) {
+// A finalized variant pack: the operands by unique id (operands[i] is uid i + 1: X, W,
+// Y, then in a forward with statistics the scale and bias where it has a prologue, the
+// sum and the sum of squares) and the workspace.
+Desc variant_pack(const std::vector<const void*>& operands, const std::vector<std::int64_t>& uids,
+                  void* workspace) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const std::int64_t uids[3] = {kX, kW, kY};
-  void* pointers[3] = {const_cast<void*>(xwy[0]), const_cast<void*>(xwy[1]), const_cast<void*>(xwy[2])};
-  set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-  set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers);
+  std::vector<void*> pointers;
+  for (std::int64_t uid : uids) pointers.push_back(const_cast<void*>(operands[std::size_t(uid - 1)]));
+  set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, std::int64_t(uids.size()), uids.data());
+  set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, std::int64_t(pointers.size()),
+      pointers.data());
   set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   CUDNN_CHECK(cudnnBackendFinalize(pack.get()));
   return pack;
+}
+
+// An element-wise operation of the prologue: out = in (op) b (b null for relu), in
+// fp32. Its pointwise descriptor goes into `keep`. Null where cuDNN refuses either.
+Desc pointwise(cudnnPointwiseMode_t mode, const Desc& in, const Desc* b, const Desc& out,
+               std::deque<Desc>& keep) {
+  Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+  set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
+  if (mode == CUDNN_POINTWISE_RELU_FWD) {  // set as cudnn-frontend sets them: max(x, 0)
+    const double lower = 0.0, upper = std::numeric_limits<float>::max(), slope = 0.0;
+    set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower);
+    set(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
+    set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
+  }
+  if (!finalized(pw)) return Desc();
+  Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in);
+  if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
+  keep.push_back(std::move(pw));
+  return finalized(op) ? std::move(op) : Desc();
 }
 
 // The operands in the graph's order (X, W, Y) from run()'s (a, b, out).
@@ -246,13 +306,15 @@ std::array<const void*, 3> xwy(ConvDirection d, const void* a, const void* b, co
 using namespace graph_api;
 
 struct CudnnGraphConv::Plan {
-  std::vector<Desc> graph;       // tensors, convolution, operation, operation graph
-  std::vector<Desc> heuristics;  // what the chosen configuration was read from
+  std::deque<Desc> graph;          // tensors, convolution, operations, operation graph (a deque: the
+                                   // descriptors are named by reference while it grows)
+  std::vector<std::int64_t> uids;  // the variant pack's, in order
+  std::vector<Desc> heuristics;    // what the chosen configuration was read from
   Candidate chosen;
   bool ran = false;  // has run once: a failure after that is fatal
   // the variant pack of the last operands and workspace
   Desc pack;
-  std::array<const void*, 4> pointers{};
+  std::vector<const void*> pointers;
 };
 
 CudnnGraphConv::CudnnGraphConv(cudnnHandle_t handle, cudaStream_t stream, DType dtype, bool nhwc,
@@ -266,7 +328,9 @@ CudnnGraphConv::CudnnGraphConv(cudnnHandle_t handle, cudaStream_t stream, DType 
       mode_b_(mode_b),
       workspace_(std::move(workspace)) {}
 
-CudnnGraphConv::~CudnnGraphConv() = default;
+CudnnGraphConv::~CudnnGraphConv() {
+  if (channel_) cudaFreeAsync(channel_, stream_);
+}
 
 void CudnnGraphConv::set_tf32(bool on) {
   if (on == tf32_) return;
@@ -282,24 +346,30 @@ std::size_t CudnnGraphConv::plans() const {
 
 std::size_t CudnnGraphConv::declined() const { return plans_.size() - plans(); }
 
-CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, const void* a, const void* b,
-                                           void* out, float alpha, float beta) {
-  const std::array<const void*, 3> ops = xwy(d, a, b, out);
-  const int align[3] = {alignment(ops[0]), alignment(ops[1]), alignment(ops[2])};  // X, W, Y
-  const Key key{int(d), s.key(), alpha, beta, align[0], align[1], align[2]};
+CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
+                                           const std::vector<const void*>& operands, float alpha, float beta,
+                                           Fusion fusion) {
+  const int align[3] = {alignment(operands[0]), alignment(operands[1]), alignment(operands[2])};  // X, W, Y
+  int channel_align = 16;  // the per-channel arrays' (scale, bias, sum, sum of squares)
+  for (std::size_t i = 3; i < operands.size(); ++i)
+    if (operands[i]) channel_align = std::min(channel_align, alignment(operands[i]));
+  const Key key{int(d), s.key(), alpha, beta, align[0], align[1], align[2], int(fusion), channel_align};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
+  // A fused graph's engines are compiled at run time, as its plan is made: not while
+  // the step is captured (the warm-up steps make it; until then the separate passes).
+  if (fusion != Fusion::None && capturing(stream_)) return nullptr;
 
   auto p = std::make_unique<Plan>();
-  std::vector<Desc>& g = p->graph;
-  g.reserve(6);  // x, w and y below are read while the graph is built
+  std::deque<Desc>& g = p->graph;
   const int P = s.out_h(), Q = s.out_w();
-  g.push_back(tensor(kX, dtype_, s.n, s.c, s.h, s.w, nhwc_, align[0]));
-  g.push_back(tensor(kW, dtype_, s.k, s.c, s.r, s.s, nhwc_, align[1]));
-  g.push_back(tensor(kY, dtype_, s.n, s.k, P, Q, nhwc_, align[2]));
-  const Desc &x = g[0], &w = g[1], &y = g[2];
+  const Desc& x = g.emplace_back(tensor(kX, dtype_, s.n, s.c, s.h, s.w, nhwc_, align[0]));
+  const Desc& w = g.emplace_back(tensor(kW, dtype_, s.k, s.c, s.r, s.s, nhwc_, align[1]));
+  const Desc& y = g.emplace_back(tensor(kY, dtype_, s.n, s.k, P, Q, nhwc_, align[2]));
+  p->uids = {kX, kW, kY};
+  bool built = x.get() && w.get() && y.get();
 
-  Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  Desc& conv = g.emplace_back(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const cudnnDataType_t accumulate = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const std::int64_t spatial = 2;
@@ -310,44 +380,90 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
   set_pair(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, s.stride_h, s.stride_w);
   set_pair(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, s.pad_h, s.pad_w);
   set_pair(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, s.pad_h, s.pad_w);
-  bool built = x.get() && w.get() && y.get() && finalized(conv);
+  built = built && finalized(conv);
+
+  std::vector<cudnnBackendDescriptor_t> ops;  // the graph's operations, in order
+  // The prologue (a forward's input rectified from x scale + bias, per channel, fp32,
+  // virtual): the convolution reads its last result instead of x.
+  const Desc* conv_x = &x;
+  if (built && (fusion == Fusion::PrologueAndStats || fusion == Fusion::NarrowPrologueAndStats)) {
+    const DType channel_type = fusion == Fusion::PrologueAndStats ? DType::F32 : dtype_;
+    const Desc& scale = g.emplace_back(tensor(kScale, channel_type, 1, s.c, 1, 1, true, channel_align));
+    const Desc& bias = g.emplace_back(tensor(kBias, channel_type, 1, s.c, 1, 1, true, channel_align));
+    const Desc& scaled = g.emplace_back(tensor(kScaled, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& biased = g.emplace_back(tensor(kBiased, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& rectified =
+        g.emplace_back(tensor(kRectified, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    p->uids.insert(p->uids.end(), {kScale, kBias});
+    built = scale.get() && bias.get() && scaled.get() && biased.get() && rectified.get();
+    if (built) {
+      const Desc& mul = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, x, &scale, scaled, g));
+      const Desc& add = g.emplace_back(pointwise(CUDNN_POINTWISE_ADD, scaled, &bias, biased, g));
+      const Desc& relu = g.emplace_back(pointwise(CUDNN_POINTWISE_RELU_FWD, biased, nullptr, rectified, g));
+      built = mul.get() && add.get() && relu.get();
+      ops.insert(ops.end(), {mul.get(), add.get(), relu.get()});
+      conv_x = &rectified;
+    }
+  }
 
   const OperationAttributes& o = operation_attributes(d);
-  Desc op(o.type);
+  Desc& op = g.emplace_back(o.type);
   if (built) {  // (a null tensor cannot be set)
-    set_desc(op, o.x, x);
+    set_desc(op, o.x, *conv_x);
     set_desc(op, o.w, w);
     set_desc(op, o.y, y);
     set_desc(op, o.conv, conv);
     set(op, o.alpha, CUDNN_TYPE_FLOAT, 1, &alpha);  // FLOAT for the fp32 accumulation (DOUBLE for double)
     set(op, o.beta, CUDNN_TYPE_FLOAT, 1, &beta);
     built = finalized(op);
+    ops.push_back(op.get());
+  }
+
+  // The statistics (an epilogue of the forward): y's sum and sum of squares over
+  // (N, P, Q) for each of the K channels, fp32, as batch norm's forward needs them.
+  if (built && fusion != Fusion::None) {
+    const Desc& sum = g.emplace_back(tensor(kSum, DType::F32, 1, s.k, 1, 1, true, channel_align));
+    const Desc& sqsum = g.emplace_back(tensor(kSqsum, DType::F32, 1, s.k, 1, 1, true, channel_align));
+    p->uids.insert(p->uids.end(), {kSum, kSqsum});
+    Desc& stats = g.emplace_back(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+    built = sum.get() && sqsum.get();
+    if (built) {
+      const cudnnGenStatsMode_t stats_mode = CUDNN_GENSTATS_SUM_SQSUM;
+      const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+      set(stats, CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &stats_mode);
+      set(stats, CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
+      set_desc(stats, CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y);
+      set_desc(stats, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum);
+      set_desc(stats, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
+      built = finalized(stats);
+      ops.push_back(stats.get());
+    }
   }
 
   // The handle attributes are marked deprecated in cuDNN 9.19's header (a device
   // properties descriptor may stand in, for plans built without a device); they
   // still serve, and cuDNN 9 before 9.8 needs them.
-  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  Desc& graph = g.emplace_back(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   if (built) {
-    set_desc(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, std::int64_t(ops.size()),
+        ops.data());
     set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
     built = finalized(graph);
   }
-  g.push_back(std::move(conv));
-  g.push_back(std::move(op));
-  g.push_back(std::move(graph));
-  const cudnnBackendDescriptor_t op_graph = g.back().get();
+  const cudnnBackendDescriptor_t op_graph = graph.get();
 
   // The heuristics' ranking, then the fallback list's engines not in it; the rules
   // applied, each finalized into a plan. The heuristics' first that passes is the
   // choice; the timed search keeps up to kMaxAlgos of them and times them. A shape
   // first met while the step is captured takes the heuristics' choice (the timed
   // search waits on the host), as the legacy path does.
-  const bool search = timed_ && !capturing(stream_);
+  // (Not a fused graph: its trial would need the statistics' arrays too.)
+  const bool search = timed_ && fusion == Fusion::None && !capturing(stream_);
   static const bool narrow_sums = env_flag("DDP_CUDNN_NARROW_SUMS");
   const EngineRules rules{dtype_ == DType::F32, tf32_, deterministic_, narrow_sums};
   std::vector<Candidate> candidates;
   std::vector<std::int64_t> seen;  // the candidates' engines
+  PassedOver why;
   // Half the device memory free now: a workspace beyond it is not a candidate.
   std::size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -357,7 +473,7 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
     if (!built || (!search && !candidates.empty()) || int(candidates.size()) >= kMaxAlgos) break;
     for (Desc& config : engine_configs(op_graph, m, p->heuristics)) {
       Candidate c;
-      if (!make_candidate(handle_, std::move(config), rules, seen, max_workspace, &c)) continue;
+      if (!make_candidate(handle_, std::move(config), rules, seen, max_workspace, &c, &why)) continue;
       if (c.engine >= 0) seen.push_back(c.engine);
       candidates.push_back(std::move(c));
       if (!search || int(candidates.size()) >= kMaxAlgos) break;
@@ -375,7 +491,8 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
     void* scratch_out = nullptr;
     CUDA_CHECK(cudaMallocAsync(&scratch_out, out_bytes, stream_));
     CUDA_CHECK(cudaMemsetAsync(scratch_out, 0, out_bytes, stream_));
-    const std::array<const void*, 3> trial = xwy(d, a, b, scratch_out);
+    std::vector<const void*> trial = operands;  // the output (X, W or Y by direction): a scratch one
+    trial[d == ConvDirection::Forward ? 2 : d == ConvDirection::BackwardData ? 0 : 1] = scratch_out;
     cudaEvent_t start = nullptr, stop = nullptr;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
@@ -391,7 +508,7 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
           failed[i] = 1;
           continue;
         }
-        const Desc pack = variant_pack(trial, ws);
+        const Desc pack = variant_pack(trial, p->uids, ws);
         CUDA_CHECK(cudaEventRecord(start, stream_));
         cudnnStatus_t st = cudnnBackendExecute(handle_, c.plan.get(), pack.get());
         if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(handle_, c.plan.get(), pack.get());
@@ -424,14 +541,20 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
   }
 
   static const bool log = env_flag("DDP_CUDNN_LOG");
-  char shape[128];
-  std::snprintf(shape, sizeof shape, "%s %s conv %s N%d C%d H%d W%d K%d R%d S%d pad %d stride %d",
-                dtype_name(dtype_), nhwc_ ? "nhwc" : "nchw", direction_name(d), s.n, s.c, s.h, s.w, s.k, s.r,
-                s.s, s.pad_h, s.stride_h);
+  char shape[192];
+  std::snprintf(shape, sizeof shape, "%s %s conv %s%s N%d C%d H%d W%d K%d R%d S%d pad %d stride %d",
+                dtype_name(dtype_), nhwc_ ? "nhwc" : "nchw", direction_name(d),
+                fusion == Fusion::Stats              ? " with statistics"
+                : fusion == Fusion::PrologueAndStats ? " after scale-bias-relu (fp32), with statistics"
+                : fusion == Fusion::NarrowPrologueAndStats
+                    ? " after scale-bias-relu (narrow), with statistics"
+                    : "",
+                s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h);
   if (candidates.empty()) {
-    if (log)
-      std::fprintf(stderr, "cuDNN graph API %s: no engine passes the rules (the legacy API runs it)\n",
-                   shape);
+    declined_reason_ =
+        std::string(shape) + ": " +
+        (built ? "no engine taken: " + why.text() : std::string("cuDNN refused the graph itself"));
+    if (log) std::fprintf(stderr, "cuDNN graph API %s (another way runs it)\n", declined_reason_.c_str());
     return plans_.emplace(key, nullptr).first->second.get();
   }
   p->chosen = std::move(candidates.front());
@@ -450,14 +573,53 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s, 
 
 bool CudnnGraphConv::run(ConvDirection d, const ConvShape& s, const void* a, const void* b, void* out,
                          float alpha, float beta, const char* label, const std::string& detail) {
-  Plan* p = plan(d, s, a, b, out, alpha, beta);
+  const std::array<const void*, 3> x_w_y = xwy(d, a, b, out);
+  return execute(d, s, {x_w_y[0], x_w_y[1], x_w_y[2]}, alpha, beta, Fusion::None, label, detail);
+}
+
+bool CudnnGraphConv::forward_stats(const ConvShape& s, const void* x, const void* w, void* y,
+                                   const float* scale, const float* bias, float* sum, float* sqsum,
+                                   const char* label, const std::string& detail) {
+  if (dtype_ == DType::F32 || !nhwc_) return false;  // cuDNN fuses bf16/fp16 channels-last alone
+  if (!sum || !sqsum || (scale == nullptr) != (bias == nullptr)) return false;
+  // Zeroed first: the engines are not documented to overwrite rather than add.
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(float) * std::size_t(s.k), stream_));
+  CUDA_CHECK(cudaMemsetAsync(sqsum, 0, sizeof(float) * std::size_t(s.k), stream_));
+  if (!scale)
+    return execute(ConvDirection::Forward, s, {x, w, y, nullptr, nullptr, sum, sqsum}, 1.0f, 0.0f,
+                   Fusion::Stats, label, detail);
+  // Scale and bias in fp32 (batch norm's own type) where cuDNN has an engine for that;
+  // NVIDIA's samples of this fusion keep them in the I/O type, so else narrowed to it
+  // (into a small buffer of this object's) and tried again.
+  if (execute(ConvDirection::Forward, s, {x, w, y, scale, bias, sum, sqsum}, 1.0f, 0.0f,
+              Fusion::PrologueAndStats, label, detail))
+    return true;
+  if (capturing(stream_)) return false;  // the narrowed buffer may have to grow
+  const std::size_t bytes = 2 * std::size_t(s.c) * dtype_size(dtype_);
+  if (bytes > channel_bytes_) {
+    if (channel_) CUDA_CHECK(cudaFreeAsync(channel_, stream_));
+    CUDA_CHECK(cudaMallocAsync(&channel_, bytes, stream_));
+    channel_bytes_ = bytes;
+  }
+  char* narrow_scale = static_cast<char*>(channel_);
+  char* narrow_bias = narrow_scale + std::size_t(s.c) * dtype_size(dtype_);
+  convert_from_f32(scale, narrow_scale, dtype_, std::size_t(s.c), stream_);
+  convert_from_f32(bias, narrow_bias, dtype_, std::size_t(s.c), stream_);
+  return execute(ConvDirection::Forward, s, {x, w, y, narrow_scale, narrow_bias, sum, sqsum}, 1.0f, 0.0f,
+                 Fusion::NarrowPrologueAndStats, label, detail);
+}
+
+bool CudnnGraphConv::execute(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands,
+                             float alpha, float beta, Fusion fusion, const char* label,
+                             const std::string& detail) {
+  Plan* p = plan(d, s, operands, alpha, beta, fusion);
   if (!p) return false;
-  const std::array<const void*, 3> ops = xwy(d, a, b, out);
   void* ws = p->chosen.workspace ? workspace_(std::size_t(p->chosen.workspace)) : nullptr;
-  const std::array<const void*, 4> pointers{ops[0], ops[1], ops[2], ws};
+  std::vector<const void*> pointers = operands;
+  pointers.push_back(ws);
   if (!p->pack.get() || pointers != p->pointers) {
-    p->pack = variant_pack(ops, ws);
-    p->pointers = pointers;
+    p->pack = variant_pack(operands, p->uids, ws);
+    p->pointers = std::move(pointers);
   }
   cudnnStatus_t st;
   {
@@ -470,13 +632,15 @@ bool CudnnGraphConv::run(ConvDirection d, const ConvShape& s, const void* a, con
   }
   (void)cudaGetLastError();  // a launch error of this call's, not the next one's
   // A plan that finalized and then fails its first run (PyTorch tries each plan's run
-  // for this reason): the legacy API takes that convolution from now on.
-  DDP_REQUIRE(!p->ran && !capturing(stream_), "cuDNN graph-API convolution "
-                                                  << direction_name(d) << " engine " << p->chosen.engine
-                                                  << " failed: " << cudnnGetErrorString(st));
+  // for this reason): the caller's other way takes that convolution from now on, unless
+  // the run blended into its output (beta != 0), which may now hold part of a sum.
+  DDP_REQUIRE(!p->ran && !capturing(stream_) && beta == 0.0f,
+              "cuDNN graph-API convolution "
+                  << direction_name(d) << " (N" << s.n << " C" << s.c << " " << s.h << "x" << s.w << " K"
+                  << s.k << " " << s.r << "x" << s.s << ") engine " << p->chosen.engine << " failed: "
+                  << cudnnGetErrorString(st) << " (DDP_CUDNN_GRAPH=0 runs the legacy API instead)");
   if (env_flag("DDP_CUDNN_LOG"))
-    std::fprintf(stderr,
-                 "cuDNN graph API conv %s engine %lld failed its first run (%s): the legacy API runs it\n",
+    std::fprintf(stderr, "cuDNN graph API conv %s engine %lld failed its first run (%s): not used again\n",
                  direction_name(d), static_cast<long long>(p->chosen.engine), cudnnGetErrorString(st));
   for (auto& [key, held] : plans_)
     if (held.get() == p) held.reset();

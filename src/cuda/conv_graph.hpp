@@ -55,25 +55,53 @@ class CudnnGraphConv {
   //   Forward:        out y  = alpha * conv(a = x, b = w) + beta * y
   //   BackwardData:   out dx = alpha * conv^T(a = w, b = dy) + beta * dx
   //   BackwardFilter: out dw = alpha * corr(a = x, b = dy) + beta * dw
-  // Returns false, having run nothing, where no engine cuDNN offers passes the rules
-  // and finalizes (or the chosen plan failed its first run): the caller runs the
-  // convolution another way. `label` and `detail` name the call in a timed count.
+  // Returns false where no engine cuDNN offers passes the rules and finalizes (having
+  // run nothing), or where the chosen plan failed its first run with beta 0 (what it
+  // may have written is written again): the caller runs the convolution another way.
+  // A first run that fails with beta != 0 (its output may hold part of a sum) ends the
+  // job with one line naming the convolution and DDP_CUDNN_GRAPH=0. `label` and
+  // `detail` name the call in a timed count.
   bool run(ConvDirection d, const ConvShape& s, const void* a, const void* b, void* out, float alpha,
            float beta, const char* label, const std::string& detail);
+
+  // The forward with batch norm's statistics in one cuDNN graph (bf16/fp16 channels-last;
+  // elsewhere false at once):
+  //   y = conv(relu(x * scale + bias), w)   where scale (C) and bias (C) are given (the
+  //                                         batch norm before it applied, with its relu,
+  //                                         on the way in: fp32, never stored),
+  //   y = conv(x, w)                        where scale is null;
+  //   sum (K) and sqsum (K): the sums of y and of y^2 over (N, P, Q), fp32 (what the
+  //   batch norm after it needs), written.
+  // The fusions of cuDNN's samples ("scale-bias-relu -> conv -> genstats"), scale and bias
+  // in fp32, or narrowed to the I/O type where cuDNN has an engine for that alone. False
+  // where cuDNN offers no allowed engine for the graph, while the step is captured
+  // before its plan is made, or given a scale without a bias (the caller then runs the
+  // convolution and its statistics apart).
+  bool forward_stats(const ConvShape& s, const void* x, const void* w, void* y, const float* scale,
+                     const float* bias, float* sum, float* sqsum, const char* label,
+                     const std::string& detail);
 
   // fp32 on TF32 tensor cores or not (CudnnConv::set_tf32); the plans are chosen again.
   void set_tf32(bool on);
 
-  std::size_t plans() const;     // convolutions with a graph-API plan
-  std::size_t declined() const;  // convolutions run() declined
+  std::size_t plans() const;     // graphs (convolutions, fused forwards) with a plan
+  std::size_t declined() const;  // graphs declined: no engine taken for them
+  // Why the last graph declined was (its shape, and the engines passed over by reason).
+  const std::string& declined_reason() const { return declined_reason_; }
 
   struct Plan;  // conv_graph.cpp
 
  private:
-  // direction, shape, alpha, beta, and the X, W and Y operands' alignments
-  using Key = std::tuple<int, decltype(ConvShape().key()), float, float, int, int, int>;
-  Plan* plan(ConvDirection d, const ConvShape& s, const void* a, const void* b, void* out, float alpha,
-             float beta);
+  // PrologueAndStats: scale and bias fp32; NarrowPrologueAndStats: in the I/O type
+  enum class Fusion { None, Stats, PrologueAndStats, NarrowPrologueAndStats };
+  // direction, shape, alpha, beta, the X, W and Y operands' alignments, the fusion and
+  // the per-channel arrays' alignment
+  using Key = std::tuple<int, decltype(ConvShape().key()), float, float, int, int, int, int, int>;
+  // operands: X, W, Y, then (a fusion's) scale, bias, sum, sum of squares
+  Plan* plan(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands, float alpha,
+             float beta, Fusion fusion);
+  bool execute(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands, float alpha,
+               float beta, Fusion fusion, const char* label, const std::string& detail);
 
   cudnnHandle_t handle_;
   cudaStream_t stream_;
@@ -85,6 +113,9 @@ class CudnnGraphConv {
   bool tf32_ = false;
   Workspace workspace_;
   std::map<Key, std::unique_ptr<Plan>> plans_;  // null: declined
+  std::string declined_reason_;
+  void* channel_ = nullptr;  // scale and bias narrowed (NarrowPrologueAndStats), grown only
+  std::size_t channel_bytes_ = 0;
 };
 
 }  // namespace ddp::cuda

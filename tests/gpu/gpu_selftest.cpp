@@ -20,6 +20,9 @@
 //   (1e-2); the graph API must have run them (in bf16 a 3-channel stem may go to the
 //   legacy API). Outputs hold NaN before every call with beta 0.
 //   NCHW <-> NHWC moves           bitwise (fp32 round trip); 1e-6 with bias, relu and add
+//   conv with batch norm's statistics in one cuDNN graph, bf16 channels-last, with and
+//   without the scale-bias-relu prologue: y 1e-2 against the loop on the rounded
+//   prologue's result, the per-channel sums of y and y^2 1e-2 of their largest
 //   backward-data adding to dx    1e-6 fp32, 1e-2 bf16 against the gradient written alone
 //                                 plus what dx held
 //   NCCL all-reduce               bitwise equal to MPI_Allreduce on 2 ranks (a + b is
@@ -421,6 +424,120 @@ void test_conv_nhwc(cudaStream_t stream, ddp::cuda::CudnnConv::Search search, bo
   if (graph) check_graph_ran(conv, " bf16 nhwc" + how, 3);
 }
 
+// The forward with batch norm's statistics in one cuDNN graph (CudnnConv::forward_stats,
+// the graph API's "scale-bias-relu -> conv -> genstats"), bf16 channels-last, on
+// ResNet's 3x3 and 1x1 shapes, with the prologue and without: y against the double loop
+// on relu(x scale + bias) rounded to bf16 (1e-2, as the convolutions above), and the
+// per-channel sums of y and y^2 against the loop's (1e-2 of the largest). y and the
+// sums hold NaN before each call. Each case runs twice, the second time on new buffers
+// through the plan made the first time: the same bits. Where cuDNN takes no engine for
+// a graph under our rules, the reason is printed and the graph tried again with
+// nondeterministic engines allowed; a graph no engine runs fails here on Ampere and
+// Hopper (NVIDIA's samples run these fusions there), elsewhere it is reported alone.
+void test_conv_stats(cudaStream_t stream) {
+  using ddp::cuda::DType;
+  using ddp::cuda::transpose_image;
+  ddp::cuda::CudnnConv conv(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
+                            /*deterministic=*/true, /*graph_api=*/true);
+  ddp::cuda::CudnnConv any(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
+                           /*deterministic=*/false, /*graph_api=*/true);
+  int device = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  ddp::cuda::ConvShape shapes[2];
+  shapes[0] = {8, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1};   // a bottleneck's 3x3
+  shapes[1] = {8, 64, 28, 28, 256, 1, 1, 0, 0, 1, 1, 1, 1};  // its last 1x1
+  int id = 0;
+  for (const auto& s : shapes)
+    for (bool prologue : {false, true}) {
+      const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
+      std::vector<float> x = random_vector(std::size_t(s.n) * s.c * hw, 1100 + id);
+      std::vector<float> w = random_vector(std::size_t(s.k) * s.c * rs, 1200 + id);
+      std::vector<float> scale = random_vector(std::size_t(s.c), 1300 + id),
+                         bias = random_vector(s.c, 1400 + id);
+      for (float& v : scale) v = 1.0f + 0.5f * v;  // in [0.5, 1.5]
+      for (float& v : bias) v *= 0.5f;
+      for (std::vector<float>* v : {&x, &w})
+        for (float& e : *v) e = ddp::round_bf16(e);
+      std::vector<float> a = x;  // what the convolution reads
+      if (prologue)
+        for (int n = 0; n < s.n; ++n)
+          for (int c = 0; c < s.c; ++c)
+            for (int i = 0; i < hw; ++i) {
+              float& v = a[(std::size_t(n) * s.c + c) * hw + i];
+              v = ddp::round_bf16(std::max(0.0f, v * scale[c] + bias[c]));
+            }
+      const ConvRef ref = conv_ref(s, a, w, std::vector<float>(std::size_t(s.n) * s.k * pq, 0.0f));
+      std::vector<double> sum_ref(s.k, 0.0), sq_ref(s.k, 0.0);
+      for (int n = 0; n < s.n; ++n)
+        for (int k = 0; k < s.k; ++k)
+          for (int i = 0; i < pq; ++i) {
+            const double v = ref.y[(std::size_t(n) * s.k + k) * pq + i];
+            sum_ref[k] += v;
+            sq_ref[k] += v * v;
+          }
+      DeviceBuffer<float> x32(x), w32(w), dscale(scale), dbias(bias);
+      DeviceBuffer<std::uint16_t> x16(x.size()), w16(w.size());
+      transpose_image(x32.ptr, DType::F32, x16.ptr, DType::BF16, true, s.n, s.c, hw, nullptr, false, false,
+                      stream);
+      transpose_image(w32.ptr, DType::F32, w16.ptr, DType::BF16, true, s.k, s.c, rs, nullptr, false, false,
+                      stream);
+      const std::string tag = std::string(" bf16 nhwc shape ") + std::to_string(id / 2) +
+                              (prologue ? " after scale-bias-relu" : "");
+      // One run on new buffers: y (as fp32 NCHW), the sums; false where no engine ran.
+      struct Out {
+        std::vector<float> y, sum, sq;
+      };
+      auto run = [&](ddp::cuda::CudnnConv& c, Out* out) {
+        DeviceBuffer<std::uint16_t> y16(ref.y.size());
+        DeviceBuffer<float> y(ref.y.size()), sum(s.k), sq(s.k);
+        for (const DeviceBuffer<float>* o : {&sum, &sq}) poison(stream, *o);
+        poison(stream, y16);
+        if (!c.forward_stats(s, x16.ptr, w16.ptr, y16.ptr, prologue ? dscale.ptr : nullptr,
+                             prologue ? dbias.ptr : nullptr, sum.ptr, sq.ptr))
+          return false;
+        transpose_image(y16.ptr, DType::BF16, y.ptr, DType::F32, false, s.n, s.k, pq, nullptr, false, false,
+                        stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        *out = {y.download(), sum.download(), sq.download()};
+        return true;
+      };
+      Out first, again;
+      ddp::cuda::CudnnConv* used = &conv;
+      bool ran = run(conv, &first);
+      if (!ran) {
+        std::printf("rank %d: no deterministic engine:%s %s\n", g_rank, tag.c_str(),
+                    conv.graph_declined_reason().c_str());
+        used = &any;
+        ran = run(any, &first);
+        if (!ran) std::printf("rank %d: nor any engine: %s\n", g_rank, any.graph_declined_reason().c_str());
+      }
+      if (!ran && major != 8 && major != 9) {
+        std::printf(
+            "rank %d: graph conv with statistics%s: no engine on compute capability %d (reported, not "
+            "failed)\n",
+            g_rank, tag.c_str(), major);
+        ++id;
+        continue;
+      }
+      check(("cuDNN graph conv with statistics: an engine" + tag).c_str(), ran ? 0.0 : 1.0, 0);
+      if (ran) {
+        check(("cuDNN graph conv with statistics: y" + tag).c_str(), rel_err(first.y, ref.y), 1e-2);
+        check(("cuDNN graph conv with statistics: sum" + tag).c_str(), rel_err(first.sum, sum_ref), 1e-2);
+        check(("cuDNN graph conv with statistics: sum of squares" + tag).c_str(), rel_err(first.sq, sq_ref),
+              1e-2);
+        const bool twice = run(*used, &again);
+        // bitwise with a deterministic engine; within bf16's rounding with another
+        const bool same =
+            twice && (used == &any ? rel_err(again.y, first.y) <= 1e-2
+                                   : again.y == first.y && again.sum == first.sum && again.sq == first.sq);
+        check(("cuDNN graph conv with statistics: the plan again on new buffers" + tag).c_str(),
+              same ? 0.0 : 1.0, 0);
+      }
+      ++id;
+    }
+}
+
 // n values on the device as a tensor of fp32 or bf16 elements holds them (bf16: the
 // values must be bf16's already), read back as floats.
 struct DeviceValues {
@@ -608,6 +725,7 @@ int main(int argc, char** argv) {
     test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
     test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
   }
+  test_conv_stats(compute);
   test_conv_accumulate(compute);
   test_transpose_image(compute);
   test_graph_capture(compute, ddp::Precision::fp32);

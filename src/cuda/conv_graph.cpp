@@ -10,6 +10,7 @@
 
 #include "cuda/conv_search.hpp"
 #include "cuda/cuda_check.hpp"
+#include "model/backend.hpp"  // device_block_freed
 #include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
@@ -597,7 +598,13 @@ bool CudnnGraphConv::forward_stats(const ConvShape& s, const void* x, const void
   if (capturing(stream_)) return false;  // the narrowed buffer may have to grow
   const std::size_t bytes = 2 * std::size_t(s.c) * dtype_size(dtype_);
   if (bytes > channel_bytes_) {
-    if (channel_) CUDA_CHECK(cudaFreeAsync(channel_, stream_));
+    if (channel_) {
+      CUDA_CHECK(cudaFreeAsync(channel_, stream_));
+      // a captured step graph may point at the old block
+      device_block_freed("the narrowed scale and bias of a fused convolution (" +
+                         std::to_string(channel_bytes_) + " bytes, growing to " + std::to_string(bytes) +
+                         ")");
+    }
     CUDA_CHECK(cudaMallocAsync(&channel_, bytes, stream_));
     channel_bytes_ = bytes;
   }

@@ -55,8 +55,8 @@ chmod +x "$work/gpu-bin/nvidia-smi" "$work/no-gpu-bin/nvidia-smi"
 gpu_path=PATH=$work/gpu-bin:$PATH
 no_gpu_path=PATH=$work/no-gpu-bin:$PATH
 
-expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|transformers   (tools/gpu_check --programs: what to bundle)" --
-expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|transformers   (tools/gpu_check --programs: what to bundle)" -- bench
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers   (tools/gpu_check --programs: what to bundle)" --
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers   (tools/gpu_check --programs: what to bundle)" -- bench
 expect 2 "gpu_check tests: $cpu_build is a CPU build (DDP_ENABLE_CUDA is not ON in its CMakeCache.txt): give the GPU build (BUILD_DIR)" \
   BUILD_DIR="$cpu_build" "$gpu_path" -- tests
 expect 2 "gpu_check tests: $work is not a build tree (BUILD_DIR; on the node: source ddp_bundle/env.sh first)" \
@@ -66,6 +66,8 @@ expect 2 "gpu_check tests: $tree lacks model_layers_test (bundle them: tools/bun
   BUILD_DIR="$tree" "$gpu_path" -- tests
 expect 2 "gpu_check switches: $tree lacks bn_bench (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
   BUILD_DIR="$tree" "$gpu_path" -- switches
+expect 2 "gpu_check convs: $tree lacks cudnn_conv_bench (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
+  BUILD_DIR="$tree" "$gpu_path" -- convs
 expect 2 "gpu_check transformers: $tree lacks layers_grad_test (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
   BUILD_DIR="$tree" "$gpu_path" -- transformers
 printf '#!/bin/sh\nexit 0\n' > "$tree/tests/model_layers_test"

@@ -474,24 +474,23 @@ if(DDP_ENABLE_CUDA)
   set_tests_properties(e2e_error_gpu_nccl_shared_gpu_np2 PROPERTIES FIXTURES_REQUIRED e2e_data
                        LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
                        ENVIRONMENT CUDA_VISIBLE_DEVICES=0)
-  # DDP_ELEMENT_WARPS (warps a block of the element loops) out of 1..16: one line at
-  # start-up on 2 ranks; skipped (77) without a device.
-  add_test(NAME e2e_error_gpu_element_warps
-           COMMAND ${DDP_WITH_GPU}
-                   ${E2E}/expect_error.sh "DDP_ELEMENT_WARPS='64': the warps a block of the GPU's element loops holds, a whole number from 1 to 16" --
-                   ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY})
-  set_tests_properties(e2e_error_gpu_element_warps PROPERTIES FIXTURES_REQUIRED e2e_data
-                       LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
-                       ENVIRONMENT DDP_ELEMENT_WARPS=64)
-  # DDP_CUDNN_HEURISTICS neither INSTANT nor B: one line at start-up on 2 ranks (the
-  # compute line reads it, with or without the graph API); skipped (77) without a device.
-  add_test(NAME e2e_error_gpu_cudnn_heuristics
-           COMMAND ${DDP_WITH_GPU}
-                   ${E2E}/expect_error.sh "DDP_CUDNN_HEURISTICS='A': the mode of cuDNN's heuristics for the graph API's convolutions, INSTANT or B" --
-                   ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY})
-  set_tests_properties(e2e_error_gpu_cudnn_heuristics PROPERTIES FIXTURES_REQUIRED e2e_data
-                       LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
-                       ENVIRONMENT DDP_CUDNN_HEURISTICS=A)
+  # A GPU build's environment switch out of its values, one line at start-up on 2 ranks;
+  # skipped (77) without a device: DDP_ELEMENT_WARPS (warps a block of the element
+  # loops) out of 1..16; DDP_CUDNN_HEURISTICS neither INSTANT nor B (the compute line
+  # reads it, with or without the graph API).
+  foreach(case "element_warps@DDP_ELEMENT_WARPS=64@DDP_ELEMENT_WARPS='64': the warps a block of the GPU's element loops holds, a whole number from 1 to 16"
+               "cudnn_heuristics@DDP_CUDNN_HEURISTICS=A@DDP_CUDNN_HEURISTICS='A': the mode of cuDNN's heuristics for the graph API's convolutions, INSTANT or B")
+    string(REPLACE "@" ";" case "${case}")
+    list(GET case 0 what)
+    list(GET case 1 setting)
+    list(GET case 2 message)
+    add_test(NAME e2e_error_gpu_${what}
+             COMMAND ${DDP_WITH_GPU} ${E2E}/expect_error.sh "${message}" --
+                     ${DDP_RUN} 2 $<TARGET_FILE:ddp_train> ${TINY})
+    set_tests_properties(e2e_error_gpu_${what} PROPERTIES FIXTURES_REQUIRED e2e_data
+                         LABELS "e2e;errors;gpu" TIMEOUT 90 PROCESSORS 2 SKIP_RETURN_CODE 77
+                         ENVIRONMENT ${setting})
+  endforeach()
 endif()
 
 # tools/plot_metrics on two real 3-epoch runs: a PNG that is a plot, two runs overlaid,

@@ -169,8 +169,8 @@ void roff_item(std::ostringstream& os, const std::string& tag, const std::string
 
 // The example input of the DESCRIPTION.
 const char* kExample[] = {
-    "&data  train_files = 'data/fashion/train_*.h5',",
-    "       val_files = 'data/fashion/test_*.h5' /",
+    "&data  train_files = 'data/fashion-mnist/train_*.h5',",
+    "       val_files = 'data/fashion-mnist/test_*.h5' /",
     "&model layers = 'linear(256)', 'relu', 'linear(10)' /",
     "&train epochs = 10, batch_size = 64, optimizer = 'sgd', lr = 0.05 /",
     "&io    run_dir = 'runs/fashion_mlp' /",

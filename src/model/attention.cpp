@@ -4,6 +4,7 @@
 
 #include "comm/check.hpp"
 #include "model/backend.hpp"
+#include "model/column_sums.hpp"
 #include "model/exp_fast.hpp"
 #include "model/gemm.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
@@ -29,38 +30,19 @@ void add_bias(const char* label, float* out, const float* bias, std::int64_t N, 
       label, rows, KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) { out[r * n + j] += bias[j]; });
 }
 
-// Rows of a stretch of the bias gradients' column sums over `rows` rows: about
-// sqrt(rows), a function of the row count alone (layernorm.cpp's rule).
-std::int64_t stretch_rows(std::int64_t rows) {
-  const std::int64_t r = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(rows))));
-  return r < 1 ? 1 : r;
-}
-
-// db (n) += (or =, without `add`) the column sums of g (N, n): in double over stretches
-// of stretch_rows(N) rows, a thread per (stretch, column), then over the stretches in
-// order, a thread per column; the same bits on any device and thread count. (Not the
-// GEMV ones^T g: oneDNN's splits its sum between its threads, and gave other bits on
-// 2 threads than on 1.) partial: grown to the (K, n) partial sums.
-void column_sums(const float* g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
-                 bool add) {
-  const std::int64_t R = stretch_rows(N), K = (N + R - 1) / R;
-  if (static_cast<std::int64_t>(partial.extent(0)) < K * n)
-    partial =
-        Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Attention::partial"), K * n);
-  const Kokkos::View<double*> part = partial;
-  Kokkos::parallel_for(
-      "Attention::bias_grad_stretches", Range(0, K * n), KOKKOS_LAMBDA(std::int64_t p) {
-        const std::int64_t k = p / n, j = p - k * n, r0 = k * R, r1 = r0 + R < N ? r0 + R : N;
-        double s = 0.0;
-        for (std::int64_t r = r0; r < r1; ++r) s += g[r * n + j];
-        part(p) = s;
-      });
-  Kokkos::parallel_for(
-      "Attention::bias_grads", Range(0, n), KOKKOS_LAMBDA(std::int64_t j) {
-        double s = 0.0;
-        for (std::int64_t k = 0; k < K; ++k) s += part(k * n + j);
-        db[j] = add ? db[j] + static_cast<float>(s) : static_cast<float>(s);
-      });
+// db (n) += (or =, without `add`) the column sums of g (N, n), in double by
+// column_sums: the same bits on any device and thread count. (Not the GEMV ones^T g:
+// oneDNN's splits its sum between its threads, and gave other bits on 2 threads than
+// on 1.) partial: grown to the (K, n) partial sums.
+void bias_grads(const float* g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
+                bool add) {
+  float* const out[1] = {db};
+  column_sums<1>(
+      "Attention::bias_grad_stretches", "Attention::bias_grads", N, n, partial,
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
+        return Kokkos::Array<double, 1>{double(g[r * n + j])};
+      },
+      out, add);
 }
 
 // The two passes that make a row's probabilities, softmax_rows's and
@@ -307,7 +289,7 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   // dW_out (d, d) += dy^T (d, N) O (N, d)
   gemm(true, false, d, d, N, 1.0f, dyp, d, o, d, beta, dout_weight_, d, prec);
   // db_out (d) += sum over the N rows of dy (N, d)
-  column_sums(dyp, N, d, partial_, dout_bias_, add);
+  bias_grads(dyp, N, d, partial_, dout_bias_, add);
   // dO (N, d) = dy (N, d) W_out (d, d)
   gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
   // The heads batched, as in forward, for queries i0..i0+m-1 of sample b over keys
@@ -360,7 +342,7 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   // dW_in (3d, d) += dqkv^T (3d, N) x (N, d)
   gemm(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec);
   // db_in (3d) += sum over the N rows of dqkv (N, 3d)
-  column_sums(dqkv, N, d3, partial_, din_bias_, add);
+  bias_grads(dqkv, N, d3, partial_, din_bias_, add);
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "Attention::dx");
   // dx (N, d) = dqkv (N, 3d) W_in (3d, d)

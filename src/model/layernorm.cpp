@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "comm/check.hpp"
+#include "model/column_sums.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
 
 namespace ddp {
@@ -13,14 +14,6 @@ using Kokkos::sqrt;
 #else
 using Kokkos::Experimental::sqrt;
 #endif
-
-// The rows of a stretch of backward's parameter sums for `rows` rows: about sqrt(rows),
-// so that neither the stretches' sums nor the sum over stretches is a long chain of
-// reads. A function of the row count alone: the order of every sum is fixed.
-std::int64_t stretch_rows(std::int64_t rows) {
-  std::int64_t r = static_cast<std::int64_t>(std::ceil(std::sqrt(static_cast<double>(rows))));
-  return r < 1 ? 1 : r;
-}
 
 // (x - hi) - lo: x minus a mean held as two floats. Where a row sits far from 0
 // against its spread (x = 10 +- 0.1), the float mean alone is off by up to 6e-7, 6e-6
@@ -110,45 +103,22 @@ void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // dy: (B, [T,] d) -> with xhat = (x - mean) rstd and g = dy weight per row:
 // dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)) (the row's means over its d values),
 // dweight += (or =) sum over rows of dy xhat, dbias += (or =) sum over rows of dy.
-// The row sums in double as forward's; the parameter sums in double over stretches of
-// stretch_rows(rows) rows, a thread per (stretch, feature), then over the stretches
-// in order, a thread per feature: the same bits on any device and thread count for
-// the same rows.
+// The row sums in double as forward's; the parameter sums in double by column_sums:
+// the same bits on any device and thread count for the same rows.
 void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   require_plain(dy, "the output gradient");
   const std::int64_t d = d_, rows = x.numel() / d;
   const float *xp = x.data.data(), *dyp = dy.data.data(), *w = weight_;
   const View1 mean = mean_, mean_lo = mean_lo_, rstd = rstd_;
 
-  const std::int64_t R = stretch_rows(rows), K = (rows + R - 1) / R;
-  if (static_cast<std::int64_t>(partial_.extent(0)) < 2 * K * d)
-    partial_ = Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::partial"),
-                                     2 * K * d);
-  const Kokkos::View<double*> partial = partial_;
-  Kokkos::parallel_for(
-      "LayerNorm::backward_param_sums", Range(0, K * d), KOKKOS_LAMBDA(std::int64_t p) {
-        const std::int64_t k = p / d, j = p - k * d, r0 = k * R, r1 = r0 + R < rows ? r0 + R : rows;
-        double sw = 0.0, sb = 0.0;
-        for (std::int64_t r = r0; r < r1; ++r) {
-          const float g = dyp[r * d + j], xhat = centred(xp[r * d + j], mean(r), mean_lo(r)) * rstd(r);
-          sw += double(g) * xhat;
-          sb += g;
-        }
-        partial(k * d + j) = sw;
-        partial((K + k) * d + j) = sb;
-      });
-  float *dw = dweight_, *db = dbias_;
-  const bool add = !overwrite_gradients();
-  Kokkos::parallel_for(
-      "LayerNorm::backward_param_grads", Range(0, d), KOKKOS_LAMBDA(std::int64_t j) {
-        double sw = 0.0, sb = 0.0;
-        for (std::int64_t k = 0; k < K; ++k) {
-          sw += partial(k * d + j);
-          sb += partial((K + k) * d + j);
-        }
-        dw[j] = add ? dw[j] + static_cast<float>(sw) : static_cast<float>(sw);
-        db[j] = add ? db[j] + static_cast<float>(sb) : static_cast<float>(sb);
-      });
+  float* const grads[2] = {dweight_, dbias_};
+  column_sums<2>(
+      "LayerNorm::backward_param_sums", "LayerNorm::backward_param_grads", rows, d, partial_,
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
+        const float g = dyp[r * d + j], xhat = centred(xp[r * d + j], mean(r), mean_lo(r)) * rstd(r);
+        return Kokkos::Array<double, 2>{double(g) * xhat, double(g)};
+      },
+      grads, !overwrite_gradients());
 
   if (!needs_input_grad()) return;
   resize(dx, x.batch(), sample_, "LayerNorm::dx");

@@ -11,6 +11,7 @@
 #include "grad_check.hpp"
 #include "model/activation.hpp"
 #include "model/backend.hpp"
+#include "model/column_sums.hpp"
 #include "model/dropout.hpp"
 #include "model/exp_fast.hpp"
 #include "model/flatten.hpp"
@@ -32,6 +33,47 @@ std::vector<float> on_device(const std::vector<float>& xs, bool cdf = false) {
   return test::to_host(yv, n);
 }
 }  // namespace ddp::exp_fast_check
+
+namespace ddp::column_sums_check {
+// column_sums over the (rows, n) table v on the device, out starting at `init`:
+// one term (v) or two (v times 1.5 v rounded to float, in double; then v), as layer
+// norm's weight and bias take them. The results and the stretches' sums on the host.
+struct Result {
+  std::vector<float> out;       // (terms, n)
+  std::vector<double> partial;  // (terms, K, n): the stretches' sums
+};
+Result run(const std::vector<float>& v, std::int64_t rows, std::int64_t n, int terms,
+           const std::vector<float>& init, bool add) {
+  View1 table = make_buffer("ColumnSums::table", rows * n), out = make_buffer("ColumnSums::out", 2 * n);
+  Kokkos::deep_copy(
+      table, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(v.data(), rows * n));
+  Kokkos::deep_copy(
+      out, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(init.data(), 2 * n));
+  Kokkos::View<double*> partial;
+  const float* t = table.data();
+  if (terms == 1) {
+    float* const o[1] = {out.data()};
+    column_sums<1>(
+        "ColumnSums::stretches", "ColumnSums::sums", rows, n, partial,
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
+          return Kokkos::Array<double, 1>{double(t[r * n + j])};
+        },
+        o, add);
+  } else {
+    float* const o[2] = {out.data(), out.data() + n};
+    column_sums<2>(
+        "ColumnSums::stretches", "ColumnSums::sums", rows, n, partial,
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
+          const float a = t[r * n + j], b = a * 1.5f;
+          return Kokkos::Array<double, 2>{double(a) * b, double(a)};
+        },
+        o, add);
+  }
+  const std::int64_t K = (rows + stretch_rows(rows) - 1) / stretch_rows(rows);
+  auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), partial);
+  return {test::to_host(out, terms * n), std::vector<double>(p.data(), p.data() + terms * K * n)};
+}
+}  // namespace ddp::column_sums_check
 
 namespace ddp::planes_check {
 // Where channel_sums' `then` sees each channel's sums.
@@ -143,6 +185,49 @@ TEST(Planes, ChannelSumsDirectAndInStretches) {
   EXPECT_EQ(stretches(4), 0);
   EXPECT_EQ(stretch_levels_rows(100352), 3136 + 98 + 4);
   EXPECT_EQ(stretch_levels_rows(25088), 784 + 25);
+}
+
+// column_sums (layer norm's and attention's parameter gradients): every column the
+// chain the GPU's thread per (stretch, column) adds, stretch by stretch from 0.0 in
+// the order of the rows, then the stretches in order, rounded to float once; bit for
+// bit, the stretches' double sums too, on the host's row-by-row loops as on the
+// device, written or added. The values span 2^-30 to 2^30, so that the double sums
+// round and another order of the rows gives other bits.
+TEST(ColumnSums, EachColumnIsItsStretchesInOrderBitForBit) {
+  for (const auto& [rows, n] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 5}, {37, 3}, {1000, 67}, {1088, 64}, {4096, 192}}) {
+    std::vector<float> v = random_values(rows * n, 11);
+    const std::vector<float> e = random_values(rows * n, 13, -30.0f, 30.0f), init = random_values(2 * n, 12);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::ldexp(v[i], static_cast<int>(e[i]));
+    const std::int64_t R = stretch_rows(rows), K = (rows + R - 1) / R;
+    EXPECT_EQ(R, static_cast<std::int64_t>(std::ceil(std::sqrt(double(rows)))));
+    for (const int terms : {1, 2})
+      for (const bool add : {false, true}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(n) + ", " + std::to_string(terms) +
+                     " term(s)" + (add ? ", added" : ""));
+        std::vector<float> want(terms * n);
+        std::vector<double> want_partial(terms * K * n);
+        for (int m = 0; m < terms; ++m)
+          for (std::int64_t j = 0; j < n; ++j) {
+            double total = 0.0;
+            for (std::int64_t k = 0; k < K; ++k) {
+              double s = 0.0;
+              for (std::int64_t r = k * R; r < std::min(k * R + R, rows); ++r) {
+                const float a = v[r * n + j], b = a * 1.5f;
+                s += terms == 2 && m == 0 ? double(a) * b : double(a);
+              }
+              want_partial[(m * K + k) * n + j] = s;
+              total += s;
+            }
+            const float o = init[m * n + j];
+            want[m * n + j] = add ? o + static_cast<float>(total) : static_cast<float>(total);
+          }
+        const column_sums_check::Result got = column_sums_check::run(v, rows, n, terms, init, add);
+        for (std::size_t i = 0; i < want_partial.size(); ++i)
+          ASSERT_EQ(got.partial[i], want_partial[i]) << "stretch sum " << i;
+        for (std::int64_t i = 0; i < terms * n; ++i) ASSERT_EQ(got.out[i], want[i]) << "result " << i;
+      }
+  }
 }
 
 TEST(Linear, ForwardIsXWtPlusB) {

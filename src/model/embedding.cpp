@@ -89,11 +89,15 @@ void PosEmbedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "pos_embedding", "the input");
   resize(y, x.batch(), sample_, "PosEmbedding::y");
   const std::int64_t per = T_ * d_;
-  ConstView1 xv = x.data;
-  View1 yv = y.data;
+  const float* xp = x.data.data();
+  float* yp = y.data.data();
   const float* w = weight_;
+  // (sample, element of its T d): no division an element, and on the host each
+  // sample's T d a contiguous, vectorised loop.
+  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> all({0, 0}, {x.batch(), per});
   Kokkos::parallel_for(
-      "PosEmbedding::forward", Range(0, x.numel()), KOKKOS_LAMBDA(std::int64_t i) { yv(i) = xv(i) + w[i % per]; });
+      "PosEmbedding::forward", all,
+      KOKKOS_LAMBDA(std::int64_t b, std::int64_t i) { yp[b * per + i] = xp[b * per + i] + w[i]; });
 }
 
 // dx = dy; dP(t, j) (+)= sum over b of dy(b, t, j), in batch order.

@@ -80,6 +80,14 @@ printf '#!/bin/sh\necho "\$*" >> "%s/pybin/used"\nexec %s "\$@"\n' "$checkout" "
 chmod +x pybin/python3
 PATH=$checkout/pybin:\$PATH
 source ddp_bundle/env.sh
+# The bundle's tests keep their Open MPI session bases apart from the build tree's
+# suite, which runs beside this test: its cleanup fixture removes its own alone.
+# (the build tree's are /tmp/ddp-<8 hex digits>, the bundle's /tmp/ddp-bundle-<7>)
+if grep -rq '/tmp/ddp-[0-9a-f]\{8\}' --include=CTestTestfile.cmake ddp_bundle/build; then
+  echo "FAILED: the bundle's CTest files use the build tree's session bases" >&2; exit 1
+fi
+grep -q 'rm" "-rf" "/tmp/ddp-bundle-[0-9a-f]\{7\}"' ddp_bundle/build/tests/CTestTestfile.cmake ||
+  { echo "FAILED: the bundle's cleanup fixture does not remove its own session bases" >&2; exit 1; }
 [[ \$(command -v mpiexec) == "$checkout/ddp_bundle/bin/mpiexec" ]] || { echo "FAILED: mpiexec is \$(command -v mpiexec)" >&2; exit 1; }
 mpiexec -np 2 --oversubscribe ddp_bundle/build/ddp_train tests/e2e/tiny.nml io.run_dir=runs/tiny 2>&1 | tee train.log
 grep -E 'val.*acc' train.log | tail -n 1

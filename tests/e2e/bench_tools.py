@@ -125,9 +125,10 @@ if not r["kokkos_kernels_per_step"] >= 10 or not r["launches_per_step"] >= 13 + 
 positive(r"launches +([0-9.]+) per step \(rank 0\): ([0-9.]+) Kokkos kernels", out, "the launch count line")
 kernel_times(out, r, device=False)
 # DDP_LAUNCH_COUNT=device: the GPU build times on the device, unfenced; the CPU build
-# as times does.
+# as times does. One epoch, timed and counted without a warm-up: what is checked here
+# is the count and its times, not the speed.
 gpu = not r["compute"].startswith("oneDNN")
-out, d = ddp_bench(["train.epochs=2"], "device")
+out, d = ddp_bench(["train.epochs=1"], "device")
 if d["steps"] != 79 or d["library_calls_per_step"] != 13:
     fail(f"ddp_bench (DDP_LAUNCH_COUNT=device) ran {d['steps']} steps, {d['library_calls_per_step']} calls a step")
 kernel_times(out, d, device=gpu)

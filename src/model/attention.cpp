@@ -25,7 +25,7 @@ void reserve(View1& v, std::int64_t n, const char* label) {
 
 // out (N, n) += bias (n), row by row.
 void add_bias(const char* label, float* out, const float* bias, std::int64_t N, std::int64_t n) {
-  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {N, n});
+  const Rows2 rows = rows_range(N, n);
   Kokkos::parallel_for(
       label, rows, KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) { out[r * n + j] += bias[j]; });
 }

@@ -1,5 +1,7 @@
 #include "model/embedding.hpp"
 
+#include <algorithm>
+
 #include "comm/check.hpp"
 
 namespace ddp {
@@ -46,8 +48,11 @@ void Embedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 }
 
 // dweight(v, :) (+)= sum over the rows r with id v of dy(r, :): a thread per feature
-// j walks the rows in order, so every sum has one fixed order. The whole table when
-// overwriting: the rows of ids the batch lacks are zeros.
+// j walks the rows in order, so every sum has one fixed order. On the GPU d threads
+// are a few of its thousands, each walking every row (GPT-2: 768 threads, 16,384
+// rows): there the table goes in blocks of ids, a thread per (block, feature) walking
+// every row and adding those whose id is in its block, the same sums in the same
+// order. The whole table when overwriting: the rows of ids the batch lacks are zeros.
 void Embedding::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& /*dx*/) {
   require_plain(dy, "embedding", "the output gradient");
   const std::int64_t d = d_, rows = x.numel();
@@ -56,9 +61,19 @@ void Embedding::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
     Kokkos::parallel_for(
         "Embedding::backward_zero", Range(0, vocab_ * d), KOKKOS_LAMBDA(std::int64_t i) { dw[i] = 0.0f; });
   ConstView1 ids = x.data, g = dy.data;
+#if defined(KOKKOS_ENABLE_CUDA)
+  const std::int64_t blocks = std::max<std::int64_t>(1, std::min<std::int64_t>(vocab_, 65536 / d));
+#else
+  const std::int64_t blocks = 1;
+#endif
+  const std::int64_t per = (vocab_ + blocks - 1) / blocks;
   Kokkos::parallel_for(
-      "Embedding::backward", Range(0, d), KOKKOS_LAMBDA(std::int64_t j) {
-        for (std::int64_t r = 0; r < rows; ++r) dw[static_cast<std::int64_t>(ids(r)) * d + j] += g(r * d + j);
+      "Embedding::backward", Range(0, blocks * d), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t k = i / d, j = i - k * d, lo = k * per, hi = lo + per;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t v = static_cast<std::int64_t>(ids(r));
+          if (v >= lo && v < hi) dw[v * d + j] += g(r * d + j);
+        }
       });
 }
 
@@ -94,7 +109,7 @@ void PosEmbedding::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   const float* w = weight_;
   // (sample, element of its T d): no division an element, and on the host each
   // sample's T d a contiguous, vectorised loop.
-  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> all({0, 0}, {x.batch(), per});
+  const Rows2 all = rows_range(x.batch(), per);
   Kokkos::parallel_for(
       "PosEmbedding::forward", all,
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t i) { yp[b * per + i] = xp[b * per + i] + w[i]; });

@@ -63,7 +63,7 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   float* yp = y.data.data();
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
-  const Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint> rows({0, 0}, {N, out});
+  const Rows2 rows = rows_range(N, out);
   if (fused_relu_ && !bias) {
     Kokkos::parallel_for(
         "Linear::forward_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {

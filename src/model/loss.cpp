@@ -105,25 +105,106 @@ CrossEntropyGrad cross_entropy_grad(std::int64_t C, float scale, float smoothing
   return {scale, scale * (1.0f - smoothing), scale * smoothing / static_cast<float>(C)};
 }
 
+namespace {
+
+// The rows of the three cross-entropy kernels: row i's loss and correct flag (l is
+// left alone where it is not asked for: top_k_hits), and with a gradient, its row of
+// dout.
+struct RowLoss {
+  ConstView1 o;
+  LabelView labels;
+  std::int64_t C;
+  CrossEntropyLoss ce;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, float& l, float& c) const {
+    const float* row = &o(i * C);
+    ce(row, C, labels(i), softmax_row(row, C), l, c);
+  }
+};
+struct RowLossGrad {
+  ConstView1 o;
+  LabelView labels;
+  std::int64_t C;
+  CrossEntropyLoss ce;
+  CrossEntropyGrad grad;
+  View1 d;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, float& l, float& c) const {
+    const float* row = &o(i * C);
+    const SoftmaxRow s = softmax_row(row, C);
+    ce(row, C, labels(i), s, l, c);
+    grad(row, C, labels(i), s, &d(i * C));
+  }
+};
+struct RowHit {
+  ConstView1 o;
+  LabelView labels;
+  std::int64_t C, k;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, float& /*l*/, float& c) const {
+    const float* row = &o(i * C);
+    const std::int32_t label = labels(i);
+    bool hit = false;
+    if (label >= 0 && label < C && row[label] == row[label]) {  // not NaN
+      const float v = row[label];
+      std::int64_t place = 0;
+      for (std::int64_t j = 0; j < C; ++j) place += row[j] > v || (j < label && row[j] == v);
+      hit = place < k;
+    }
+    c = hit ? 1.0f : 0.0f;
+  }
+};
+
+// Each sample's loss and correct (loss may be empty: hits alone) from its rows' (B
+// rows rows): one row, one thread a sample writes them. Rows (a language model's
+// tokens): one thread a row puts its two floats into scratch (2 B rows floats: held
+// by the caller, or allocated here for the call), and a second kernel adds each
+// sample's in row order (PerSample), so that the work spreads over every token rather
+// than one thread a sample (16 threads for GPT-2's batch, each walking 1024 rows of
+// 50,304 logits); the same floats as a thread a sample adding its rows as it goes.
+template <class Row>
+void per_sample(const char* name, std::int64_t B, std::int64_t rows, const Row& row_fn, View1 loss,
+                View1 correct, const View1& scratch) {
+  const bool with_loss = loss.extent(0) > 0;
+  if (rows == 1) {
+    Kokkos::parallel_for(
+        name, Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+          float l = 0.0f, c = 0.0f;
+          row_fn(b, l, c);
+          if (with_loss) loss(b) = l;
+          correct(b) = c;
+        });
+    return;
+  }
+  const std::int64_t n = B * rows;
+  View1 v = scratch.extent(0) >= std::size_t(2 * n)
+                ? scratch
+                : View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "Loss::rows"), std::size_t(2 * n));
+  Kokkos::parallel_for(
+      name, Range(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        float l = 0.0f, c = 0.0f;
+        row_fn(i, l, c);
+        v(i) = l;
+        v(n + i) = c;
+      });
+  Kokkos::parallel_for(
+      "CrossEntropy::sample_means", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
+        PerSample mean;
+        for (std::int64_t r = 0; r < rows; ++r) mean.add(v(b * rows + r), v(n + b * rows + r));
+        float l, c;
+        mean.put(rows, l, c);
+        if (with_loss) loss(b) = l;
+        correct(b) = c;
+      });
+}
+
+}  // namespace
+
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct, float smoothing, std::int64_t rows) {
+                  View1 correct, float smoothing, std::int64_t rows, const View1& row_scratch) {
   const std::int64_t B = out.batch();
   ConstView1 o = out.data;
   if (kind == LossKind::CrossEntropy) {
     const std::int64_t C = out.sample_numel() / rows;
-    const CrossEntropyLoss ce = cross_entropy_loss(C, smoothing);
-    Kokkos::parallel_for(
-        "CrossEntropy::forward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-          PerSample mean;
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t i = b * rows + r;
-            const float* row = &o(i * C);
-            float l, c;
-            ce(row, C, labels(i), softmax_row(row, C), l, c);
-            mean.add(l, c);
-          }
-          mean.put(rows, loss(b), correct(b));
-        });
+    per_sample("CrossEntropy::forward", B, rows, RowLoss{o, labels, C, cross_entropy_loss(C, smoothing)},
+               loss, correct, row_scratch);
   } else {
     const std::int64_t C = out.sample_numel();
     Kokkos::parallel_for(
@@ -156,29 +237,20 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
 
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                            float scale, View1 loss, View1 correct, Tensor& dout, float smoothing,
-                           std::int64_t rows) {
+                           std::int64_t rows, const View1& row_scratch) {
   const std::int64_t B = out.batch(), C = out.sample_numel();
   resize_like(dout, out, "Loss::dout");
   ConstView1 o = out.data;
   View1 d = dout.data;
   if (kind == LossKind::CrossEntropy) {
     const std::int64_t V = C / rows;
-    const CrossEntropyLoss ce = cross_entropy_loss(V, smoothing);
-    const CrossEntropyGrad grad = cross_entropy_grad(V, row_scale(scale, rows), smoothing);
-    Kokkos::parallel_for(
-        "CrossEntropy::forward_backward", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-          PerSample mean;
-          for (std::int64_t r = 0; r < rows; ++r) {
-            const std::int64_t i = b * rows + r;
-            const float* row = &o(i * V);
-            const SoftmaxRow s = softmax_row(row, V);
-            float l, c;
-            ce(row, V, labels(i), s, l, c);
-            mean.add(l, c);
-            grad(row, V, labels(i), s, &d(i * V));
-          }
-          mean.put(rows, loss(b), correct(b));
-        });
+    const RowLossGrad row{o,
+                          labels,
+                          V,
+                          cross_entropy_loss(V, smoothing),
+                          cross_entropy_grad(V, row_scale(scale, rows), smoothing),
+                          d};
+    per_sample("CrossEntropy::forward_backward", B, rows, row, loss, correct, row_scratch);
   } else {
     const float k = 2.0f * scale / C;
     Kokkos::parallel_for(
@@ -187,27 +259,10 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
   }
 }
 
-void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows) {
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows,
+                const View1& row_scratch) {
   const std::int64_t B = out.batch(), C = out.sample_numel() / rows;
-  ConstView1 o = out.data;
-  Kokkos::parallel_for(
-      "CrossEntropy::top_k_hits", Range(0, B), KOKKOS_LAMBDA(std::int64_t b) {
-        PerSample mean;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const float* row = &o((b * rows + r) * C);
-          const std::int32_t label = labels(b * rows + r);
-          bool hit = false;
-          if (label >= 0 && label < C && row[label] == row[label]) {  // not NaN
-            const float v = row[label];
-            std::int64_t place = 0;
-            for (std::int64_t c = 0; c < C; ++c) place += row[c] > v || (c < label && row[c] == v);
-            hit = place < k;
-          }
-          mean.add(0.0f, hit ? 1.0f : 0.0f);
-        }
-        float unused;
-        mean.put(rows, unused, hits(b));
-      });
+  per_sample("CrossEntropy::top_k_hits", B, rows, RowHit{out.data, labels, C, k}, View1(), hits, row_scratch);
 }
 
 }  // namespace ddp

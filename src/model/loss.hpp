@@ -25,8 +25,12 @@ enum class LossKind { CrossEntropy, MSE };
 // its rows of the rows' (sums in double, in row order), so the trainer's mean over
 // samples is the mean over every token, as F.cross_entropy over (B T, C) with
 // reduction 'mean'; its gradient is scale / rows on each row. rows = 1 is the above.
+// row_scratch (rows > 1): 2 B rows floats the rows' values go through on their way to
+// the means (one thread a row, then one a sample); without them a buffer is allocated
+// for the call, which a CUDA graph's capture does not allow: the trainer passes its own.
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct, float smoothing = 0.0f, std::int64_t rows = 1);
+                  View1 correct, float smoothing = 0.0f, std::int64_t rows = 1,
+                  const View1& row_scratch = {});
 
 // dout (B, C) = scale * d(sum_b loss_b) / d out; dout is resized here. The trainer
 // passes scale = 1 / (samples in the global step), so the sum over ranks of the
@@ -38,7 +42,7 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
 // loss: one launch and one read of the logits fewer); the same floats as the two.
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                            float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f,
-                           std::int64_t rows = 1);
+                           std::int64_t rows = 1, const View1& row_scratch = {});
 
 // Top-k accuracy's per-sample hits (validation: k = 5, ImageNet's second number).
 // out: (B, C) logits; labels: (B); hits: (B) 1 where label_b is among the k classes
@@ -47,6 +51,7 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
 //   #{c : out_bc > out_b,label} + #{c < label : out_bc == out_b,label},
 // so k = 1 is loss_forward's `correct` (the first maximum wins) for finite logits.
 // rows > 1: hits_b is the fraction of the sample's rows hit, as loss_forward's.
-void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows = 1);
+void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows = 1,
+                const View1& row_scratch = {});
 
 }  // namespace ddp

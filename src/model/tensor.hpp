@@ -20,6 +20,27 @@ using ExecSpace = Kokkos::DefaultExecutionSpace;
 // No effect on the host.
 using LaunchHint = Kokkos::Experimental::WorkItemProperty::HintLightWeight_t;
 using Range = Kokkos::RangePolicy<ExecSpace, LaunchHint>;
+// Ranges over (rows, columns) and (a, rows, columns) of row-major data, the last index
+// the fast one on the GPU too: Kokkos's CUDA tiles put threadIdx.x on the first index
+// whatever the iteration order, and its default tiles (16 x 2) gave a warp 16 rows of
+// 2 columns; tiles of one row by 256 columns give it 32 neighbouring columns. The
+// host keeps Kokkos's own tiles.
+using Rows2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint>;
+using Rows3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, LaunchHint>;
+inline Rows2 rows_range(std::int64_t rows, std::int64_t columns) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return Rows2({0, 0}, {rows, columns}, {1, 256});
+#else
+  return Rows2({0, 0}, {rows, columns});
+#endif
+}
+inline Rows3 rows_range(std::int64_t a, std::int64_t rows, std::int64_t columns) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return Rows3({0, 0, 0}, {a, rows, columns}, {1, 1, 256});
+#else
+  return Rows3({0, 0, 0}, {a, rows, columns});
+#endif
+}
 using View1 = Kokkos::View<float*>;
 using ConstView1 = Kokkos::View<const float*>;
 using LabelView = Kokkos::View<std::int32_t*>;

@@ -5,7 +5,6 @@
 namespace ddp {
 
 namespace {
-using Range3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, LaunchHint>;
 
 void require_plain(const Tensor& t, const char* layer, const char* what) {
   DDP_REQUIRE(t.type == Precision::fp32 && t.layout == Layout::nchw,
@@ -58,7 +57,7 @@ void PatchEmbed::forward(const Tensor& x, Tensor& y, bool training) {
   ConstView1 cv = c_.data;
   View1 yv = y.data;
   Kokkos::parallel_for(
-      "PatchEmbed::forward_tokens", Range3({0, 0, 0}, {B, T, d}),
+      "PatchEmbed::forward_tokens", rows_range(B, T, d),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t t, std::int64_t j) {
         yv((b * T + t) * d + j) = cv((b * d + j) * T + t);
       });
@@ -72,7 +71,7 @@ void PatchEmbed::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy
   ConstView1 g = dy.data;
   View1 dcv = dc_.data;
   Kokkos::parallel_for(
-      "PatchEmbed::backward_tokens", Range3({0, 0, 0}, {B, d, T}),
+      "PatchEmbed::backward_tokens", rows_range(B, d, T),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t j, std::int64_t t) {
         dcv((b * d + j) * T + t) = g((b * T + t) * d + j);
       });
@@ -109,7 +108,7 @@ void ClassToken::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   View1 yv = y.data;
   const float* w = weight_;
   Kokkos::parallel_for(
-      "ClassToken::forward", Range3({0, 0, 0}, {B, T + 1, d}),
+      "ClassToken::forward", rows_range(B, T + 1, d),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t t, std::int64_t j) {
         yv((b * (T + 1) + t) * d + j) = t == 0 ? w[j] : xv((b * T + t - 1) * d + j);
       });
@@ -132,7 +131,7 @@ void ClassToken::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy
   resize(dx, B, in_sample_, "ClassToken::dx");
   View1 dxv = dx.data;
   Kokkos::parallel_for(
-      "ClassToken::backward_dx", Range3({0, 0, 0}, {B, T, d}),
+      "ClassToken::backward_dx", rows_range(B, T, d),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t t, std::int64_t j) {
         dxv((b * T + t) * d + j) = g((b * (T + 1) + t + 1) * d + j);
       });
@@ -180,7 +179,7 @@ void TokenPool::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   const bool mean = mean_;
   const float n = static_cast<float>(T);
   Kokkos::parallel_for(
-      "TokenPool::backward", Range3({0, 0, 0}, {B, T, d}),
+      "TokenPool::backward", rows_range(B, T, d),
       KOKKOS_LAMBDA(std::int64_t b, std::int64_t t, std::int64_t j) {
         const float v = g(b * d + j);
         dxv((b * T + t) * d + j) = mean ? v / n : (t == 0 ? v : 0.0f);

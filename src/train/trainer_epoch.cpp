@@ -204,7 +204,7 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
     // The loss and its gradient in one kernel: per-sample sums, scaled at the step;
     // fp16 multiplies by the loss scale first.
     loss_forward_backward(loss_kind_, out, labels_, targets_, loss_scale, loss_, correct_, dout_, smoothing,
-                          label_rows_);
+                          label_rows_, loss_rows_);
     accumulate_loss(loss_, batch.size, loss_acc_);
     t_backward = now();
     if (poisoned) poison_first(dout_.data);
@@ -389,8 +389,8 @@ ValStats Trainer::validate(ShardDataset& data) {
     const int slot = stage_.put(batch, transform_ ? &eval : nullptr);
     use_inputs(slot, batch);
     const Tensor& out = model_.forward(x_, /*training=*/false);
-    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_, 0.0f, label_rows_);
-    if (top5) top_k_hits(out, labels_, 5, hits5_, label_rows_);
+    loss_forward(loss_kind_, out, labels_, targets_, loss_, correct_, 0.0f, label_rows_, loss_rows_);
+    if (top5) top_k_hits(out, labels_, 5, hits5_, label_rows_, loss_rows_);
     stage_.release(slot);
     Kokkos::deep_copy(loss_host, loss_);
     Kokkos::deep_copy(correct_host, correct_);

@@ -193,6 +193,19 @@ TEST(CrossEntropy, TokenRowsAreTheMeanOverTheSample) {
   EXPECT_EQ(to_host(l1, B), l);
   EXPECT_EQ(to_host(c1, B), c);
   EXPECT_EQ(to_host(d1.data, B * T * V), to_host(d0.data, B * T * V));
+  // Through the caller's scratch (the trainer's: none is allocated then): the same
+  // floats, and the rows' own values in it on their way to the means.
+  View1 scratch("test::scratch", 2 * B * T), l2("test::l2", B), c2("test::c2", B), h2("test::h2", B);
+  Tensor d2;
+  loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), scale, l2, c2, d2, 0.0f, T, scratch);
+  EXPECT_EQ(to_host(l2, B), l);
+  EXPECT_EQ(to_host(c2, B), c);
+  EXPECT_EQ(to_host(d2.data, B * T * V), to_host(d0.data, B * T * V));
+  const std::vector<float> through = to_host(scratch, 2 * B * T);
+  EXPECT_EQ(std::vector<float>(through.begin(), through.begin() + B * T), per_row);
+  EXPECT_EQ(std::vector<float>(through.begin() + B * T, through.end()), c_row);
+  top_k_hits(out, labels, 2, h2, T, scratch);
+  EXPECT_EQ(to_host(h2, B), h);
 }
 
 // Top-k hits by hand: places 0..6 of one row for k = 1, 2, 5; a tie goes to the lower

@@ -22,6 +22,11 @@ if(DDP_ENABLE_CUDA)
                          TIMEOUT ${T_TIMEOUT} PROCESSORS ${T_NP} SKIP_RETURN_CODE 77)
   endfunction()
 
+  # First, the cheapest: gpu_selftest's NCCL checks (all-reduce, broadcast, reduce-
+  # scatter, all-gather and the bucketed all-reduce against MPI's) between 2 ranks.
+  ddp_add_nccl_test(selftest_np2 NP 2 TIMEOUT 180
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_launcher}
+            $<TARGET_FILE:gpu_selftest> ${MPIEXEC_POSTFLAGS})
   foreach(np 2 4)
     # tests/gpu/nccl_runs.py's cases (its docstring: what each compares, bitwise or within
     # its stated tolerance): NCCL twice, against MPI staged through pinned memory, and
@@ -44,11 +49,12 @@ if(DDP_ENABLE_CUDA)
               train.batch_size=4 comm.backend=nccl io.run_dir=runs/gpu_nccl_nonfinite_stop_np${np})
     set_tests_properties(gpu_nccl_nonfinite_stop_np${np} PROPERTIES ENVIRONMENT DDP_INJECT_FAULT=nan_gradient@rank1:step2)
     # A rank stopped (SIGSTOP; the last, then rank 0) mid-run: the watchdog ends the job
-    # within comm.timeout_s = 10 plus 5 s, its line naming the stopped rank as not
+    # within comm.timeout_s = 10 plus 10 s (the MPI path's 5, and up to 5 for the abort
+    # hooks' ncclCommAbort), its line naming the stopped rank as not
     # arrived; a rank killed (SIGKILL; on 2 ranks the last, on 4 rank 0): the job ends as
     # soon, the dead rank named; no rank left running either way (tests/e2e/hang.py).
     set(_hang ${DDP_PYTHON} ${_nccl_e2e}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${_nccl_tiny})
-    set(_hang_nccl --np ${np} --timeout-s 10 --gpu-build --launcher ${_nccl_launcher} --backend nccl)
+    set(_hang_nccl --np ${np} --timeout-s 10 --slack-s 10 --gpu-build --launcher ${_nccl_launcher} --backend nccl)
     ddp_add_nccl_test(hang_np${np} NP ${np} TIMEOUT 240 COMMAND ${_hang} runs/gpu_nccl_hang_np${np} ${_hang_nccl})
     if(np EQUAL 2)
       set(_killed 1)

@@ -1,8 +1,9 @@
 // GPU self-test of the CUDA glue, run as `mpiexec -n 1|2 gpu_selftest`: cuBLAS GEMM
 // and cuDNN convolution against double-precision loops on random inputs, MPI on
 // device buffers, and NCCL's collectives and bucketed all-reduce against MPI's (with
-// one GPU per rank; where ranks share a GPU those checks cannot run, and the test
-// reports skipped once the others have passed).
+// a GPU of its own for each rank, or each rank a host of its own to NCCL through
+// tools/nccl_one_gpu; where ranks hold the same GPU those checks cannot run, and the
+// test reports skipped once the others have passed).
 // Without a CUDA device on every rank it prints "skipped: no CUDA device" and exits
 // with DDP_GPU_SKIP_CODE, which CTest reports as skipped (SKIP_RETURN_CODE).
 //
@@ -35,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -731,9 +733,15 @@ int main(int argc, char** argv) {
   test_graph_capture(compute, ddp::Precision::fp32);
   test_graph_capture(compute, ddp::Precision::bf16);
   test_device_mpi(world, compute);
-  // NCCL runs one rank per GPU: where ranks share one, its checks cannot run.
-  int shared = local_size > ddp::cuda::device_count() ? 1 : 0, any_shared = 0;
-  MPI_CHECK(MPI_Allreduce(&shared, &any_shared, 1, MPI_INT, MPI_MAX, world));
+  // NCCL runs one rank per GPU: where ranks hold the same one, its checks cannot run.
+  // Decided as ddp_train decides it (gpus_shared_on_nodes: the GPU's bus id and NCCL's
+  // host), not by counts: under --gpus-per-task each rank sees one GPU of its own, and
+  // under tools/nccl_one_gpu each rank is a host of its own to NCCL.
+  ddp::HeldGpu mine;
+  mine.bus_id = ddp::cuda::current_bus_id();
+  if (const char* host = std::getenv("NCCL_HOSTID")) mine.nccl_host = host;
+  const std::string shared = ddp::gpus_shared_on_nodes(world, mine);
+  const bool any_shared = !shared.empty();
   if (!any_shared) test_collectives(world, compute, size);
   CUDA_CHECK(cudaStreamDestroy(compute));
 
@@ -742,8 +750,7 @@ int main(int argc, char** argv) {
   if (g_rank == 0) std::printf("%s: %d check(s) failed\n", failures ? "FAILED" : "passed", failures);
   if (!failures && any_shared) {
     if (g_rank == 0)
-      std::printf("skipped: the NCCL checks need one GPU per rank, and %d ranks share %d GPU(s) here\n",
-                  local_size, ddp::cuda::device_count());
+      std::printf("skipped: the NCCL checks need a GPU of its own for each rank, and %s\n", shared.c_str());
     MPI_Finalize();
     return DDP_GPU_SKIP_CODE;
   }

@@ -21,7 +21,8 @@ CASE (one per test):
               NCCL zero=1 bitwise; NCCL zero=2 within TOL_ORDER (each share is summed by
               ncclReduce where zero=0 sums by ncclAllReduce); MPI zero=1 and zero=2
               bitwise (MPI on device buffers all-reduces stage 2's gradients as stage 0
-              does). The first NCCL run has NCCL_DEBUG=INFO: its channels must go
+              does). The first NCCL run has NCCL_DEBUG=INFO (into files of their own,
+              RUN_PREFIX_nccl_z0.nccl.HOST.PID): its channels must go
               `via NET/Socket`, none via P2P or SHM.
   graph       train.cuda_graph = 'on' (the step and its NCCL bucket all-reduces in one
               graph, replayed) against 'off', 2 epochs: bitwise, and each epoch ran
@@ -65,6 +66,7 @@ usage: nccl_runs.py CASE MPIEXEC DDP_TRAIN TINY.nml RUN_PREFIX --np W [--np-afte
 Exit 0 with PASS, 1 with the failed checks (FAIL lines).
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -128,13 +130,16 @@ class Runs:
             self.a.binary] + list(args)
 
     def launch(self, name, np_, backend, extra=(), env=None, mutated=None, expect_rc=0, stop_in_epoch=None,
-               fresh=True, evaluate=False, timeout=240):
+               fresh=True, evaluate=False, timeout=120):
         """One ddp_train run in RUN_PREFIX_name: returns (run_dir, output). mutated: the
         overrides that --mutate adds (the second run of a comparison). stop_in_epoch E:
         SIGUSR1 to every rank at epoch E's first progress line (the stop lands a step or
         two later). fresh=False: the run directory is kept (a resume); its output goes to
-        RUN_DIR_resumed.log. timeout: seconds, checked as lines come (ddp_train's own
-        watchdog, comm.timeout_s = 60, ends a run that hangs)."""
+        RUN_DIR_resumed.log. timeout: seconds the run may take (a run takes 1 to 6 s;
+        ddp_train's own watchdog, comm.timeout_s = 60, ends one that hangs in a
+        collective): past it, whether or not it prints, SIGTERM to mpiexec, then 5 s
+        later SIGKILL to it and its ranks, so that no rank keeps the GPU and no silent
+        hang (outside the watchdog: at exit, say) spends the test's whole CTest limit."""
         run_dir = f"{self.a.prefix}_{name}"
         if fresh and not evaluate:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -157,7 +162,22 @@ class Runs:
         reader = threading.Thread(target=lambda: errors.extend(p.stderr), daemon=True)
         reader.start()
         lines, sent, per_epoch = [], False, None
-        deadline = t0 + timeout
+        timed_out = threading.Event()
+
+        def end_run():
+            timed_out.set()
+            ranks = children(p.pid)
+            p.terminate()
+            time.sleep(5)
+            for pid in ranks + [p.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+        timer = threading.Timer(timeout, end_run)
+        timer.daemon = True
+        timer.start()
         for text in p.stdout:
             lines.append(text)
             if KEY_LINES.match(text):
@@ -171,10 +191,8 @@ class Runs:
                         os.kill(pid, signal.SIGUSR1)
                     print(f"  >>> SIGUSR1 to the ranks {ranks} after: {text.strip()}", flush=True)
                     sent = True
-            if time.time() > deadline:
-                p.kill()
-                break
         rc = p.wait()
+        timer.cancel()
         reader.join(timeout=10)
         for text in errors:
             if KEY_LINES.match(text):
@@ -187,9 +205,10 @@ class Runs:
         sockets = len(re.findall(r"via NET/Socket", out))
         print(f"  exit status {rc} after {time.time() - t0:.1f} s; output in {log}"
               + (f"; {sockets} NCCL channel lines via NET/Socket" if sockets else ""), flush=True)
-        if rc != expect_rc or (stop_in_epoch and not sent):
+        if rc != expect_rc or (stop_in_epoch and not sent) or timed_out.is_set():
             sys.stdout.write("".join(lines[-60:]))
             raise RunFailed(f"{name} on {np_} rank(s): exit status {rc}, expected {expect_rc}"
+                            + (f"; ended after {timeout} s, its time limit" if timed_out.is_set() else "")
                             + ("" if not stop_in_epoch or sent else "; the stop signal was never sent"))
         if not evaluate:  # --evaluate makes no gradients
             self.check(re.search(line, out, re.M) is not None, f"{name}: a line /{line}/")
@@ -263,11 +282,21 @@ class Runs:
 
 def case_equal(r, W):
     cpu = r.a.cpu_build
-    debug = {} if cpu else {"NCCL_DEBUG": "INFO"}
+    # NCCL's INFO lines into files of their own (a file a rank: %h host, %p pid), not
+    # among the ranks' output, where mpirun's chunks of one rank's could split a line
+    # of another's that is checked.
+    debug_prefix = os.path.abspath(f"{r.a.prefix}_nccl_z0.nccl")
+    for old in glob.glob(debug_prefix + ".*"):
+        os.remove(old)
+    debug = {} if cpu else {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": debug_prefix + ".%h.%p"}
     nccl, out = r.train("nccl_z0", W, "nccl", env=debug)
     if not cpu:
-        socket = len(re.findall(r"via NET/Socket", out))
-        other = re.findall(r"via (?:P2P|SHM|NVLS|CollNet)\S*", out)
+        info = ""
+        for name in sorted(glob.glob(debug_prefix + ".*")):
+            with open(name, errors="replace") as f:
+                info += f.read()
+        socket = len(re.findall(r"via NET/Socket", info))
+        other = re.findall(r"via (?:P2P|SHM|NVLS|CollNet)\S*", info)
         r.check(socket > 0 and not other,
                 f"NCCL's channels: {socket} via NET/Socket, {len(other)} via P2P/SHM/NVLS/CollNet {other[:3]}")
     again, _ = r.train("nccl_z0_again", W, "nccl", mutated=LR_MUTATED)

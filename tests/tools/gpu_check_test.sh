@@ -47,6 +47,8 @@ set_tests_properties(gpu_step_compare PROPERTIES SKIP_RETURN_CODE 77)
 add_test(layers_narrow_test "/bin/true")
 add_test(model_layers_test "/bin/sh" "-c" "echo 'a layer off by 1e-3'; exit 1")
 add_test(checkpoint_cpu_only "/bin/false")
+add_test(gpu_nccl_slow "/bin/sleep" "60")
+add_test(layers_grad_test "/bin/sh" "-c" "echo '[  SKIPPED ] Attention.FusedOptionOnTheHost (0 ms)'; [ -z \"$FUSED_SKIPS\" ] || echo '[  SKIPPED ] Attention.FusedAgreesWithBlocksOnTheGpu (0 ms)'")
 CT
 printf '#!/bin/sh\necho "NVIDIA H200"\n' > "$work/gpu-bin/nvidia-smi"
 printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver" >&2\nexit 9\n' \
@@ -55,8 +57,8 @@ chmod +x "$work/gpu-bin/nvidia-smi" "$work/no-gpu-bin/nvidia-smi"
 gpu_path=PATH=$work/gpu-bin:$PATH
 no_gpu_path=PATH=$work/no-gpu-bin:$PATH
 
-expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers   (tools/gpu_check --programs: what to bundle)" --
-expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers   (tools/gpu_check --programs: what to bundle)" -- bench
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers|vit   (tools/gpu_check --programs: what to bundle)" --
+expect 2 "usage: tools/gpu_check tests|nccl|table|split|switches|convs|transformers|vit   (tools/gpu_check --programs: what to bundle)" -- bench
 expect 2 "gpu_check tests: $cpu_build is a CPU build (DDP_ENABLE_CUDA is not ON in its CMakeCache.txt): give the GPU build (BUILD_DIR)" \
   BUILD_DIR="$cpu_build" "$gpu_path" -- tests
 expect 2 "gpu_check tests: $work is not a build tree (BUILD_DIR; on the node: source ddp_bundle/env.sh first)" \
@@ -71,7 +73,14 @@ expect 2 "gpu_check convs: $tree lacks cudnn_conv_bench (bundle them: tools/bund
 expect 2 "gpu_check transformers: $tree lacks layers_grad_test (bundle them: tools/bundle_gpu OUT \$(tools/gpu_check --programs))" \
   BUILD_DIR="$tree" "$gpu_path" -- transformers
 printf '#!/bin/sh\nexit 0\n' > "$tree/tests/model_layers_test"
-chmod +x "$tree/tests/model_layers_test"
+printf '#!/bin/sh\nexit 0\n' > "$tree/tests/layers_grad_test"
+chmod +x "$tree/tests/model_layers_test" "$tree/tests/layers_grad_test"
+# transformers' tests: the host's test skipped on a GPU build is expected; the fused
+# kernels' comparison skipped (no kernels for the GPU) fails the part.
+expect 0 "gpu_check transformers: passed: tests (layers_grad_test, none of it skipped; attention's memory; GPT-2 124M's table)" \
+  BUILD_DIR="$tree" "$gpu_path" TRANSFORMERS_STEPS=tests -- transformers
+expect 1 "gpu_check transformers: 1 part(s) failed (their lines above)" \
+  BUILD_DIR="$tree" "$gpu_path" TRANSFORMERS_STEPS=tests FUSED_SKIPS=1 -- transformers
 expect 2 "gpu_check tests: nvidia-smi finds no GPU on $(hostname): run it on a GPU node" \
   BUILD_DIR="$tree" "$no_gpu_path" -- tests
 # The verdict: a skipped test is a GPU test that did not see its device, a failure here.
@@ -83,6 +92,11 @@ expect 0 "gpu_check tests: 1 of 1 passed on NVIDIA H200" \
   BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^layers_narrow_test$' -- tests
 expect 1 "gpu_check tests: no test of $tree matches ^nothing$" \
   BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^nothing$' -- tests
+# A part that passes its time limit ends then, with the verdict of what ran.
+t0=$SECONDS
+expect 1 "gpu_check nccl: 0 of 0 passed on NVIDIA H200; stopped at its limit of 2 s (PART_LIMIT_S), the tests after not run" \
+  BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^gpu_nccl_slow$' PART_LIMIT_S=2 -- nccl
+((SECONDS - t0 < 20)) || { echo "FAIL: the nccl part took $((SECONDS - t0)) s past a limit of 2 s"; failures=$((failures + 1)); }
 # --programs names what the parts run, for tools/bundle_gpu.
 programs=$("$tool" --programs)
 for p in ddp_train ddp_bench bn_bench step_compare gpu_selftest model_layers_test; do

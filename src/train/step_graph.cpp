@@ -29,15 +29,16 @@ StepGraphPlan plan_step_graphs(const std::string& setting, const std::string& un
   return plan;
 }
 
-bool StepGraphs::run(const StepGraphKey& key, const std::function<void()>& work) {
+bool StepGraphs::run(const StepGraphKey& key, const std::function<void()>& work,
+                     const std::function<void()>& before_drop) {
   // A freed block that was there when a graph was captured may be in it: that graph
   // goes, and its key starts over. Blocks allocated (and freed) since leave it be.
   const std::vector<std::uint64_t> freed = take_device_frees();
   if (!freed.empty()) {
     const std::uint64_t oldest = *std::min_element(freed.begin(), freed.end());
-    entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                  [&](const Entry& x) { return x.graph && x.allocations >= oldest; }),
-                   entries_.end());
+    const auto stale = [&](const Entry& x) { return x.graph && x.allocations >= oldest; };
+    if (before_drop && std::any_of(entries_.begin(), entries_.end(), stale)) before_drop();
+    entries_.erase(std::remove_if(entries_.begin(), entries_.end(), stale), entries_.end());
   }
   const auto e = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& x) { return x.key == key; });
   // As it is at first sight, and while a count makes Kokkos fence at every kernel.

@@ -62,7 +62,11 @@ class StepGraphs {
   explicit StepGraphs(ComputeBackend* backend = nullptr) : backend_(backend) {}
   // Runs `work` for `key`: as it is, or captured then replayed, or replayed. Returns
   // whether its host code ran (false: a replay, which leaves host state as it was).
-  bool run(const StepGraphKey& key, const std::function<void()>& work);
+  // before_drop, where given, runs before a graph is released (which waits for the
+  // device's queue): the trainer's wait on the collectives still queued, under its
+  // watchdog, so that a peer gone dead is named there, not waited for without end.
+  bool run(const StepGraphKey& key, const std::function<void()>& work,
+           const std::function<void()>& before_drop = {});
   std::int64_t captures() const { return captures_; }
   std::int64_t replays() const { return replays_; }  // the capture's own launch included
 

@@ -220,7 +220,10 @@ void Trainer::forward_backward(int slot, const Batch& batch, bool last_micro, Ep
   };
   if (graph_plan_.on) {
     const StepGraphKey key{slot, batch.size, model_.writes_gradients(), last_micro, loss_scale, poisoned};
-    if (!graphs_.run(key, work)) model_.replayed_backward();
+    const auto before_drop = [&] {
+      comm_.wait_device("the collectives queued before a CUDA graph's release (NCCL)");
+    };
+    if (!graphs_.run(key, work, before_drop)) model_.replayed_backward();
   } else {
     work();
   }

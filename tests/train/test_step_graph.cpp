@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/check.hpp"
 #include "comm/communicator.hpp"
@@ -91,6 +92,7 @@ struct Work {
   double arg = 0;
   bool capturing = false;
   double recorded = 0;
+  int released = 0;  // graphs destroyed
   void operator()() {
     ++host_runs;
     if (capturing)
@@ -119,6 +121,7 @@ class RecordingBackend final : public ddp::ComputeBackend {
       Work* work;
       double arg;
       void replay() override { work->sum += arg; }
+      ~Graph() override { ++work->released; }
     };
     auto g = std::make_unique<Graph>();
     g->work = &work_;
@@ -170,6 +173,34 @@ TEST(StepGraphs, FirstSightRunsSecondCapturesThenReplays) {
   EXPECT_EQ(work.sum, 1117.0);
   EXPECT_FALSE(run(a, 0.0));
   EXPECT_EQ(work.sum, 2117.0);
+}
+
+// A graph released (a block it may hold was freed) waits for the device's queue: the
+// trainer's wait on its collectives (under the watchdog) comes first, once, and only
+// where a graph goes.
+TEST(StepGraphs, TheTrainersWaitComesBeforeAGraphIsReleased) {
+  Work work;
+  RecordingBackend backend(work);
+  ddp::watch_device_memory();
+  ddp::take_device_frees();
+  ddp::StepGraphs graphs(&backend);
+  std::vector<int> released_at_wait;
+  const auto run = [&](const StepGraphKey& key, double arg) {
+    work.arg = arg;
+    return graphs.run(key, std::ref(work), [&] { released_at_wait.push_back(work.released); });
+  };
+  const StepGraphKey a{0, 64, true, true, 1.0f, false};
+  ddp::device_block_freed("a workspace");  // no graph yet: none to release, no wait
+  EXPECT_TRUE(run(a, 1.0));
+  EXPECT_TRUE(run(a, 1.0));  // captured
+  EXPECT_FALSE(run(a, 1.0));
+  EXPECT_TRUE(released_at_wait.empty());
+  ddp::device_block_freed("a workspace");
+  EXPECT_TRUE(run(a, 1.0));  // its graph released, after the wait
+  EXPECT_EQ(released_at_wait, std::vector<int>{0});
+  EXPECT_EQ(work.released, 1);
+  EXPECT_TRUE(run(a, 1.0));  // captured again, no release
+  EXPECT_EQ(released_at_wait.size(), 1u);
 }
 
 // Kokkos's CUDA team kernels without scratch memory (batch norm's) allocate 0 bytes

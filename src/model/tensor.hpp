@@ -23,8 +23,9 @@ using Range = Kokkos::RangePolicy<ExecSpace, LaunchHint>;
 // Ranges over (rows, columns) and (a, rows, columns) of row-major data, the last index
 // the fast one on the GPU too: Kokkos's CUDA tiles put threadIdx.x on the first index
 // whatever the iteration order, and its default tiles (16 x 2) gave a warp 16 rows of
-// 2 columns; tiles of one row by 256 columns give it 32 neighbouring columns. The
-// host keeps Kokkos's own tiles.
+// 2 columns; tiles of one row by 256 columns (rank 3: 64, a block's z being at most
+// 64 threads, which Kokkos clamps to while its loop still strides by the tile) give
+// it 32 neighbouring columns. The host keeps Kokkos's own tiles.
 using Rows2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, LaunchHint>;
 using Rows3 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<3>, LaunchHint>;
 inline Rows2 rows_range(std::int64_t rows, std::int64_t columns) {
@@ -36,7 +37,7 @@ inline Rows2 rows_range(std::int64_t rows, std::int64_t columns) {
 }
 inline Rows3 rows_range(std::int64_t a, std::int64_t rows, std::int64_t columns) {
 #if defined(KOKKOS_ENABLE_CUDA)
-  return Rows3({0, 0, 0}, {a, rows, columns}, {1, 1, 256});
+  return Rows3({0, 0, 0}, {a, rows, columns}, {1, 1, 64});
 #else
   return Rows3({0, 0, 0}, {a, rows, columns});
 #endif

@@ -193,6 +193,8 @@ class Runs:
                     sent = True
         rc = p.wait()
         timer.cancel()
+        if timed_out.is_set():
+            timer.join()  # its SIGKILLs sent: no rank that ignored SIGTERM left holding the GPU
         reader.join(timeout=10)
         for text in errors:
             if KEY_LINES.match(text):

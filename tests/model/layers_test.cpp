@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "comm/check.hpp"
 #include "grad_check.hpp"
@@ -74,6 +75,31 @@ Result run(const std::vector<float>& v, std::int64_t rows, std::int64_t n, int t
   return {test::to_host(out, terms * n), std::vector<double>(p.data(), p.data() + terms * K * n)};
 }
 }  // namespace ddp::column_sums_check
+
+namespace ddp::rows_range_check {
+// How many elements of (a, rows, columns) a kernel over rows_range did not visit
+// exactly once at their own indices (a = 0: the 2-D range over (rows, columns)).
+// Kernels in a function of their own, outside the anonymous namespace, as the
+// checks above: CUDA's extended lambdas may not stand in a test's body.
+std::int64_t rows_range_misses(std::int64_t a, std::int64_t rows, std::int64_t columns) {
+  const std::int64_t n = (a ? a : 1) * rows * columns;
+  Kokkos::View<int*> seen("test::seen", std::size_t(n));
+  if (a == 0)
+    Kokkos::parallel_for(
+        "test::rows_range2", rows_range(rows, columns),
+        KOKKOS_LAMBDA(std::int64_t r, std::int64_t c) { Kokkos::atomic_add(&seen(r * columns + c), 1); });
+  else
+    Kokkos::parallel_for(
+        "test::rows_range3", rows_range(a, rows, columns),
+        KOKKOS_LAMBDA(std::int64_t i, std::int64_t r, std::int64_t c) {
+          Kokkos::atomic_add(&seen((i * rows + r) * columns + c), 1);
+        });
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), seen);
+  std::int64_t misses = 0;
+  for (std::int64_t i = 0; i < n; ++i) misses += h(i) != 1;
+  return misses;
+}
+}  // namespace ddp::rows_range_check
 
 namespace ddp::planes_check {
 // Where channel_sums' `then` sees each channel's sums.
@@ -185,6 +211,21 @@ TEST(Planes, ChannelSumsDirectAndInStretches) {
   EXPECT_EQ(stretches(4), 0);
   EXPECT_EQ(stretch_levels_rows(100352), 3136 + 98 + 4);
   EXPECT_EQ(stretch_levels_rows(25088), 784 + 25);
+}
+
+// rows_range (model/tensor.hpp): every element of (rows, columns) and of (a, rows,
+// columns) visited once, at its own indices, with columns past a tile and shapes that
+// no tile divides (ViT-B/16's d 768 and T 196 among them). On the GPU its tiles are
+// its own: a tile the block cannot hold leaves columns out, silently.
+TEST(RowsRange, EveryElementOnceAtItsIndices) {
+  for (const std::vector<std::int64_t>& s : {std::vector<std::int64_t>{0, 3, 1000},
+                                             {0, 196, 768},
+                                             {0, 1, 1},
+                                             {2, 5, 700},
+                                             {3, 196, 768},
+                                             {4, 768, 196}})
+    EXPECT_EQ(ddp::rows_range_check::rows_range_misses(s[0], s[1], s[2]), 0)
+        << s[0] << " x " << s[1] << " x " << s[2];
 }
 
 // column_sums (layer norm's and attention's parameter gradients): every column the

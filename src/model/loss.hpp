@@ -25,12 +25,23 @@ enum class LossKind { CrossEntropy, MSE };
 // its rows of the rows' (sums in double, in row order), so the trainer's mean over
 // samples is the mean over every token, as F.cross_entropy over (B T, C) with
 // reduction 'mean'; its gradient is scale / rows on each row. rows = 1 is the above.
-// row_scratch (rows > 1): 2 B rows floats the rows' values go through on their way to
-// the means (one thread a row, then one a sample); without them a buffer is allocated
-// for the call, which a CUDA graph's capture does not allow: the trainer passes its own.
+// row_scratch (rows > 1): row_scratch_floats(B, rows, C) floats the rows' values go
+// through on their way to the means; short of them a buffer is allocated for the
+// call, which a CUDA graph's capture does not allow: the trainer passes its own.
+// lanes (rows > 1): how a row of C logits is read. 0: a thread a row (the host's way,
+// the floats above); L > 0: L neighbouring threads a row, each every L-th logit, their
+// statistics merged in lane order (the GPU's way: a warp reads neighbouring floats;
+// the same formulas, sums in another fixed order, so other last bits); -1: row_lanes(C).
 void loss_forward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets, View1 loss,
-                  View1 correct, float smoothing = 0.0f, std::int64_t rows = 1,
-                  const View1& row_scratch = {});
+                  View1 correct, float smoothing = 0.0f, std::int64_t rows = 1, const View1& row_scratch = {},
+                  std::int64_t lanes = -1);
+
+// The build's lanes for rows of C logits: 0 on the host; on the GPU 32, 64 or 128
+// (whole warps, at least 16 logits a lane), 0 below 512 logits.
+std::int64_t row_lanes(std::int64_t C);
+
+// The floats of row_scratch for B samples of rows rows of C logits (0 for one row).
+std::size_t row_scratch_floats(std::int64_t B, std::int64_t rows, std::int64_t C, std::int64_t lanes = -1);
 
 // dout (B, C) = scale * d(sum_b loss_b) / d out; dout is resized here. The trainer
 // passes scale = 1 / (samples in the global step), so the sum over ranks of the
@@ -42,7 +53,7 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
 // loss: one launch and one read of the logits fewer); the same floats as the two.
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                            float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f,
-                           std::int64_t rows = 1, const View1& row_scratch = {});
+                           std::int64_t rows = 1, const View1& row_scratch = {}, std::int64_t lanes = -1);
 
 // Top-k accuracy's per-sample hits (validation: k = 5, ImageNet's second number).
 // out: (B, C) logits; labels: (B); hits: (B) 1 where label_b is among the k classes
@@ -52,6 +63,6 @@ void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& la
 // so k = 1 is loss_forward's `correct` (the first maximum wins) for finite logits.
 // rows > 1: hits_b is the fraction of the sample's rows hit, as loss_forward's.
 void top_k_hits(const Tensor& out, const LabelView& labels, std::int64_t k, View1 hits, std::int64_t rows = 1,
-                const View1& row_scratch = {});
+                const View1& row_scratch = {}, std::int64_t lanes = -1);
 
 }  // namespace ddp

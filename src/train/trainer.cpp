@@ -50,7 +50,9 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   loss_ = View1("Trainer::loss", std::size_t(B));
   correct_ = View1("Trainer::correct", std::size_t(B));
   hits5_ = View1("Trainer::hits5", std::size_t(B));
-  if (label_rows_ > 1) loss_rows_ = View1("Trainer::loss_rows", std::size_t(2 * B * label_rows_));
+  if (label_rows_ > 1)
+    loss_rows_ = View1("Trainer::loss_rows",
+                       row_scratch_floats(B, label_rows_, shape_numel(model_.output_shape()) / label_rows_));
   if (use == Use::evaluation) return;  // build_model set train.precision: the run's arithmetic
   const std::int64_t n_params = model_.num_parameters();
   // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.

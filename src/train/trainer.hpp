@@ -332,7 +332,7 @@ class Trainer {
   View1 loss_;        // (B) per-sample loss
   View1 correct_;     // (B) 1 where argmax == label
   View1 hits5_;       // (B) validation: 1 where the label is among the 5 highest logits
-  View1 loss_rows_;   // (2 B label_rows_) where label_rows_ > 1: the tokens' values before their means
+  View1 loss_rows_;   // (row_scratch_floats) where label_rows_ > 1: the tokens' values before their means
   Tensor dout_;       // (B, out...)
 
   // train.cuda_graph, as it can be in this run, and the step's graphs.

@@ -176,7 +176,8 @@ TEST(CrossEntropy, TokenRowsAreTheMeanOverTheSample) {
   top_k_hits(out, labels, 2, h0, T);
   loss_backward(LossKind::CrossEntropy, out, labels, View1(), scale, d0, 0.0f, T);
   loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), scale, l1, c1, d1, 0.0f, T);
-  const std::vector<float> per_row = to_host(lr, B * T), c_row = to_host(cr, B * T), h_row = to_host(hr, B * T);
+  const std::vector<float> per_row = to_host(lr, B * T), c_row = to_host(cr, B * T),
+                           h_row = to_host(hr, B * T);
   const std::vector<float> l = to_host(l0, B), c = to_host(c0, B), h = to_host(h0, B);
   for (std::int64_t b = 0; b < B; ++b) {
     double sl = 0, sc = 0, sh = 0;
@@ -206,6 +207,72 @@ TEST(CrossEntropy, TokenRowsAreTheMeanOverTheSample) {
   EXPECT_EQ(std::vector<float>(through.begin() + B * T, through.end()), c_row);
   top_k_hits(out, labels, 2, h2, T, scratch);
   EXPECT_EQ(to_host(h2, B), h);
+}
+
+// The GPU's way of reading token rows (lanes: L threads a row, merged in lane order)
+// against a thread a row, at lane counts from 1 to more than the row holds, with and
+// without smoothing, on rows with ties: the loss and gradient within float rounding
+// of the other order of sums, correct and top-k hits exactly (the first maximum wins
+// a tie in any lane order), the same floats run to run, a NaN logit a NaN loss.
+TEST(CrossEntropy, RowsInLanesAreRowsAThreadEach) {
+  const std::int64_t B = 3, T = 5;
+  for (const std::int64_t V : {7, 50, 300}) {
+    std::vector<float> logits = random_values(B * T * V, 41, -6.0f, 6.0f);
+    for (std::int64_t i = 0; i < B * T * V; i += 3) logits[i] = std::floor(logits[i]);  // ties
+    for (std::int64_t c = 0; c < V; ++c) logits[2 * V + c] = logits[2 * V];             // one row all equal
+    std::vector<std::int32_t> ids;
+    for (std::int64_t i = 0; i < B * T; ++i) ids.push_back(std::int32_t((i * 5 + 3) % V));
+    const LabelView labels = make_labels(ids);
+    const Tensor out = make_tensor({B, T, V}, logits);
+    for (const float s : {0.0f, 0.1f}) {
+      View1 l0("test::l0", B), c0("test::c0", B), h0("test::h0", B), f0("test::f0", B), k0("test::k0", B);
+      Tensor d0;
+      loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), 0.25f, l0, c0, d0, s, T, {}, 0);
+      loss_forward(LossKind::CrossEntropy, out, labels, View1(), f0, k0, s, T, {}, 0);
+      top_k_hits(out, labels, 5, h0, T, {}, 0);
+      const std::vector<float> loss0 = to_host(l0, B), grad0 = to_host(d0.data, B * T * V);
+      for (const std::int64_t L : {1, 2, 3, 7, 32, 128, 400}) {
+        SCOPED_TRACE("V " + std::to_string(V) + ", smoothing " + std::to_string(s) + ", lanes " +
+                     std::to_string(L));
+        View1 scratch("test::scratch", row_scratch_floats(B, T, V, L));
+        View1 l1("test::l1", B), c1("test::c1", B), h1("test::h1", B), f1("test::f1", B), k1("test::k1", B);
+        Tensor d1, d2;
+        loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), 0.25f, l1, c1, d1, s, T, scratch,
+                              L);
+        loss_forward(LossKind::CrossEntropy, out, labels, View1(), f1, k1, s, T, scratch, L);
+        top_k_hits(out, labels, 5, h1, T, scratch, L);
+        const std::vector<float> loss1 = to_host(l1, B), grad1 = to_host(d1.data, B * T * V);
+        for (std::int64_t b = 0; b < B; ++b) EXPECT_NEAR(loss1[b], loss0[b], 2e-6 * std::fabs(loss0[b]));
+        EXPECT_EQ(to_host(f1, B), loss1);
+        for (std::int64_t i = 0; i < B * T * V; ++i) ASSERT_NEAR(grad1[i], grad0[i], 1e-7) << "logit " << i;
+        EXPECT_EQ(to_host(c1, B), to_host(c0, B));
+        EXPECT_EQ(to_host(k1, B), to_host(c0, B));
+        EXPECT_EQ(to_host(h1, B), to_host(h0, B));
+        // Run to run: the same floats.
+        loss_forward_backward(LossKind::CrossEntropy, out, labels, View1(), 0.25f, l1, c1, d2, s, T, scratch,
+                              L);
+        EXPECT_EQ(to_host(l1, B), loss1);
+        EXPECT_EQ(to_host(d2.data, B * T * V), grad1);
+      }
+    }
+    // A NaN anywhere in a row (first in a lane, or later) makes its sample's loss NaN.
+    for (const std::int64_t at : {std::int64_t(0), V / 2, V - 1}) {
+      std::vector<float> bad = logits;
+      bad[T * V + at] = NAN;  // sample 1, row 0
+      const Tensor out_bad = make_tensor({B, T, V}, bad);
+      View1 l("test::l", B), c("test::c", B);
+      loss_forward(LossKind::CrossEntropy, out_bad, labels, View1(), l, c, 0.0f, T, {}, 7);
+      const std::vector<float> lh = to_host(l, B);
+      EXPECT_FALSE(std::isnan(lh[0]));
+      EXPECT_TRUE(std::isnan(lh[1])) << "NaN at logit " << at << " of " << V;
+      EXPECT_FALSE(std::isnan(lh[2]));
+    }
+  }
+  // The build's choice: a thread a row on the host; on the GPU whole warps, 0 for short rows.
+  EXPECT_EQ(row_lanes(50304) == 0,
+            bool(Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible));
+  EXPECT_EQ(row_lanes(100), 0);
+  EXPECT_EQ(row_scratch_floats(4, 1, 50304), 0u);
 }
 
 // Top-k hits by hand: places 0..6 of one row for k = 1, 2, 5; a tie goes to the lower

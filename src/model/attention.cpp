@@ -211,14 +211,15 @@ void Attention::init(Rng& rng) {
 // The scores of queries i0..i0+m-1 of sample b over keys 0..n-1, (nh, m, n) into s:
 // S_h = Q_h K_h^T / sqrt(hs), per head. Head h of sample b is the hs columns at h hs
 // (Q), d + h hs (K) and 2d + h hs (V) of the sample's T rows of 3d in qkv: the nh heads
-// are one batched GEMM whose operands are hs columns apart.
+// are one batched GEMM whose operands are hs columns apart, and samples b, b+1, ...
+// (the keep path: all B) groups of them T rows apart, their scores nh m n apart.
 void Attention::scores(const float* qkv, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n,
-                       float* s) const {
+                       float* s, std::int64_t samples) const {
   const std::int64_t T = T_, d = d_, hs = hs_, d3 = 3 * d;
   const float* q = qkv + b * T * d3;
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-  gemm_batched(false, true, m, n, hs, scale, q + i0 * d3, d3, hs, q + d, d3, hs, 0.0f, s, n, m * n, heads_,
-               precision());
+  gemm_batched_groups(false, true, m, n, hs, scale, q + i0 * d3, d3, q + d, d3, 0.0f, s, n, heads_,
+                      {hs, hs, m * n}, samples, {T * d3, T * d3, heads_ * m * n}, precision());
 }
 
 bool Attention::runs_fused() const {
@@ -244,24 +245,27 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   gemm(false, true, N, d3, d, 1.0f, x.data.data(), d, in_weight_, d, 0.0f, qkv, d3, prec);
   add_bias("Attention::forward_in_bias", qkv, in_bias_, N, d3);
   // O_h (m, hs) = P (m, n) V_h (n, hs), into the heads' columns of O's rows i0..:
-  // (nh, m, hs) -> (m, nh, hs), the rows of (B, T, d)
-  const auto mix = [&](std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, const float* pb) {
-    gemm_batched(false, false, m, hs, n, 1.0f, pb, n, m * n, qkv + b * T * d3 + 2 * d, d3, hs, 0.0f,
-                 o + (b * T + i0) * d, d, hs, nh, prec);
+  // (nh, m, hs) -> (m, nh, hs), the rows of (B, T, d); samples b, b+1, ... at once
+  // (the keep path: all B, as scores).
+  const auto mix = [&](std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, const float* pb,
+                       std::int64_t samples) {
+    gemm_batched_groups(false, false, m, hs, n, 1.0f, pb, n, qkv + b * T * d3 + 2 * d, d3, 0.0f,
+                        o + (b * T + i0) * d, d, nh, {m * n, hs, hs}, samples, {nh * m * n, T * d3, T * d},
+                        prec);
   };
   if (fused) {
     compute_backend().fused_attention_forward({B, T, nh, hs, causal_}, qkv, o, stats_.data());
   } else if (keep) {
-    for (std::int64_t b = 0; b < B; ++b) scores(qkv, b, 0, T, T, p + b * nh * T * T);
+    scores(qkv, 0, 0, T, T, p, B);
     softmax_rows(p, B * nh * T, T, T, 0, T, causal_, nullptr);  // (B, nh, T, T): S -> P
-    for (std::int64_t b = 0; b < B; ++b) mix(b, 0, T, T, p + b * nh * T * T);
+    mix(0, 0, T, T, p, B);
   } else {
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t i0 = 0; i0 < T; i0 += rows_) {
         const std::int64_t m = i0 + rows_ < T ? rows_ : T - i0, n = causal_ ? i0 + m : T;
         scores(qkv, b, i0, m, n, p);
         softmax_rows(p, nh * m, m, n, i0, T, causal_, stats_.data() + b * nh * T * 2);
-        mix(b, i0, m, n, p);
+        mix(b, i0, m, n, p, 1);
       }
   }
   // y (N, d) = O (N, d) W_out^T (d, d) + b_out
@@ -292,37 +296,39 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   bias_grads(dyp, N, d, partial_, dout_bias_, add);
   // dO (N, d) = dy (N, d) W_out (d, d)
   gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
-  // The heads batched, as in forward, for queries i0..i0+m-1 of sample b over keys
-  // 0..n-1, with P (nh, m, n) in pb and dP then dS in dsb. dV and dK of keys 0..n-1 are
-  // sums over the query blocks: = by the first block done (one over all T keys), += by
-  // the others (kv_beta).
+  // The heads batched, as in forward, for queries i0..i0+m-1 of samples b, b+1, ...
+  // (the keep path: all B) over keys 0..n-1, with P (nh, m, n) a sample in pb and dP
+  // then dS in dsb. dV and dK of keys 0..n-1 are sums over the query blocks: = by the
+  // first block done (one over all T keys), += by the others (kv_beta).
   const auto p_and_v = [&](std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, const float* pb,
-                           float* dsb, float kv_beta) {
+                           float* dsb, float kv_beta, std::int64_t samples) {
     const float* dob = dO + (b * T + i0) * d;
+    const GemmSteps sample_steps{nh * m * n, T * d, T * d3};
     // dP (m, n) = dO_h (m, hs) V_h^T (hs, n), into dS's place
-    gemm_batched(false, true, m, n, hs, 1.0f, dob, d, hs, qkv + b * T * d3 + 2 * d, d3, hs, 0.0f, dsb, n,
-                 m * n, nh, prec);
+    gemm_batched_groups(false, true, m, n, hs, 1.0f, dob, d, qkv + b * T * d3 + 2 * d, d3, 0.0f, dsb, n, nh,
+                        {hs, hs, m * n}, samples, {T * d, T * d3, nh * m * n}, prec);
     // dV_h (n, hs) (+)= P^T (n, m) dO_h (m, hs)
-    gemm_batched(true, false, n, hs, m, 1.0f, pb, n, m * n, dob, d, hs, kv_beta, dqkv + b * T * d3 + 2 * d,
-                 d3, hs, nh, prec);
+    gemm_batched_groups(true, false, n, hs, m, 1.0f, pb, n, dob, d, kv_beta, dqkv + b * T * d3 + 2 * d, d3,
+                        nh, {m * n, hs, hs}, samples, sample_steps, prec);
   };
   const auto q_and_k = [&](std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, const float* dsb,
-                           float kv_beta) {
+                           float kv_beta, std::int64_t samples) {
     const float* q = qkv + b * T * d3;
     float* dq = dqkv + b * T * d3;
+    const GemmSteps sample_steps{nh * m * n, T * d3, T * d3};
     // dQ_h (m, hs) = dS (m, n) K_h (n, hs) / sqrt(hs)
-    gemm_batched(false, false, m, hs, n, scale, dsb, n, m * n, q + d, d3, hs, 0.0f, dq + i0 * d3, d3, hs, nh,
-                 prec);
+    gemm_batched_groups(false, false, m, hs, n, scale, dsb, n, q + d, d3, 0.0f, dq + i0 * d3, d3, nh,
+                        {m * n, hs, hs}, samples, sample_steps, prec);
     // dK_h (n, hs) (+)= dS^T (n, m) Q_h (m, hs) / sqrt(hs)
-    gemm_batched(true, false, n, hs, m, scale, dsb, n, m * n, q + i0 * d3, d3, hs, kv_beta, dq + d, d3, hs,
-                 nh, prec);
+    gemm_batched_groups(true, false, n, hs, m, scale, dsb, n, q + i0 * d3, d3, kv_beta, dq + d, d3, nh,
+                        {m * n, hs, hs}, samples, sample_steps, prec);
   };
   if (fused) {
     compute_backend().fused_attention_backward({B, T, nh, hs, causal_}, qkv, o, dO, stats_.data(), ds, dqkv);
   } else if (keep) {
-    for (std::int64_t b = 0; b < B; ++b) p_and_v(b, 0, T, T, p + b * nh * T * T, ds + b * nh * T * T, 0.0f);
+    p_and_v(0, 0, T, T, p, ds, 0.0f, B);
     softmax_backward_rows(p, ds, B * nh * T, T, T, 0, causal_);  // (B, nh, T, T): dP -> dS
-    for (std::int64_t b = 0; b < B; ++b) q_and_k(b, 0, T, T, ds + b * nh * T * T, 0.0f);
+    q_and_k(0, 0, T, T, ds, 0.0f, B);
   } else {
     // The last block first: it sees all T keys (causal or not), so its = covers every
     // row of dK and dV before the others add to theirs.
@@ -333,9 +339,9 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
         const float kv_beta = i0 == last ? 0.0f : 1.0f;
         scores(qkv, b, i0, m, n, p);
         recompute_probs(p, nh * m, m, n, i0, T, causal_, stats_.data() + b * nh * T * 2);
-        p_and_v(b, i0, m, n, p, ds, kv_beta);
+        p_and_v(b, i0, m, n, p, ds, kv_beta, 1);
         softmax_backward_rows(p, ds, nh * m, m, n, i0, causal_);
-        q_and_k(b, i0, m, n, ds, kv_beta);
+        q_and_k(b, i0, m, n, ds, kv_beta, 1);
       }
   }
   // dqkv (B, nh, T, hs) x 3 sit in (B, T, 3d) already: the heads wrote their columns.

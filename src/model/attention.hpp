@@ -39,11 +39,14 @@
 //   projections, keeping the block path's statistics and nothing of (T, T); elsewhere
 //   the path above. Opt-in until it has run on a GPU: compiled, not run.
 // The per-head products go through the gemm seam with leading dimensions that pick
-// the head's columns out of the rows of qkv, so no head is copied: per batch one
-// gemm_batched over the nh heads (2 products in forward, 4 in backward; per block, 2
-// and 5 on the block path), one
-// strided-batched cuBLAS call on a GPU (a loop of oneDNN's sgemm on the host, whose
-// batched matmul was no faster at gpt_tiny's shapes). The softmax in fp32 with the row's max subtracted, its
+// the head's columns out of the rows of qkv, so no head is copied: the keep path's
+// products are one gemm_batched_groups of B samples by nh heads each (2 in forward, 4
+// in backward), the block path's one a sample and block over the heads (2 and 5). On
+// a GPU, strided-batched cuBLAS calls on operands narrowed once (one call per head
+// over the samples; a loop over the samples was B calls of nh small products,
+// launch-bound, at the cost of scratch for a whole qkv a narrowed operand); on
+// the host a loop of oneDNN's sgemm, whose batched matmul was no faster at gpt_tiny's
+// shapes. The softmax in fp32 with the row's max subtracted, its
 // sums in double, a team thread per row; the bias gradients as column sums in double
 // (not a GEMV: oneDNN's splits its sum between its threads). Every sum of the layer's
 // own in an order fixed by the shapes: the same bits every run, on any number of
@@ -78,8 +81,8 @@ class Attention : public Layer {
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
  private:
-  void scores(const float* qkv, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n,
-              float* s) const;
+  void scores(const float* qkv, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, float* s,
+              std::int64_t samples = 1) const;
   std::int64_t heads_;  // nh
   bool causal_;
   std::int64_t block_;                   // the option: kAutoBlock, 0 (keep) or rows

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gemm.hpp"  // GemmSteps
 #include "model/precision.hpp"
 
 namespace ddp {
@@ -198,6 +199,18 @@ class ComputeBackend {
     for (int i = 0; i < batch; ++i)
       gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
            c + i * stride_c, ldc, precision);
+  }
+
+  // groups x batch GEMMs of one shape (model/gemm.hpp's gemm_batched_groups). Here a
+  // loop of gemm_batched over the groups; the GPU build's narrows each operand's whole
+  // span once and makes one strided-batched call per group or per item, the fewer.
+  virtual void gemm_batched_groups(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                                   const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                                   int ldc, int batch, GemmSteps item, int groups, GemmSteps group,
+                                   Precision precision) {
+    for (int g = 0; g < groups; ++g)
+      gemm_batched(trans_a, trans_b, m, n, k, alpha, a + g * group.a, lda, item.a, b + g * group.b, ldb,
+                   item.b, beta, c + g * group.c, ldc, item.c, batch, precision);
   }
 
   // Fused self-attention (flash attention's algorithm: O(T) memory, no (T, T)

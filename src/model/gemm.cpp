@@ -16,4 +16,11 @@ void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
                                  c, ldc, stride_c, batch, precision);
 }
 
+void gemm_batched_groups(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc, int batch,
+                         GemmSteps item, int groups, GemmSteps group, Precision precision) {
+  compute_backend().gemm_batched_groups(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, batch,
+                                        item, groups, group, precision);
+}
+
 }  // namespace ddp

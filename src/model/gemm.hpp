@@ -23,4 +23,17 @@ void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
                   std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta, float* c,
                   int ldc, std::int64_t stride_c, int batch, Precision precision = Precision::fp32);
 
+// The steps between a batch's operands, in floats: A, B and C.
+struct GemmSteps {
+  std::int64_t a, b, c;
+};
+
+// groups x batch GEMMs of one shape: the i-th of group g takes A at a + g group.a +
+// i item.a, B and C likewise; no two C overlap. Attention's per-head products over a
+// batch of samples: the heads' step is a few columns, the samples' a few rows of qkv,
+// which no single stride spans (ComputeBackend::gemm_batched_groups).
+void gemm_batched_groups(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc, int batch,
+                         GemmSteps item, int groups, GemmSteps group, Precision precision = Precision::fp32);
+
 }  // namespace ddp

@@ -206,6 +206,66 @@ TEST(Precision, BatchedGemmIsEachProduct) {
     }
 }
 
+// gemm_batched_groups as attention's keep path calls it: items (heads) side by side
+// in each row, groups (samples) rows apart with a gap row between, C's blocks side by
+// side in its rows (O, dV, dQ, dK) or apart (the scores), at each precision, every
+// transpose, beta 0 and 0.75, with fewer groups than items and more (the GPU build's
+// strided-batched calls go by group in one case, by item in the other, on operands
+// narrowed once over the whole span): each C_gi as the reference's, C outside the
+// blocks untouched.
+TEST(Precision, GroupedBatchedGemmIsEachProduct) {
+  const int m = 6, n = 5, k = 4;
+  for (const auto& [batch, groups] : {std::pair{3, 2}, std::pair{2, 5}})
+    for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+      for (int t = 0; t < 16; ++t) {
+        const bool ta = t & 1, tb = t & 2, side_by_side = t & 4;
+        const float beta = t & 8 ? 0.75f : 0.0f;
+        const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+        const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1, ldc = side_by_side ? batch * n + 2 : n + 3;
+        const GemmSteps item{a_cols, b_cols, side_by_side ? n : std::int64_t(m) * ldc};
+        const GemmSteps group{std::int64_t(a_rows + 1) * lda, std::int64_t(b_rows + 1) * ldb,
+                              side_by_side ? std::int64_t(m + 1) * ldc : item.c * batch + 7};
+        const std::int64_t c_size = group.c * groups;
+        const std::vector<float> a = random_values(std::size_t(group.a * groups), 61 + t),
+                                 b = random_values(std::size_t(group.b * groups), 71 + t),
+                                 c0 = random_values(std::size_t(c_size), 81 + t);
+        View1 av("test::a", a.size()), bv("test::b", b.size()), cv("test::c", c0.size());
+        from_host(av, a);
+        from_host(bv, b);
+        from_host(cv, c0);
+        gemm_batched_groups(ta, tb, m, n, k, 0.5f, av.data(), lda, bv.data(), ldb, beta, cv.data(), ldc, batch,
+                            item, groups, group, p);
+        const std::vector<float> c = to_host(cv, c_size);
+        std::vector<bool> in_block(c.size(), false);
+        for (int g = 0; g < groups; ++g)
+          for (int i = 0; i < batch; ++i) {
+            std::vector<float> ai(std::size_t(a_rows) * a_cols), bi(std::size_t(b_rows) * b_cols),
+                ci(std::size_t(m) * n), got(std::size_t(m) * n);
+            for (int r = 0; r < a_rows; ++r)
+              for (int q = 0; q < a_cols; ++q) ai[r * a_cols + q] = a[g * group.a + r * lda + i * item.a + q];
+            for (int r = 0; r < b_rows; ++r)
+              for (int q = 0; q < b_cols; ++q) bi[r * b_cols + q] = b[g * group.b + r * ldb + i * item.b + q];
+            for (int r = 0; r < m; ++r)
+              for (int q = 0; q < n; ++q) {
+                const std::int64_t e = g * group.c + i * item.c + r * ldc + q;
+                ci[r * n + q] = c0[e];
+                got[r * n + q] = c[e];
+                in_block[e] = true;
+              }
+            const std::vector<float> want =
+                reference_gemm(ta, tb, m, n, k, 0.5f, rounded(p, ai), rounded(p, bi), beta, ci);
+            EXPECT_LT(max_relative_error(got, want), 1e-6)
+                << precision_name(p) << " " << groups << " groups of " << batch << ", trans " << ta << tb
+                << (side_by_side ? " side by side" : "") << " C_" << g << "," << i;
+          }
+        for (std::size_t e = 0; e < c.size(); ++e) {
+          if (!in_block[e]) {
+            EXPECT_EQ(c[e], c0[e]) << "C's element " << e << " outside the blocks";
+          }
+        }
+      }
+}
+
 TEST(Precision, Fp16OverflowsLikeFp16AndBf16DoesNot) {
   const std::vector<float> a = {70000.0f, 1.0f}, b = {1.0f, 1.0f};
   float c = device_gemm(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, {0.0f}, 1, Precision::fp16)[0];

@@ -232,9 +232,13 @@ void per_sample(const char* name, std::int64_t B, std::int64_t rows, const Row& 
 // Softmax statistics of some of a row's logits, added in increasing c: the first
 // maximum's index (argmax < 0: none yet) and value m, s = sum exp(x - m) (rescaled as
 // m grows) and the plain sum (label smoothing's). A NaN makes s NaN, as softmax_row's.
+// e(a, b) = exp(a - b), 1 where a == b: a lane's -inf logits under its maximum -inf
+// add 1 each (exp(-inf + inf) would be NaN), and weigh 0 once a finite maximum comes,
+// as in softmax_row, whose maximum is the row's.
 struct OnlineSoftmax {
   float m = 0.0f, s = 0.0f, sum = 0.0f;
   std::int64_t argmax = -1;
+  static KOKKOS_INLINE_FUNCTION float e(float a, float b) { return a == b ? 1.0f : exp(a - b); }
   KOKKOS_INLINE_FUNCTION void add(float x, std::int64_t c) {
     sum += x;
     if (argmax < 0) {
@@ -242,11 +246,11 @@ struct OnlineSoftmax {
       s = 1.0f;
       argmax = c;
     } else if (x > m) {
-      s = s * exp(m - x) + 1.0f;
+      s = s * e(m, x) + 1.0f;
       m = x;
       argmax = c;
     } else {
-      s += exp(x - m);
+      s += e(x, m);
     }
   }
   // Another lane's: the greater maximum wins, a tie goes to the lower index.
@@ -258,11 +262,11 @@ struct OnlineSoftmax {
     }
     sum += o.sum;
     if (o.m > m || (o.m == m && o.argmax < argmax)) {
-      s = s * exp(m - o.m) + o.s;
+      s = s * e(m, o.m) + o.s;
       m = o.m;
       argmax = o.argmax;
     } else {
-      s += o.s * exp(o.m - m);
+      s += o.s * e(o.m, m);
     }
   }
 };
@@ -341,6 +345,7 @@ void top_k_lanes(std::int64_t B, std::int64_t rows, std::int64_t C, std::int64_t
           for (std::int64_t t = i * L; t < (i + 1) * L; ++t) place += static_cast<std::int64_t>(v(4 * n + t));
           hit = place < k;
         }
+        v(i) = 0.0f;  // no loss, but sample_means reads it
         v(n + i) = hit ? 1.0f : 0.0f;
       });
   sample_means(B, rows, v, View1(), hits);

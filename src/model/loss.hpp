@@ -50,7 +50,8 @@ void loss_backward(LossKind kind, const Tensor& out, const LabelView& labels, co
                    float scale, Tensor& dout, float smoothing = 0.0f, std::int64_t rows = 1);
 
 // loss_forward and loss_backward in one kernel over the logits (a training step's
-// loss: one launch and one read of the logits fewer); the same floats as the two.
+// loss: one launch and one read of the logits fewer); the same floats as the two,
+// but where lanes > 0 (loss_backward reads a row a thread): then loss_forward's.
 void loss_forward_backward(LossKind kind, const Tensor& out, const LabelView& labels, const View1& targets,
                            float scale, View1 loss, View1 correct, Tensor& dout, float smoothing = 0.0f,
                            std::int64_t rows = 1, const View1& row_scratch = {}, std::int64_t lanes = -1);

@@ -255,6 +255,29 @@ TEST(CrossEntropy, RowsInLanesAreRowsAThreadEach) {
         EXPECT_EQ(to_host(d2.data, B * T * V), grad1);
       }
     }
+    // -inf logits (a masked vocabulary), two or more to a lane, its first ones among
+    // them: finite losses and gradients, as a thread a row's.
+    std::vector<float> masked = logits;
+    for (const std::int64_t c : {0, 1, 2, 3, 6, 7, 14, 21, 32, 64})
+      if (c < V && c != ids[T]) masked[T * V + c] = -INFINITY;  // sample 1, row 0
+    const Tensor out_masked = make_tensor({B, T, V}, masked);
+    View1 lm0("test::lm0", B), cm0("test::cm0", B);
+    Tensor dm0;
+    loss_forward_backward(LossKind::CrossEntropy, out_masked, labels, View1(), 1.0f, lm0, cm0, dm0, 0.0f, T,
+                          {}, 0);
+    const std::vector<float> masked_loss = to_host(lm0, B), masked_grad = to_host(dm0.data, B * T * V);
+    ASSERT_TRUE(std::isfinite(masked_loss[1]));
+    for (const std::int64_t L : {1, 2, 3, 7, 32}) {
+      View1 l("test::l", B), c("test::c", B);
+      Tensor dm;
+      loss_forward_backward(LossKind::CrossEntropy, out_masked, labels, View1(), 1.0f, l, c, dm, 0.0f, T, {},
+                            L);
+      const std::vector<float> lh = to_host(l, B), gh = to_host(dm.data, B * T * V);
+      for (std::int64_t b = 0; b < B; ++b)
+        EXPECT_NEAR(lh[b], masked_loss[b], 2e-6 * std::fabs(masked_loss[b])) << "-inf logits, lanes " << L;
+      for (std::int64_t i = 0; i < B * T * V; ++i)
+        ASSERT_NEAR(gh[i], masked_grad[i], 1e-7) << "-inf logits, lanes " << L << ", logit " << i;
+    }
     // A NaN anywhere in a row (first in a lane, or later) makes its sample's loss NaN.
     for (const std::int64_t at : {std::int64_t(0), V / 2, V - 1}) {
       std::vector<float> bad = logits;

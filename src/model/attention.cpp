@@ -234,7 +234,11 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   const bool fused = runs_fused(), keep = !fused && rows_ == 0;
   ran_fused_ = fused;
   reserve(qkv_, N * d3, "Attention::qkv");
-  if (!fused) reserve(p_, keep ? B * nh * T * T : nh * rows_ * T, "Attention::p");
+  SharedScratch scratch;  // the block path's scores: the process's shared slot (tensor.hpp)
+  if (keep)
+    reserve(p_, B * nh * T * T, "Attention::p");
+  else if (!fused)
+    scratch.hold(p_, ScratchSlot::attention_block_scores, nh * rows_ * T, "Attention::block_scores");
   if (!keep) reserve(stats_, B * nh * T * 2, "Attention::stats");
   reserve(o_, N * d, "Attention::o");
   resize(y, B, sample_, "Attention::y");
@@ -280,9 +284,16 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   require_plain(dy, "the output gradient");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = ran_fused_, keep = !fused && rows_ == 0;  // forward's path: its buffers
-  reserve(do_, N * d, "Attention::do");
-  reserve(dqkv_, N * d3, "Attention::dqkv");
-  reserve(ds_, fused ? B * nh * T : keep ? B * nh * T * T : nh * rows_ * T, "Attention::ds");
+  SharedScratch scratch;  // the process's shared slots (tensor.hpp), let go on return
+  if (!fused && !keep)
+    scratch.hold(p_, ScratchSlot::attention_block_scores, nh * rows_ * T, "Attention::block_scores");
+  scratch.hold(do_, ScratchSlot::attention_do, N * d, "Attention::do");
+  scratch.hold(dqkv_, ScratchSlot::attention_dqkv, N * d3, "Attention::dqkv");
+  scratch.hold(ds_, ScratchSlot::attention_ds,
+               fused  ? B * nh * T
+               : keep ? B * nh * T * T
+                      : nh * rows_ * T,
+               "Attention::ds");
   const Precision prec = precision();
   const bool add = !overwrite_gradients();
   const float beta = add ? 1.0f : 0.0f;

@@ -32,7 +32,8 @@
 // largest power of two up to 512 (at least 16) whose (nh, R, T) scores take at most
 // 64 MiB. At B = 8, nh = 12, T = 4096 the keep path would hold 6.4 GB of P a layer
 // (and as much again for dS in backward); the block path holds 3 MB of statistics
-// and, on the GPU (R = 256), 96 MiB of scratch a layer (p_ and ds_).
+// and, on the GPU (R = 256), 96 MiB of scratch (p_ and ds_, shared by the layers:
+// tensor.hpp's shared_scratch, as backward's dO and dQKV).
 // Neither is a fused kernel: the blocks go through the gemm seam, on a GPU cuBLAS.
 // - fused (the `fused` option): where the backend has it (the GPU build at bf16, head
 //   sizes 16, 32, 64 and 128: cuda/flash_attention.hpp), flash attention's kernels between the
@@ -103,11 +104,13 @@ class Attention : public Layer {
   View1 qkv_;                      // (B, T, 3d): Q, K, V of forward, heads side by side in each
   View1 p_;                        // keep: (B, nh, T, T), the probabilities kept for backward;
                                    // blocks: (nh, N, T), one block's scores and probabilities
+                                   // (a shared slot, held during forward and backward)
   View1 stats_;                    // blocks, fused: (B, nh, T, 2), each row's max and 1 / sum
   View1 o_;                        // (B, T, d): the heads' outputs, concatenated
   View1 do_;                       // (B, T, d): backward's gradient of o_
   View1 dqkv_;                     // (B, T, 3d): backward's gradient of qkv_
   View1 ds_;                       // as p_: backward's gradient of the scores; fused: (B, nh, T) scratch
+                                   // (do_, dqkv_, ds_: shared slots, held during backward)
   Kokkos::View<double*> partial_;  // (K, 3d) the bias gradients' sums over K stretches of rows
 };
 

@@ -1,6 +1,7 @@
 #include "model/tensor.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <sstream>
@@ -53,6 +54,18 @@ void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
 }
 }  // namespace
+
+View1 shared_scratch(ScratchSlot slot, std::int64_t floats, const char* label) {
+  static std::array<View1, std::size_t(ScratchSlot::count)> slots;
+  static bool hooked = false;
+  if (!hooked) {
+    Kokkos::push_finalize_hook([] { slots.fill(View1()); });
+    hooked = true;
+  }
+  View1& v = slots[std::size_t(slot)];
+  reserve(v, floats, label);
+  return v;
+}
 
 void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout,
             Precision type) {

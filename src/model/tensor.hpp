@@ -95,4 +95,50 @@ void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* labe
 void resize_like(Tensor& t, const Tensor& like, const char* label);
 void resize_like(Tensor& t, const Tensor& like, Precision type, const char* label);
 
+// Scratch shared by every layer of the process. A layer's temporaries (a transformer
+// block's gradients between its parts; attention's dO, dQKV and dS, and on its block
+// path one block's scores) live only while its forward or backward runs, and layers
+// run one at a time, so one buffer a slot serves them all, grown to the largest asked
+// (ViT-B/16's peak on the CPU build, batches 4 and 8: 161 MB a sample, 263 with a set
+// a layer, which at batch 256 would be some 26 GB more). Slots in use
+// at once in one call are distinct. A layer points its views at its slots as the call
+// starts (resize then finds them large enough) and lets go of them as it ends
+// (SharedScratch), so that a slot grown later frees its old buffer. Released at
+// Kokkos's finalize.
+enum class ScratchSlot {
+  block_dg,
+  block_df,
+  block_dc,
+  block_dr,
+  block_da,
+  block_dx1,  // TransformerBlock's backward
+  attention_do,
+  attention_dqkv,
+  attention_ds,
+  attention_block_scores,  // Attention's
+  count
+};
+// Slot `slot`, at least `floats` long (a new buffer named `label` where shorter).
+View1 shared_scratch(ScratchSlot slot, std::int64_t floats, const char* label);
+
+// A call's hold on its slots: each view points at its slot (at least the floats
+// given) while this lives, and is emptied when it ends, so the views must outlive it
+// (a layer's members, or locals made before it).
+class SharedScratch {
+ public:
+  SharedScratch() = default;
+  SharedScratch(const SharedScratch&) = delete;
+  SharedScratch& operator=(const SharedScratch&) = delete;
+  ~SharedScratch() {
+    for (View1* v : held_) *v = View1();
+  }
+  void hold(View1& v, ScratchSlot slot, std::int64_t floats, const char* label) {
+    v = shared_scratch(slot, floats, label);
+    held_.push_back(&v);
+  }
+
+ private:
+  std::vector<View1*> held_;
+};
+
 }  // namespace ddp

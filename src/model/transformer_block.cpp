@@ -24,13 +24,17 @@ TransformerBlock::TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, b
       gelu_(std::make_unique<Gelu>(tanh)) {}
 
 std::vector<TransformerBlock::Part> TransformerBlock::parts() const {
-  return {{ln1_.get(), "ln_1."},      {attn_.get(), "self_attention."}, {ln2_.get(), "ln_2."},
-          {fc_.get(), "mlp.0."},      {proj_.get(), "mlp.3."}};
+  return {{ln1_.get(), "ln_1."},
+          {attn_.get(), "self_attention."},
+          {ln2_.get(), "ln_2."},
+          {fc_.get(), "mlp.0."},
+          {proj_.get(), "mlp.3."}};
 }
 
 Shape TransformerBlock::output_shape(const Shape& in_sample) {
   if (in_sample.size() != 2)
-    throw InputError("transformer_block needs a sequence (tokens, features) but gets " + shape_str(in_sample));
+    throw InputError("transformer_block needs a sequence (tokens, features) but gets " +
+                     shape_str(in_sample));
   const std::int64_t d = in_sample[1];
   sample_ = in_sample;
   fc_ = std::make_unique<Linear>(mlp_ratio_ * d);
@@ -41,9 +45,9 @@ Shape TransformerBlock::output_shape(const Shape& in_sample) {
   s = fc_->output_shape(s);
   s = gelu_->output_shape(s);
   s = proj_->output_shape(s);
-  for (Layer* l : {static_cast<Layer*>(attn_.get()), static_cast<Layer*>(ln2_.get()),
-                   static_cast<Layer*>(fc_.get()), static_cast<Layer*>(gelu_.get()),
-                   static_cast<Layer*>(proj_.get())})
+  for (Layer* l :
+       {static_cast<Layer*>(attn_.get()), static_cast<Layer*>(ln2_.get()), static_cast<Layer*>(fc_.get()),
+        static_cast<Layer*>(gelu_.get()), static_cast<Layer*>(proj_.get())})
     l->set_needs_input_grad(true);
   return s;
 }
@@ -110,6 +114,13 @@ void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
 
 // dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's.
 void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  SharedScratch scratch;  // the gradients between the parts: the process's shared slots
+  scratch.hold(dg_.data, ScratchSlot::block_dg, g_.storage_numel(), "TransformerBlock::dg");
+  scratch.hold(df_.data, ScratchSlot::block_df, f_.storage_numel(), "TransformerBlock::df");
+  scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_numel(), "TransformerBlock::dc");
+  scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_numel(), "TransformerBlock::dr");
+  scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_numel(), "TransformerBlock::da");
+  scratch.hold(dx1_.data, ScratchSlot::block_dx1, x.storage_numel(), "TransformerBlock::dx1");
   proj_->backward(g_, m_, dy, dg_);
   gelu_->backward(f_, g_, dg_, df_);
   fc_->backward(c_, f_, df_, dc_);

@@ -59,7 +59,8 @@ class TransformerBlock : public Layer {
   // Forward's activations, kept for backward: a = ln_1(x), h = attention(a),
   // r = x + h, c = ln_2(r), f = fc(c), g = gelu(f), m = proj(g).
   Tensor a_, h_, r_, c_, f_, g_, m_;
-  // Backward's gradients: w.r.t. g, f, c, r (ln_2's part, then the sum), a, x (ln_1's part).
+  // Backward's gradients: w.r.t. g, f, c, r (ln_2's part, then the sum), a, x (ln_1's
+  // part); their buffers backward's shared slots (tensor.hpp), empty outside backward.
   Tensor dg_, df_, dc_, dr_, da_, dx1_;
 };
 

@@ -695,6 +695,70 @@ TEST(Attention, SmallerBatchAfterLarger) {
   expect_smaller_batch_after_larger("attention(2, causal, block=2)", {5, 8}, true);
 }
 
+// The layers' temporaries share the process's slots (tensor.hpp's shared_scratch):
+// layers of other shapes (a larger first, so the slots grow between the two calls of
+// the other) interleaved as a model runs them, forward down and backward up, give
+// each the bits it gives alone, on the keep and block paths; no layer holds a slot
+// outside its call, and a slot that grows lets go of its old buffer.
+TEST(SharedScratch, LayersInterleavedGiveWhatEachGivesAlone) {
+  for (const char* option : {"", ", block=3"}) {
+    const std::string small_spec = std::string("transformer_block(2, causal") + option + ")",
+                      large_spec = std::string("transformer_block(4") + option + ")";
+    SCOPED_TRACE(small_spec + " and " + large_spec);
+    const auto run = [](BoundLayer& b, const Tensor& x, const Tensor& dy, Tensor& y, Tensor& dx) {
+      b.layer->forward(x, y, true);
+      b.layer->backward(x, y, dy, dx);
+    };
+    BoundLayer small_alone(small_spec, {7, 8}), small(small_spec, {7, 8}), large(large_spec, {11, 16});
+    for (BoundLayer* b : {&small_alone, &small, &large})
+      test::from_host(b->params, random_values(b->n, 5, -0.5f, 0.5f));
+    const Tensor xs = make_tensor({2, 7, 8}, random_values(112, 6, -2.0f, 2.0f)),
+                 dys = make_tensor({2, 7, 8}, random_values(112, 7)),
+                 xl = make_tensor({3, 11, 16}, random_values(528, 8, -2.0f, 2.0f)),
+                 dyl = make_tensor({3, 11, 16}, random_values(528, 9));
+    Tensor y0, dx0;
+    run(small_alone, xs, dys, y0, dx0);
+    // small forward, large forward and backward (its slots outgrow small's), small backward
+    Tensor y1, dx1, yl, dxl;
+    small.layer->forward(xs, y1, true);
+    run(large, xl, dyl, yl, dxl);
+    small.layer->backward(xs, y1, dys, dx1);
+    EXPECT_EQ(to_host(y1.data, y1.numel()), to_host(y0.data, y0.numel()));
+    EXPECT_EQ(to_host(dx1.data, dx1.numel()), to_host(dx0.data, dx0.numel()));
+    EXPECT_EQ(to_host(small.grads, small.n), to_host(small_alone.grads, small_alone.n));
+    BoundLayer large_alone(large_spec, {11, 16});
+    test::from_host(large_alone.params, random_values(large_alone.n, 5, -0.5f, 0.5f));
+    Tensor y2, dx2;
+    run(large_alone, xl, dyl, y2, dx2);
+    EXPECT_EQ(to_host(dxl.data, dxl.numel()), to_host(dx2.data, dx2.numel()));
+    EXPECT_EQ(to_host(large.grads, large.n), to_host(large_alone.grads, large_alone.n));
+  }
+  // The slots themselves: one buffer a slot, held while a SharedScratch lives.
+  View1 first, kept;
+  {
+    SharedScratch scratch;
+    scratch.hold(first, ScratchSlot::block_dg, 1000, "test::slot");
+    ASSERT_GE(first.extent(0), 1000u);
+    kept = first;
+  }
+  EXPECT_EQ(first.extent(0), 0u);
+  {
+    View1 again, other;  // before the scratch that empties them
+    SharedScratch scratch;
+    scratch.hold(again, ScratchSlot::block_dg, 10, "test::slot");
+    EXPECT_EQ(again.data(), kept.data());  // large enough: the same buffer
+    scratch.hold(other, ScratchSlot::block_df, 10, "test::slot");
+    EXPECT_NE(other.data(), kept.data());
+  }
+  {
+    View1 grown;
+    SharedScratch scratch;
+    scratch.hold(grown, ScratchSlot::block_dg, std::int64_t(kept.extent(0)) + 1, "test::slot");
+    EXPECT_NE(grown.data(), kept.data());
+    EXPECT_EQ(kept.use_count(), 1);  // the slot let go of the old buffer: only this test holds it
+  }
+}
+
 // The block path against the keep path on the same parameters and data, causal and
 // not, blocks that divide T and blocks that do not: the same arithmetic row by row,
 // GEMMs of other shapes and dK, dV summed over the query blocks, so within float

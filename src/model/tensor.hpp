@@ -96,26 +96,30 @@ void resize_like(Tensor& t, const Tensor& like, const char* label);
 void resize_like(Tensor& t, const Tensor& like, Precision type, const char* label);
 
 // Scratch shared by every layer of the process. A layer's temporaries (a transformer
-// block's gradients between its parts; attention's dO, dQKV and dS, and on its block
-// path one block's scores) live only while its forward or backward runs, and layers
-// run one at a time, so one buffer a slot serves them all, grown to the largest asked
-// (ViT-B/16's peak on the CPU build, batches 4 and 8: 161 MB a sample, 263 with a set
-// a layer, which at batch 256 would be some 26 GB more). Slots in use
-// at once in one call are distinct. A layer points its views at its slots as the call
-// starts (resize then finds them large enough) and lets go of them as it ends
-// (SharedScratch), so that a slot grown later frees its old buffer. Released at
-// Kokkos's finalize.
+// block's gradients between its parts and the outputs only its sums take; attention's
+// dO, dQKV and dS, and on its block path one block's scores) live only while its
+// forward or backward runs, and layers run one at a time, so one buffer a slot serves
+// them all, grown to the largest asked. ViT-B/16's peak on the CPU build grows by 156
+// MB a sample, by 275 with buffers of each layer's own: at batch 256 some 30 GB less.
+// Slots in use at once in one call are distinct. A layer points its views at its
+// slots as the call starts (resize then finds them large enough) and lets go of them
+// as it ends (SharedScratch), so that a slot grown later frees its old buffer.
+// Released at Kokkos's finalize.
 enum class ScratchSlot {
+  // TransformerBlock's: backward's gradients between its parts, forward's h and m
   block_dg,
   block_df,
   block_dc,
   block_dr,
   block_da,
-  block_dx1,  // TransformerBlock's backward
+  block_dx1,
+  block_h,
+  block_m,
+  // Attention's: backward's gradients, the block path's scores
   attention_do,
   attention_dqkv,
   attention_ds,
-  attention_block_scores,  // Attention's
+  attention_block_scores,
   count
 };
 // Slot `slot`, at least `floats` long (a new buffer named `label` where shorter).

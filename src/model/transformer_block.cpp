@@ -102,6 +102,10 @@ void TransformerBlock::set_overwrite_gradients(bool on) {
 void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
   DDP_REQUIRE(x.type == Precision::fp32 && x.layout == Layout::nchw,
               "transformer_block: the input is not fp32 in nchw");
+  // The sublayers' outputs that only a sum takes (h, m): the process's shared slots.
+  SharedScratch scratch;
+  scratch.hold(h_.data, ScratchSlot::block_h, x.storage_numel(), "TransformerBlock::h");
+  scratch.hold(m_.data, ScratchSlot::block_m, x.storage_numel(), "TransformerBlock::m");
   ln1_->forward(x, a_, training);
   attn_->forward(a_, h_, training);
   add(x, h_, r_, "TransformerBlock::residual_1");

@@ -57,7 +57,9 @@ class TransformerBlock : public Layer {
   std::unique_ptr<Linear> fc_, proj_;
   std::unique_ptr<Gelu> gelu_;
   // Forward's activations, kept for backward: a = ln_1(x), h = attention(a),
-  // r = x + h, c = ln_2(r), f = fc(c), g = gelu(f), m = proj(g).
+  // r = x + h, c = ln_2(r), f = fc(c), g = gelu(f), m = proj(g); but h and m, which
+  // only the sums take (the attention's and proj's backward read not their outputs),
+  // are in shared slots during forward (tensor.hpp) and empty after it.
   Tensor a_, h_, r_, c_, f_, g_, m_;
   // Backward's gradients: w.r.t. g, f, c, r (ln_2's part, then the sum), a, x (ln_1's
   // part); their buffers backward's shared slots (tensor.hpp), empty outside backward.

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <sstream>
 
+#include "comm/check.hpp"  // DDP_REQUIRE
+
 namespace ddp {
 
 std::int64_t shape_numel(const Shape& shape) {
@@ -55,17 +57,47 @@ void reserve(View1& v, std::int64_t n, const char* label) {
 }
 }  // namespace
 
-View1 shared_scratch(ScratchSlot slot, std::int64_t floats, const char* label) {
-  static std::array<View1, std::size_t(ScratchSlot::count)> slots;
+namespace {
+struct Slots {
+  std::array<View1, std::size_t(ScratchSlot::count)> views;
+  std::array<bool, std::size_t(ScratchSlot::count)> held{};
+  std::int64_t outgrown = 0;
+};
+Slots& slots() {
+  static Slots s;
   static bool hooked = false;
   if (!hooked) {
-    Kokkos::push_finalize_hook([] { slots.fill(View1()); });
+    Kokkos::push_finalize_hook([] { s.views.fill(View1()); });
     hooked = true;
   }
-  View1& v = slots[std::size_t(slot)];
+  return s;
+}
+}  // namespace
+
+View1 shared_scratch(ScratchSlot slot, std::int64_t floats, const char* label) {
+  View1& v = slots().views[std::size_t(slot)];
   reserve(v, floats, label);
   return v;
 }
+
+void SharedScratch::hold(View1& v, ScratchSlot slot, std::int64_t floats, const char* label) {
+  bool& held = slots().held[std::size_t(slot)];
+  DDP_REQUIRE(!held, "shared scratch: slot " << int(slot) << " (" << label << ") is held already");
+  v = shared_scratch(slot, floats, label);
+  held = true;
+  held_[n_++] = {&v, slot, v.data()};
+}
+
+SharedScratch::~SharedScratch() {
+  Slots& s = slots();
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (held_[i].view->data() != held_[i].at) ++s.outgrown;
+    *held_[i].view = View1();
+    s.held[std::size_t(held_[i].slot)] = false;
+  }
+}
+
+std::int64_t shared_scratch_outgrown() { return slots().outgrown; }
 
 void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout,
             Precision type) {

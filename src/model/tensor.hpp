@@ -5,6 +5,7 @@
 // step allocates nothing.
 
 #include <Kokkos_Core.hpp>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -133,16 +134,23 @@ class SharedScratch {
   SharedScratch() = default;
   SharedScratch(const SharedScratch&) = delete;
   SharedScratch& operator=(const SharedScratch&) = delete;
-  ~SharedScratch() {
-    for (View1* v : held_) *v = View1();
-  }
-  void hold(View1& v, ScratchSlot slot, std::int64_t floats, const char* label) {
-    v = shared_scratch(slot, floats, label);
-    held_.push_back(&v);
-  }
+  ~SharedScratch();
+  // A slot already held (a call nested in another holding it) is an error.
+  void hold(View1& v, ScratchSlot slot, std::int64_t floats, const char* label);
 
  private:
-  std::vector<View1*> held_;
+  struct Held {
+    View1* view;
+    ScratchSlot slot;
+    const float* at;  // the slot's buffer when held
+  };
+  std::array<Held, std::size_t(ScratchSlot::count)> held_{};
+  std::size_t n_ = 0;
 };
+
+// Holds that ended with their view on a buffer of its own: a call resized it past
+// what it asked its slot for (an allocation every call, outside the slot). 0 where
+// every layer asks for enough; SharedScratch's test checks it.
+std::int64_t shared_scratch_outgrown();
 
 }  // namespace ddp

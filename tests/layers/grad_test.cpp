@@ -733,6 +733,8 @@ TEST(SharedScratch, LayersInterleavedGiveWhatEachGivesAlone) {
     EXPECT_EQ(to_host(dxl.data, dxl.numel()), to_host(dx2.data, dx2.numel()));
     EXPECT_EQ(to_host(large.grads, large.n), to_host(large_alone.grads, large_alone.n));
   }
+  // Every call found its slots large enough: none resized a held view past them.
+  EXPECT_EQ(shared_scratch_outgrown(), 0);
   // The slots themselves: one buffer a slot, held while a SharedScratch lives.
   View1 first, kept;
   {

@@ -297,8 +297,8 @@ class CudaBackend final : public ComputeBackend {
     const DType t = dtype_of(precision);
     const std::size_t a_size = std::size_t(matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
                       b_size = std::size_t(matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
-    const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
-    const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
+    const void* a_op = operand(a, a_size, precision, Scratch::A);
+    const void* b_op = operand(b, b_size, precision, Scratch::B);
     gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t);
     kernel_trace::count_library_call();
     if (kernel_trace::recording())
@@ -346,12 +346,12 @@ class CudaBackend final : public ComputeBackend {
                     float* c, int ldc, std::int64_t stride_c, int batch, Precision precision) override {
     if (m == 0 || n == 0 || batch == 0) return;
     const DType t = dtype_of(precision);
-    const std::size_t a_size = std::size_t((batch - 1) * stride_a +
-                                           matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
-                      b_size = std::size_t((batch - 1) * stride_b +
-                                           matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
-    const void* a_op = narrowed(a, a_size, t, scratch_, Scratch::A, stream_);
-    const void* b_op = narrowed(b, b_size, t, scratch_, Scratch::B, stream_);
+    const std::size_t a_size =
+                          std::size_t(batch_span(trans_a ? k : m, trans_a ? m : k, lda, batch, stride_a)),
+                      b_size =
+                          std::size_t(batch_span(trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b));
+    const void* a_op = operand(a, a_size, precision, Scratch::A);
+    const void* b_op = operand(b, b_size, precision, Scratch::B);
     gemm_.batched(trans_a, trans_b, m, n, k, alpha, a_op, lda, stride_a, b_op, ldb, stride_b, beta, c, ldc,
                   stride_c, batch, t);
     kernel_trace::count_library_call();
@@ -374,12 +374,12 @@ class CudaBackend final : public ComputeBackend {
                            GemmSteps item, int groups, GemmSteps group, Precision precision) override {
     if (m == 0 || n == 0 || batch == 0 || groups == 0) return;
     const DType t = dtype_of(precision);
-    const std::size_t a_size = std::size_t((groups - 1) * group.a + (batch - 1) * item.a +
-                                           matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
-                      b_size = std::size_t((groups - 1) * group.b + (batch - 1) * item.b +
-                                           matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
-    const char* a_op = static_cast<const char*>(narrowed(a, a_size, t, scratch_, Scratch::A, stream_));
-    const char* b_op = static_cast<const char*>(narrowed(b, b_size, t, scratch_, Scratch::B, stream_));
+    const std::size_t a_size = std::size_t(
+                          batch_span(trans_a ? k : m, trans_a ? m : k, lda, batch, item.a, groups, group.a)),
+                      b_size = std::size_t(
+                          batch_span(trans_b ? n : k, trans_b ? k : n, ldb, batch, item.b, groups, group.b));
+    const char* a_op = static_cast<const char*>(operand(a, a_size, precision, Scratch::A));
+    const char* b_op = static_cast<const char*>(operand(b, b_size, precision, Scratch::B));
     const std::size_t e = dtype_size(t);  // the operands' bytes an element; C is fp32
     const bool by_group = groups <= batch;
     const int calls = by_group ? groups : batch, count = by_group ? batch : groups;
@@ -398,6 +398,19 @@ class CudaBackend final : public ComputeBackend {
                                 std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k),
                             2.0 * m * n * k * batch * groups, run});
   }
+
+  // The copies NarrowedOnce asks for (model/tensor.hpp): converted on the stream, then
+  // read by operand() in place of a narrowing of their own until forgotten.
+  std::int64_t narrow_copy_floats(std::int64_t n, Precision p) const override {
+    const DType t = dtype_of(p);
+    return t == DType::F32 ? 0 : (n * std::int64_t(dtype_size(t)) + 3) / 4;
+  }
+  void narrow_copy(const float* from, std::int64_t n, Precision p, float* to) override {
+    const DType t = dtype_of(p);
+    convert_from_f32(from, to, t, std::size_t(n), stream_);
+    copies_.add(from, n, p, to, dtype_size(t));
+  }
+  void forget_narrow_copy(const float* from) override { copies_.forget(from); }
 
   std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& geometry) override {
     return std::make_unique<CudnnConvKernels>(*this, geometry);
@@ -428,9 +441,19 @@ class CudaBackend final : public ComputeBackend {
   }
 
  private:
+  // A GEMM operand at `precision`: the floats themselves at fp32, else a kept copy's
+  // elements where one holds the span (NarrowedOnce), else narrowed into `slot`.
+  const void* operand(const float* from, std::size_t span, Precision precision, Scratch::Slot slot) {
+    const DType t = dtype_of(precision);
+    if (t == DType::F32) return from;
+    if (const void* kept = copies_.find(from, std::int64_t(span), precision)) return kept;
+    return narrowed(from, span, t, scratch_, slot, stream_);
+  }
+
   cudaStream_t stream_;
   CublasGemm gemm_;
   Scratch scratch_;
+  NarrowCopies copies_;
   std::unique_ptr<CudnnConv> convs_[3][2];
   std::unique_ptr<BatchNormKernels> batch_norm_;
   std::string name_;

@@ -1,6 +1,7 @@
 #include "model/attention.hpp"
 
 #include <cmath>
+#include <optional>
 
 #include "comm/check.hpp"
 #include "model/backend.hpp"
@@ -248,6 +249,10 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   // qkv (N, 3d) = x (N, d) W_in^T (d, 3d) + b_in
   gemm(false, true, N, d3, d, 1.0f, x.data.data(), d, in_weight_, d, 0.0f, qkv, d3, prec);
   add_bias("Attention::forward_in_bias", qkv, in_bias_, N, d3);
+  // The heads' products read qkv three times (Q, K, V) and more on the block path:
+  // narrowed once (the fused kernels read it as it is).
+  std::optional<NarrowedOnce> qkv_once;
+  if (!fused) qkv_once.emplace(ScratchSlot::narrow_qkv, qkv, N * d3, prec, "Attention::qkv_narrow");
   // O_h (m, hs) = P (m, n) V_h (n, hs), into the heads' columns of O's rows i0..:
   // (nh, m, hs) -> (m, nh, hs), the rows of (B, T, d); samples b, b+1, ... at once
   // (the keep path: all B, as scores).
@@ -301,12 +306,21 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   const float *xp = x.data.data(), *dyp = dy.data.data(), *qkv = qkv_.data(), *o = o_.data();
   float *p = p_.data(), *dO = do_.data(), *dqkv = dqkv_.data(), *ds = ds_.data();
 
-  // dW_out (d, d) += dy^T (d, N) O (N, d)
-  gemm(true, false, d, d, N, 1.0f, dyp, d, o, d, beta, dout_weight_, d, prec);
   // db_out (d) += sum over the N rows of dy (N, d)
   bias_grads(dyp, N, d, partial_, dout_bias_, add);
-  // dO (N, d) = dy (N, d) W_out (d, d)
-  gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
+  {
+    const NarrowedOnce dy_once(ScratchSlot::narrow_dy, dyp, N * d, prec, "Attention::dy_narrow");
+    // dW_out (d, d) += dy^T (d, N) O (N, d)
+    gemm(true, false, d, d, N, 1.0f, dyp, d, o, d, beta, dout_weight_, d, prec);
+    // dO (N, d) = dy (N, d) W_out (d, d)
+    gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
+  }
+  // The heads' products read qkv and dO (and dS) more than once: narrowed once each.
+  std::optional<NarrowedOnce> qkv_once, do_once;
+  if (!fused) {
+    qkv_once.emplace(ScratchSlot::narrow_qkv, qkv, N * d3, prec, "Attention::qkv_narrow");
+    do_once.emplace(ScratchSlot::narrow_do, dO, N * d, prec, "Attention::do_narrow");
+  }
   // The heads batched, as in forward, for queries i0..i0+m-1 of samples b, b+1, ...
   // (the keep path: all B) over keys 0..n-1, with P (nh, m, n) a sample in pb and dP
   // then dS in dsb. dV and dK of keys 0..n-1 are sums over the query blocks: = by the
@@ -339,6 +353,7 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   } else if (keep) {
     p_and_v(0, 0, T, T, p, ds, 0.0f, B);
     softmax_backward_rows(p, ds, B * nh * T, T, T, 0, causal_);  // (B, nh, T, T): dP -> dS
+    const NarrowedOnce ds_once(ScratchSlot::narrow_ds, ds, B * nh * T * T, prec, "Attention::ds_narrow");
     q_and_k(0, 0, T, T, ds, 0.0f, B);
   } else {
     // The last block first: it sees all T keys (causal or not), so its = covers every
@@ -352,14 +367,21 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
         recompute_probs(p, nh * m, m, n, i0, T, causal_, stats_.data() + b * nh * T * 2);
         p_and_v(b, i0, m, n, p, ds, kv_beta, 1);
         softmax_backward_rows(p, ds, nh * m, m, n, i0, causal_);
+        const NarrowedOnce ds_once(ScratchSlot::narrow_ds, ds, nh * m * n, prec, "Attention::ds_narrow");
         q_and_k(b, i0, m, n, ds, kv_beta, 1);
       }
   }
+  qkv_once.reset();
+  do_once.reset();
   // dqkv (B, nh, T, hs) x 3 sit in (B, T, 3d) already: the heads wrote their columns.
-  // dW_in (3d, d) += dqkv^T (3d, N) x (N, d)
-  gemm(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec);
   // db_in (3d) += sum over the N rows of dqkv (N, 3d)
   bias_grads(dqkv, N, d3, partial_, din_bias_, add);
+  // Read by two products where dx is wanted: narrowed once.
+  std::optional<NarrowedOnce> dqkv_once;
+  if (needs_input_grad())
+    dqkv_once.emplace(ScratchSlot::narrow_dy, dqkv, N * d3, prec, "Attention::dqkv_narrow");
+  // dW_in (3d, d) += dqkv^T (3d, N) x (N, d)
+  gemm(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec);
   if (!needs_input_grad()) return;
   resize(dx, B, sample_, "Attention::dx");
   // dx (N, d) = dqkv (N, 3d) W_in (3d, d)

@@ -91,6 +91,30 @@ std::string device_memory_changes() {
   return line;
 }
 
+void NarrowCopies::add(const float* from, std::int64_t n, Precision p, const void* copy,
+                       std::size_t element_bytes) {
+  for (const Copy& c : copies_)
+    DDP_REQUIRE(c.p != p || from + n <= c.from || c.from + c.n <= from,
+                "two narrow copies of overlapping floats are kept at once");
+  copies_.push_back({from, n, p, static_cast<const char*>(copy), element_bytes});
+}
+
+void NarrowCopies::forget(const float* from) {
+  for (std::size_t i = 0; i < copies_.size(); ++i)
+    if (copies_[i].from == from) {
+      copies_.erase(copies_.begin() + std::ptrdiff_t(i));
+      return;
+    }
+  DDP_REQUIRE(false, "a narrow copy forgotten that was not kept");
+}
+
+const void* NarrowCopies::find(const float* at, std::int64_t floats, Precision p) const {
+  for (const Copy& c : copies_)
+    if (c.p == p && at >= c.from && at + floats <= c.from + c.n)
+      return c.copy + std::size_t(at - c.from) * c.element_bytes;
+  return nullptr;
+}
+
 ComputeBackend& compute_backend() {
   if (!g_backend) {
     DDP_REQUIRE(Kokkos::is_initialized(), "the compute backend is made after Kokkos::initialize");
@@ -104,6 +128,12 @@ ComputeBackend& compute_backend() {
     Kokkos::push_finalize_hook([] { g_backend.reset(); });
   }
   return *g_backend;
+}
+
+std::unique_ptr<ComputeBackend> swap_compute_backend(std::unique_ptr<ComputeBackend> backend) {
+  compute_backend();
+  std::swap(g_backend, backend);
+  return backend;
 }
 
 }  // namespace ddp

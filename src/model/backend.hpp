@@ -30,6 +30,14 @@ constexpr std::int64_t matrix_span(std::int64_t rows, std::int64_t cols, std::in
   return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0;
 }
 
+// The floats a batch of such matrices spans from the first one's first element:
+// `groups` groups `group_step` apart of `batch` matrices `step` apart (batched GEMMs'
+// operands), to the end of the last one.
+constexpr std::int64_t batch_span(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t batch,
+                                  std::int64_t step, std::int64_t groups = 1, std::int64_t group_step = 0) {
+  return (groups - 1) * group_step + (batch - 1) * step + matrix_span(rows, cols, ld);
+}
+
 // How an image tensor (B, C, H, W) lies in its buffer. Tensors are NCHW except
 // from a convolution (or resblock) to the next layer that reads the layout the
 // backend's kernels chose: oneDNN's channel blocks on this CPU (nChw8c with AVX2,
@@ -213,6 +221,17 @@ class ComputeBackend {
                    item.b, beta, c + g * group.c, ldc, item.c, batch, precision);
   }
 
+  // GEMM operands narrowed once where several products read them (NarrowedOnce,
+  // model/tensor.hpp): attention's qkv, a layer's output gradient. narrow_copy_floats:
+  // the floats of room the copy of n floats at precision p takes, 0 where this backend
+  // keeps no copies (the host: oneDNN narrows inside its kernels; fp32 anywhere).
+  // narrow_copy: n floats at `from` narrowed into `to`; until forget_narrow_copy(from),
+  // a GEMM operand at p lying within them is read from the copy, not narrowed again,
+  // so the floats must not change meanwhile.
+  virtual std::int64_t narrow_copy_floats(std::int64_t /*n*/, Precision /*p*/) const { return 0; }
+  virtual void narrow_copy(const float* /*from*/, std::int64_t /*n*/, Precision /*p*/, float* /*to*/) {}
+  virtual void forget_narrow_copy(const float* /*from*/) {}
+
   // Fused self-attention (flash attention's algorithm: O(T) memory, no (T, T)
   // matrix), where the backend has it for these arguments: the GPU build at bf16 with
   // head sizes 16, 32, 64, 128 (cuda/flash_attention.hpp for the layouts). The host
@@ -255,6 +274,30 @@ class ComputeBackend {
   virtual std::unique_ptr<CapturedWork> capture(const std::function<void()>& /*record*/) { return nullptr; }
 };
 
+// The narrow copies a backend keeps (ComputeBackend::narrow_copy), and where an
+// operand lies within one. A layer's call holds a few at once.
+class NarrowCopies {
+ public:
+  // n floats at `from` (not overlapping another copy at p) and their copy at p,
+  // `element_bytes` an element.
+  void add(const float* from, std::int64_t n, Precision p, const void* copy, std::size_t element_bytes);
+  void forget(const float* from);
+  // The copy's elements of the `floats` floats at `at`, where they lie within one copy
+  // at precision p; else null.
+  const void* find(const float* at, std::int64_t floats, Precision p) const;
+  std::size_t size() const { return copies_.size(); }
+
+ private:
+  struct Copy {
+    const float* from;
+    std::int64_t n;
+    Precision p;
+    const char* copy;
+    std::size_t element_bytes;
+  };
+  std::vector<Copy> copies_;
+};
+
 // A captured graph holds device pointers: it stays valid until a block that existed
 // when it was captured is freed. From watch_device_memory() on, the blocks of device
 // (and pinned) memory Kokkos's views take are numbered in the order of allocation
@@ -276,5 +319,9 @@ std::string device_memory_changes();
 // released when Kokkos finalizes: oneDNN in the CPU build, cuBLAS/cuDNN on Kokkos's
 // CUDA stream in the CUDA build.
 ComputeBackend& compute_backend();
+
+// Tests: `backend` becomes the process's (made first if none was), and the one it
+// replaces comes back, to be put back the same way before Kokkos finalizes.
+std::unique_ptr<ComputeBackend> swap_compute_backend(std::unique_ptr<ComputeBackend> backend);
 
 }  // namespace ddp

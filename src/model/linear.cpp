@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "comm/check.hpp"
 #include "model/gemm.hpp"
@@ -93,6 +94,10 @@ void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
         "Linear::relu_backward", Range(0, N * out),
         KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
   }
+  // Read by two products where dx is wanted: narrowed once.
+  std::optional<NarrowedOnce> dy_once;
+  if (needs_input_grad())
+    dy_once.emplace(ScratchSlot::narrow_dy, dy.data.data(), N * out, precision(), "Linear::dy_narrow");
   // dW (out, in) += (or =) dy^T (out, N) x (N, in)
   gemm(true, false, out, in, N, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
        precision());

@@ -99,6 +99,20 @@ SharedScratch::~SharedScratch() {
 
 std::int64_t shared_scratch_outgrown() { return slots().outgrown; }
 
+NarrowedOnce::NarrowedOnce(ScratchSlot slot, const float* from, std::int64_t n, Precision precision,
+                           const char* label) {
+  ComputeBackend& backend = compute_backend();
+  const std::int64_t floats = backend.narrow_copy_floats(n, precision);
+  if (floats == 0 || n == 0) return;
+  hold_.hold(copy_, slot, floats, label);
+  backend.narrow_copy(from, n, precision, copy_.data());
+  from_ = from;
+}
+
+NarrowedOnce::~NarrowedOnce() {
+  if (from_) compute_backend().forget_narrow_copy(from_);
+}
+
 void resize(Tensor& t, std::int64_t batch, const Shape& sample, const char* label, Layout layout,
             Precision type) {
   t.shape.resize(sample.size() + 1);

@@ -121,6 +121,12 @@ enum class ScratchSlot {
   attention_dqkv,
   attention_ds,
   attention_block_scores,
+  // The copies of GEMM operands narrowed once (NarrowedOnce): attention's qkv, dO and
+  // dS; a layer's output gradient (attention's, then its dqkv; Linear's)
+  narrow_qkv,
+  narrow_do,
+  narrow_ds,
+  narrow_dy,
   count
 };
 // Slot `slot`, at least `floats` long (a new buffer named `label` where shorter).
@@ -146,6 +152,27 @@ class SharedScratch {
   };
   std::array<Held, std::size_t(ScratchSlot::count)> held_{};
   std::size_t n_ = 0;
+};
+
+// The floats [from, from + n) narrowed once to `precision`'s operand type, in `slot`,
+// for the several GEMMs of a call that read them: while this lives, the backend's
+// GEMMs read an operand at that precision lying within them from the copy instead of
+// narrowing it again (ComputeBackend::narrow_copy). Before, each product of
+// attention's keep path narrowed a span of nearly all of qkv (ViT-B/16 at batch 256:
+// some 7.5 GB of conversions a layer). Where the backend keeps no copies (the host:
+// oneDNN narrows inside its kernels; fp32) nothing is made or held. The floats must
+// not change while it lives.
+class NarrowedOnce {
+ public:
+  NarrowedOnce(ScratchSlot slot, const float* from, std::int64_t n, Precision precision, const char* label);
+  ~NarrowedOnce();
+  NarrowedOnce(const NarrowedOnce&) = delete;
+  NarrowedOnce& operator=(const NarrowedOnce&) = delete;
+
+ private:
+  View1 copy_;  // before hold_: the hold empties it as it ends
+  SharedScratch hold_;
+  const float* from_ = nullptr;  // null: no copy made
 };
 
 // Holds that ended with their view on a buffer of its own: a call resized it past

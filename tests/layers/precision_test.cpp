@@ -221,7 +221,8 @@ TEST(Precision, GroupedBatchedGemmIsEachProduct) {
         const bool ta = t & 1, tb = t & 2, side_by_side = t & 4;
         const float beta = t & 8 ? 0.75f : 0.0f;
         const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-        const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1, ldc = side_by_side ? batch * n + 2 : n + 3;
+        const int lda = batch * a_cols + 2, ldb = batch * b_cols + 1,
+                  ldc = side_by_side ? batch * n + 2 : n + 3;
         const GemmSteps item{a_cols, b_cols, side_by_side ? n : std::int64_t(m) * ldc};
         const GemmSteps group{std::int64_t(a_rows + 1) * lda, std::int64_t(b_rows + 1) * ldb,
                               side_by_side ? std::int64_t(m + 1) * ldc : item.c * batch + 7};
@@ -233,8 +234,8 @@ TEST(Precision, GroupedBatchedGemmIsEachProduct) {
         from_host(av, a);
         from_host(bv, b);
         from_host(cv, c0);
-        gemm_batched_groups(ta, tb, m, n, k, 0.5f, av.data(), lda, bv.data(), ldb, beta, cv.data(), ldc, batch,
-                            item, groups, group, p);
+        gemm_batched_groups(ta, tb, m, n, k, 0.5f, av.data(), lda, bv.data(), ldb, beta, cv.data(), ldc,
+                            batch, item, groups, group, p);
         const std::vector<float> c = to_host(cv, c_size);
         std::vector<bool> in_block(c.size(), false);
         for (int g = 0; g < groups; ++g)
@@ -358,5 +359,177 @@ TEST(Precision, AttentionNearFp32) {
   }
 }
 
+// A backend that hands every call to the process's own, and keeps the narrow copies
+// layers ask for (NarrowedOnce) its own way. copies = true (the host): as the values
+// rounded to the precision in fp32, which the host's GEMMs round again to the same
+// bits, found for an operand's whole span as the GPU's backend finds them, and
+// counted each time they serve one. copies = false (the GPU): none, so every product
+// narrows its operands, as before the GPU's backend kept copies.
+class CopyingBackend final : public ComputeBackend {
+ public:
+  CopyingBackend(ComputeBackend& inner, bool copies) : inner_(inner), copies_on_(copies) {}
+  std::string name() const override { return inner_.name(); }
+  std::string precision_text(Precision p) const override { return inner_.precision_text(p); }
+  bool narrow_convolution_results(Precision p) const override { return inner_.narrow_convolution_results(p); }
+  std::string precision_unsupported(Precision p) const override { return inner_.precision_unsupported(p); }
+  std::string allow_tf32(bool allow) override { return inner_.allow_tf32(allow); }
+  bool device_memory() const override { return inner_.device_memory(); }
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc, Precision p) override {
+    inner_.gemm(trans_a, trans_b, m, n, k, alpha,
+                kept(a, matrix_span(trans_a ? k : m, trans_a ? m : k, lda), p), lda,
+                kept(b, matrix_span(trans_b ? n : k, trans_b ? k : n, ldb), p), ldb, beta, c, ldc, p);
+  }
+  void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+                    std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
+                    float* c, int ldc, std::int64_t stride_c, int batch, Precision p) override {
+    inner_.gemm_batched(trans_a, trans_b, m, n, k, alpha,
+                        kept(a, batch_span(trans_a ? k : m, trans_a ? m : k, lda, batch, stride_a), p), lda,
+                        stride_a,
+                        kept(b, batch_span(trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b), p), ldb,
+                        stride_b, beta, c, ldc, stride_c, batch, p);
+  }
+  void gemm_batched_groups(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                           int lda, const float* b, int ldb, float beta, float* c, int ldc, int batch,
+                           GemmSteps item, int groups, GemmSteps group, Precision p) override {
+    const std::int64_t a_span =
+                           batch_span(trans_a ? k : m, trans_a ? m : k, lda, batch, item.a, groups, group.a),
+                       b_span =
+                           batch_span(trans_b ? n : k, trans_b ? k : n, ldb, batch, item.b, groups, group.b);
+    inner_.gemm_batched_groups(trans_a, trans_b, m, n, k, alpha, kept(a, a_span, p), lda, kept(b, b_span, p),
+                               ldb, beta, c, ldc, batch, item, groups, group, p);
+  }
+  std::int64_t narrow_copy_floats(std::int64_t n, Precision p) const override {
+    return copies_on_ ? (p == Precision::fp32 ? 0 : n) : 0;
+  }
+  void narrow_copy(const float* from, std::int64_t n, Precision p, float* to) override {
+    round_to_precision(p, from, to, n);
+    copies_.add(from, n, p, to, sizeof(float));
+    live_.push_back({from, to, n, 0});
+  }
+  void forget_narrow_copy(const float* from) override {
+    copies_.forget(from);
+    for (std::size_t i = 0; i < live_.size(); ++i)
+      if (live_[i].from == from) {
+        reads.push_back(live_[i].reads);
+        live_.erase(live_.begin() + std::ptrdiff_t(i));
+        return;
+      }
+  }
+  bool has_fused_attention(std::int64_t hs, Precision p) const override {
+    return inner_.has_fused_attention(hs, p);
+  }
+  void fused_attention_forward(const FusedAttention& a, const float* qkv, float* o, float* stats) override {
+    inner_.fused_attention_forward(a, qkv, o, stats);
+  }
+  void fused_attention_backward(const FusedAttention& a, const float* qkv, const float* o, const float* d_o,
+                                const float* stats, float* delta, float* dqkv) override {
+    inner_.fused_attention_backward(a, qkv, o, d_o, stats, delta, dqkv);
+  }
+  std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& g) override { return inner_.make_conv(g); }
+  BatchNormKernels* batch_norm() override { return inner_.batch_norm(); }
+  bool batch_norm_in_library() const override { return inner_.batch_norm_in_library(); }
+  void synchronize() override { inner_.synchronize(); }
+  std::string graphs_unsupported() const override { return inner_.graphs_unsupported(); }
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) override {
+    return inner_.capture(record);
+  }
+
+  std::vector<int> reads;  // each copy forgotten: the operands it served
+  std::size_t live() const { return live_.size(); }
+
+ private:
+  // The operand's floats, from a kept copy where one holds its whole span.
+  const float* kept(const float* at, std::int64_t span, Precision p) {
+    if (p == Precision::fp32) return at;
+    const void* copy = copies_.find(at, span, p);
+    if (!copy) return at;
+    const float* c = static_cast<const float*>(copy);
+    for (Live& l : live_)
+      if (c >= l.copy && c < l.copy + l.n) ++l.reads;  // the copy holding it
+    return c;
+  }
+  struct Live {
+    const float* from;
+    const float* copy;
+    std::int64_t n;
+    int reads;
+  };
+  ComputeBackend& inner_;
+  bool copies_on_;
+  NarrowCopies copies_;
+  std::vector<Live> live_;
+};
+
+// y, dx and the parameter gradients of forward and backward; through a
+// CopyingBackend around the process's backend where `copies` is set (its copies'
+// reads into *reads, and the copies left unforgotten into *live).
+std::vector<std::vector<float>> forward_backward(const std::string& spec, Precision p, const bool* copies,
+                                                 std::vector<int>* reads = nullptr,
+                                                 std::size_t* live = nullptr) {
+  std::unique_ptr<ComputeBackend> own;
+  CopyingBackend* wrapper = nullptr;
+  if (copies) {
+    own = swap_compute_backend(nullptr);
+    auto w = std::make_unique<CopyingBackend>(*own, *copies);
+    wrapper = w.get();
+    swap_compute_backend(std::move(w));
+  }
+  const std::int64_t B = 3;
+  const Shape sample = {12, 32};
+  std::vector<std::vector<float>> got;
+  {
+    BoundLayer l(spec, sample);
+    l.layer->set_precision(p);
+    from_host(l.params, random_values(l.n, 9, -0.3f, 0.3f));  // biases too: none is 0
+    const Shape shape = l.batch_shape(B, sample);
+    Tensor x = make_tensor(shape, random_values(shape_numel(shape), 7)), y,
+           dy = make_tensor(shape, random_values(shape_numel(shape), 8)), dx;
+    l.layer->forward(x, y, true);
+    l.layer->backward(x, y, dy, dx);
+    got = {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(l.grads, l.n)};
+  }
+  if (wrapper) {
+    if (reads) *reads = wrapper->reads;
+    if (live) *live = wrapper->live();
+    swap_compute_backend(std::move(own));
+  }
+  return got;
+}
+
+// Operands narrowed once a call (NarrowedOnce: attention's qkv, dO and dS, a layer's
+// output gradient) give the bits of narrowing them at each product, on both of
+// attention's host paths and through a transformer block's Linear layers. On the host
+// the copies are the test backend's (the host's keeps none); each must serve at least
+// two products, or it was not worth making, and none may outlive its call. On a GPU,
+// the backend's own copies against the test backend keeping none.
+TEST(Precision, OperandsNarrowedOnceGiveEachProductsBits) {
+  const bool device = compute_backend().device_memory();
+  const bool on = true, off = false;
+  const char* what[] = {"y", "dx", "parameter gradients"};
+  for (const char* spec :
+       {"attention(4, causal, block=0)", "attention(4, block=5)", "transformer_block(4, causal)"})
+    for (Precision p : {Precision::bf16, Precision::fp16}) {
+      std::vector<int> reads;
+      std::size_t live = 0;
+      const auto with_copies = device ? forward_backward(spec, p, nullptr)
+                                      : forward_backward(spec, p, &on, &reads, &live),
+                 without = device ? forward_backward(spec, p, &off) : forward_backward(spec, p, nullptr);
+      for (int k = 0; k < 3; ++k) {
+        ASSERT_EQ(with_copies[k].size(), without[k].size());
+        for (std::size_t i = 0; i < with_copies[k].size(); ++i)
+          ASSERT_EQ(bits(with_copies[k][i]), bits(without[k][i]))
+              << spec << " " << precision_name(p) << " " << what[k] << "[" << i << "]";
+      }
+      if (device) continue;
+      EXPECT_EQ(live, 0u) << spec << ": a copy outlived its call";
+      // forward: qkv; backward: dy, qkv, dO, dS (a block each on the block path),
+      // dqkv; a transformer block's two Linear layers add their dy.
+      EXPECT_GE(reads.size(), 6u) << spec;
+      for (int r : reads)
+        EXPECT_GE(r, 2) << spec << " " << precision_name(p) << ": a copy served one product";
+      std::cout << "  " << spec << " " << precision_name(p) << ": " << reads.size() << " copies\n";
+    }
+}
 }  // namespace
 }  // namespace ddp

@@ -1,5 +1,6 @@
 #include "model/attention.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -223,6 +224,35 @@ void Attention::scores(const float* qkv, std::int64_t b, std::int64_t i0, std::i
                       {hs, hs, m * n}, samples, {T * d3, T * d3, heads_ * m * n}, precision());
 }
 
+// What forward and backward below hold at batch B: qkv, O and P (the keep path) or
+// the rows' statistics, kept; dO, dQKV, dS, the block's scores and the narrow copies
+// in shared slots.
+std::int64_t Attention::kept_floats(std::int64_t B) const {
+  const std::int64_t N = B * T_, nh = heads_;
+  const bool keep = !runs_fused() && rows_ == 0;
+  return 3 * N * d_ + N * d_ + (keep ? B * nh * T_ * T_ : B * nh * T_ * 2);
+}
+
+void Attention::scratch_floats(std::int64_t B, SlotFloats& most) const {
+  const std::int64_t N = B * T_, nh = heads_, d = d_;
+  const bool fused = runs_fused(), keep = !fused && rows_ == 0;
+  const std::int64_t ds = fused ? B * nh * T_ : keep ? B * nh * T_ * T_ : nh * rows_ * T_;
+  const auto raise = [&](ScratchSlot slot, std::int64_t floats) {
+    std::int64_t& m = most[std::size_t(slot)];
+    m = std::max(m, floats);
+  };
+  const auto narrow = [&](std::int64_t n) { return compute_backend().narrow_copy_floats(n, precision()); };
+  raise(ScratchSlot::attention_do, N * d);
+  raise(ScratchSlot::attention_dqkv, 3 * N * d);
+  raise(ScratchSlot::attention_ds, ds);
+  raise(ScratchSlot::narrow_dy, std::max(narrow(N * d), needs_input_grad() ? narrow(3 * N * d) : 0));
+  if (fused) return;
+  if (!keep) raise(ScratchSlot::attention_block_scores, nh * rows_ * T_);
+  raise(ScratchSlot::narrow_qkv, narrow(3 * N * d));
+  raise(ScratchSlot::narrow_do, narrow(N * d));
+  raise(ScratchSlot::narrow_ds, narrow(ds));
+}
+
 bool Attention::runs_fused() const {
   return fused_ && compute_backend().has_fused_attention(hs_, precision());
 }
@@ -367,7 +397,8 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
         recompute_probs(p, nh * m, m, n, i0, T, causal_, stats_.data() + b * nh * T * 2);
         p_and_v(b, i0, m, n, p, ds, kv_beta, 1);
         softmax_backward_rows(p, ds, nh * m, m, n, i0, causal_);
-        const NarrowedOnce ds_once(ScratchSlot::narrow_ds, ds, nh * m * n, prec, "Attention::ds_narrow");
+        const NarrowedOnce ds_once(ScratchSlot::narrow_ds, ds, nh * m * n, prec, "Attention::ds_narrow",
+                                   nh * rows_ * T);
         q_and_k(b, i0, m, n, ds, kv_beta, 1);
       }
   }

@@ -13,16 +13,21 @@ class Dropout : public Layer {
   explicit Dropout(float p) : p_(p) {}
 
   std::string kind() const override { return "dropout"; }
-  Shape output_shape(const Shape& in_sample) override { return in_sample; }
+  Shape output_shape(const Shape& in_sample) override { return sample_ = in_sample; }
   void reseed(std::uint64_t seed) override;
   std::string graph_obstacle() const override {
     return "dropout draws its masks from a stream the host moves on at every step";
+  }
+  // Its mask (y and dx are its own, and the model's slots alias them).
+  std::int64_t kept_floats(std::int64_t batch) const override {
+    return p_ > 0.0f ? batch * shape_numel(sample_) : 0;
   }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
  private:
   float p_;
+  Shape sample_;
   std::uint64_t seed_ = 0;
   std::uint64_t calls_ = 0;  // training forwards since reseed: the stream's counter
   bool masked_ = false;      // the last forward applied a mask (else y aliased x)

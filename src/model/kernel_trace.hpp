@@ -32,6 +32,10 @@ struct Kernel {
   std::function<void()> replay;  // runs the same call again
 };
 
+// Recording: each GEMM and convolution call with what replays it. A replay reads the
+// buffers the call read (the GPU build's narrow copies in the shared slots among
+// them), so record a pass that follows an unrecorded one at the same shapes: the
+// slots are then grown already, and none frees a buffer a replay points at.
 void start();
 bool recording();
 void record(Kernel kernel);

@@ -57,6 +57,15 @@ class Layer {
   // Composite layers ask their parts.
   virtual std::string graph_obstacle() const { return {}; }
 
+  // The start-up memory plan (Model::activation_floats). kept_floats: the floats this
+  // layer holds at `batch` of its own, from forward to backward or as its scratch,
+  // beyond its output and its input gradient (the model plans those); what is small
+  // beside them (per-channel sums) may be left out. scratch_floats: the process's
+  // shared slots (tensor.hpp) its calls hold at `batch`, each entry of `most` raised
+  // to at least the floats it asks. Composite layers add their parts'.
+  virtual std::int64_t kept_floats(std::int64_t /*batch*/) const { return 0; }
+  virtual void scratch_floats(std::int64_t /*batch*/, SlotFloats& /*most*/) const {}
+
   // x: (B, in_sample...) -> y: (B, out_sample...); y is resized by the layer.
   virtual void forward(const Tensor& x, Tensor& y, bool training) = 0;
 

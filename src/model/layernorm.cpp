@@ -65,6 +65,11 @@ void LayerNorm::init(Rng& /*rng*/) {
 // weight + bias, x - mean by centred(). A team thread per row, its vector lanes over
 // the row (a GPU warp reads it coalesced); the row's three passes hit the cache after
 // the first. The row sums by lane_sum: in a fixed order, vectorised on the host.
+// The rows' mean (as hi + lo) and 1 / std.
+std::int64_t LayerNorm::kept_floats(std::int64_t batch) const {
+  return 3 * batch * shape_numel(sample_) / d_;
+}
+
 void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
   const std::int64_t d = d_, rows = x.numel() / d;

@@ -21,6 +21,7 @@ class LayerNorm : public Layer {
   std::vector<ParamSpec> parameter_specs() const override;
   void bind(float* params, float* grads) override;
   void init(Rng& rng) override;
+  std::int64_t kept_floats(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

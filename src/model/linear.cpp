@@ -84,6 +84,17 @@ void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   }
 }
 
+// Backward's column of ones for the bias (grown only), and dy's narrow copy.
+std::int64_t Linear::kept_floats(std::int64_t batch) const {
+  return has_bias_ ? batch * shape_numel(in_sample_) / in_ : 0;
+}
+
+void Linear::scratch_floats(std::int64_t batch, SlotFloats& most) const {
+  if (!needs_input_grad()) return;
+  std::int64_t& m = most[std::size_t(ScratchSlot::narrow_dy)];
+  m = std::max(m, compute_backend().narrow_copy_floats(batch * shape_numel(out_sample_), precision()));
+}
+
 void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   const std::int64_t N = x.numel() / in_, in = in_, out = out_;  // rows, as forward's
   const bool add = !overwrite_gradients();

@@ -314,10 +314,14 @@ std::int64_t Model::activation_floats(std::int64_t batch) const {
     return types_[i] == Precision::fp32 ? n : (n + 1) / 2;
   };
   std::int64_t total = 0;
+  SlotFloats slots{};
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     total += floats(i);                              // acts_[i]
     if (i > first_trained_) total += floats(i - 1);  // grad_[i]
+    total += layers_[i]->kept_floats(batch);
+    layers_[i]->scratch_floats(batch, slots);
   }
+  for (std::int64_t s : slots) total += s;  // the process's shared slots, each as large as asked
   return total;
 }
 

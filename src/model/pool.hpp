@@ -25,6 +25,7 @@ class Pool2d : public Layer {
 
   std::string kind() const override { return op_ == Max ? "maxpool" : "avgpool"; }
   Shape output_shape(const Shape& in_sample) override;
+  std::int64_t kept_floats(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

@@ -99,10 +99,16 @@ SharedScratch::~SharedScratch() {
 
 std::int64_t shared_scratch_outgrown() { return slots().outgrown; }
 
+void release_shared_scratch() {
+  Slots& s = slots();
+  for (bool held : s.held) DDP_REQUIRE(!held, "shared scratch released while a slot is held");
+  s.views.fill(View1());
+}
+
 NarrowedOnce::NarrowedOnce(ScratchSlot slot, const float* from, std::int64_t n, Precision precision,
-                           const char* label) {
+                           const char* label, std::int64_t at_least) {
   ComputeBackend& backend = compute_backend();
-  const std::int64_t floats = backend.narrow_copy_floats(n, precision);
+  const std::int64_t floats = backend.narrow_copy_floats(std::max(n, at_least), precision);
   if (floats == 0 || n == 0) return;
   hold_.hold(copy_, slot, floats, label);
   backend.narrow_copy(from, n, precision, copy_.data());

@@ -131,6 +131,11 @@ enum class ScratchSlot {
 };
 // Slot `slot`, at least `floats` long (a new buffer named `label` where shorter).
 View1 shared_scratch(ScratchSlot slot, std::int64_t floats, const char* label);
+// The floats each slot is asked for at most: the start-up memory plan's
+// (Layer::scratch_floats).
+using SlotFloats = std::array<std::int64_t, std::size_t(ScratchSlot::count)>;
+// Tests: the slots' buffers let go (none may be held), so the next calls make them anew.
+void release_shared_scratch();
 
 // A call's hold on its slots: each view points at its slot (at least the floats
 // given) while this lives, and is emptied when it ends, so the views must outlive it
@@ -164,7 +169,11 @@ class SharedScratch {
 // not change while it lives.
 class NarrowedOnce {
  public:
-  NarrowedOnce(ScratchSlot slot, const float* from, std::int64_t n, Precision precision, const char* label);
+  // at_least: the floats the slot is held for, where a call's copies differ in size
+  // (attention's dS a block), so the slot does not grow within a pass and free a
+  // buffer a recorded benchmark replay (kernel_trace) still points at.
+  NarrowedOnce(ScratchSlot slot, const float* from, std::int64_t n, Precision precision, const char* label,
+               std::int64_t at_least = 0);
   ~NarrowedOnce();
   NarrowedOnce(const NarrowedOnce&) = delete;
   NarrowedOnce& operator=(const NarrowedOnce&) = delete;

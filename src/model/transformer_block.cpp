@@ -1,5 +1,7 @@
 #include "model/transformer_block.hpp"
 
+#include <algorithm>
+
 #include "comm/check.hpp"
 
 namespace ddp {
@@ -97,6 +99,25 @@ void TransformerBlock::set_overwrite_gradients(bool on) {
   Layer::set_overwrite_gradients(on);
   for (const Part& p : parts())
     if (p.layer) p.layer->set_overwrite_gradients(on);
+}
+
+// Kept: a, r and c (N d each), f and g (N mlp d each) and what the parts keep. The
+// shared slots: h, m and the gradients between the parts, and the parts' own.
+std::int64_t TransformerBlock::kept_floats(std::int64_t batch) const {
+  const std::int64_t N = batch * sample_[0], d = sample_[1];
+  std::int64_t floats = 3 * N * d + 2 * N * mlp_ratio_ * d;
+  for (const Part& p : parts()) floats += p.layer->kept_floats(batch);
+  return floats + gelu_->kept_floats(batch);
+}
+
+void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) const {
+  const std::int64_t N = batch * sample_[0], d = sample_[1], wide = N * mlp_ratio_ * d;
+  const std::pair<ScratchSlot, std::int64_t> mine[] = {
+      {ScratchSlot::block_h, N * d},  {ScratchSlot::block_m, N * d},  {ScratchSlot::block_dg, wide},
+      {ScratchSlot::block_df, wide},  {ScratchSlot::block_dc, N * d}, {ScratchSlot::block_dr, N * d},
+      {ScratchSlot::block_da, N * d}, {ScratchSlot::block_dx1, N * d}};
+  for (const auto& [slot, floats] : mine) most[std::size_t(slot)] = std::max(most[std::size_t(slot)], floats);
+  for (const Part& p : parts()) p.layer->scratch_floats(batch, most);
 }
 
 void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {

@@ -39,6 +39,8 @@ class PatchEmbed : public Layer {
   std::string graph_obstacle() const override { return conv_->graph_obstacle(); }
   void set_precision(Precision p) override;
   void set_overwrite_gradients(bool on) override;
+  std::int64_t kept_floats(std::int64_t batch) const override;
+  void scratch_floats(std::int64_t batch, SlotFloats& most) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

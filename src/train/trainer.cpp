@@ -24,6 +24,9 @@
 #include "train/schedule.hpp"
 #include "train/signals.hpp"
 #include "train/trainer_internal.hpp"
+#if defined(KOKKOS_ENABLE_CUDA)
+#include "cuda/device.hpp"
+#endif
 
 // The trainer's construction, resume, checkpoints and the run over its epochs;
 // trainer_epoch.cpp has the epoch loop and validation, trainer_step.cpp the step.
@@ -178,7 +181,8 @@ std::string MemoryPlan::text(std::int64_t batch) const {
   return "parameters " + mb_and_bytes(parameters) + ", gradients " + mb_and_bytes(gradients) +
          ", optimizer state " + mb_and_bytes(optimizer_state) + ", activations " + mb_and_bytes(activations) +
          " (planned at batch " + std::to_string(batch) +
-         ": layer outputs and the gradients between layers), in all " + mb_and_bytes(total());
+         ": layer outputs, the gradients between layers and what layers keep), in all " +
+         mb_and_bytes(total());
 }
 
 MemoryPlan Trainer::memory_plan() const {
@@ -231,7 +235,14 @@ void Trainer::check_memory_room(const MemoryPlan& plan) const {
   short_of = first_words(comm_.mpi_comm(), short_of);
   if (!short_of.empty()) fatal_all(comm_.mpi_comm(), short_of);
 #else
-  (void)plan;
+  // The GPU's memory: this rank's optimizer state and activations, still to come,
+  // against what its device has free now (every process's use counted).
+  std::int64_t used = -1, total = -1;
+  const bool known = cuda::device_memory(&used, &total);
+  std::string short_of = short_on_device(comm_.rank(), "GPU " + cuda::current_bus_id(), plan.optimizer_state,
+                                         plan.activations, known ? total - used : -1, total);
+  short_of = first_words(comm_.mpi_comm(), short_of);
+  if (!short_of.empty()) fatal_all(comm_.mpi_comm(), short_of);
 #endif
 }
 

@@ -16,6 +16,8 @@
 #include "layer_fixture.hpp"
 #include "model/backend.hpp"
 #include "model/gemm.hpp"
+#include "model/kernel_trace.hpp"
+#include "model/linear.hpp"
 
 namespace ddp {
 namespace {
@@ -461,74 +463,91 @@ class CopyingBackend final : public ComputeBackend {
   std::vector<Live> live_;
 };
 
-// y, dx and the parameter gradients of forward and backward; through a
-// CopyingBackend around the process's backend where `copies` is set (its copies'
-// reads into *reads, and the copies left unforgotten into *live).
-std::vector<std::vector<float>> forward_backward(const std::string& spec, Precision p, const bool* copies,
-                                                 std::vector<int>* reads = nullptr,
-                                                 std::size_t* live = nullptr) {
+// y, dx and the parameter gradients of forward and backward, and the GPU build's own
+// kernels launched (the conversions among them); through a CopyingBackend around
+// the process's backend where `copies` is set (its copies' reads into *reads, and
+// the copies left unforgotten into *live). fuse_relu: a linear's fused relu.
+struct Pass {
+  std::vector<std::vector<float>> values;
+  std::int64_t own_kernels = 0;
+};
+Pass forward_backward(const std::string& spec, Precision p, bool fuse_relu, const bool* copies,
+                      std::vector<int>* reads = nullptr, std::size_t* live = nullptr) {
   std::unique_ptr<ComputeBackend> own;
   CopyingBackend* wrapper = nullptr;
   if (copies) {
-    own = swap_compute_backend(nullptr);
-    auto w = std::make_unique<CopyingBackend>(*own, *copies);
+    auto w = std::make_unique<CopyingBackend>(compute_backend(), *copies);
     wrapper = w.get();
-    swap_compute_backend(std::move(w));
+    own = swap_compute_backend(std::move(w));
   }
   const std::int64_t B = 3;
   const Shape sample = {12, 32};
-  std::vector<std::vector<float>> got;
+  Pass pass;
   {
     BoundLayer l(spec, sample);
     l.layer->set_precision(p);
+    if (fuse_relu) dynamic_cast<Linear&>(*l.layer).fuse_relu();
     from_host(l.params, random_values(l.n, 9, -0.3f, 0.3f));  // biases too: none is 0
     const Shape shape = l.batch_shape(B, sample);
     Tensor x = make_tensor(shape, random_values(shape_numel(shape), 7)), y,
            dy = make_tensor(shape, random_values(shape_numel(shape), 8)), dx;
+    kernel_trace::start_counting();
     l.layer->forward(x, y, true);
     l.layer->backward(x, y, dy, dx);
-    got = {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(l.grads, l.n)};
+    pass.own_kernels = kernel_trace::stop_counting().cuda;
+    pass.values = {to_host(y.data, y.numel()), to_host(dx.data, dx.numel()), to_host(l.grads, l.n)};
   }
   if (wrapper) {
     if (reads) *reads = wrapper->reads;
     if (live) *live = wrapper->live();
     swap_compute_backend(std::move(own));
   }
-  return got;
+  return pass;
 }
 
 // Operands narrowed once a call (NarrowedOnce: attention's qkv, dO and dS, a layer's
 // output gradient) give the bits of narrowing them at each product, on both of
-// attention's host paths and through a transformer block's Linear layers. On the host
-// the copies are the test backend's (the host's keeps none); each must serve at least
-// two products, or it was not worth making, and none may outlive its call. On a GPU,
-// the backend's own copies against the test backend keeping none.
+// attention's host paths, through a transformer block's Linear layers and a linear
+// with its relu fused (whose dy is copied once masked). On the host the copies are
+// the test backend's (the host's keeps none): each must serve two products or more,
+// or it was not worth making, and none may outlive its call. On a GPU, the backend's
+// own copies against the test backend keeping none, with fewer conversions.
 TEST(Precision, OperandsNarrowedOnceGiveEachProductsBits) {
   const bool device = compute_backend().device_memory();
   const bool on = true, off = false;
   const char* what[] = {"y", "dx", "parameter gradients"};
-  for (const char* spec :
-       {"attention(4, causal, block=0)", "attention(4, block=5)", "transformer_block(4, causal)"})
+  struct Case {
+    const char* spec;
+    bool fuse_relu;
+    std::size_t
+        copies;  // made in a forward and backward: qkv; dy, qkv, dO, dS (a block each), dqkv; Linear's dy
+  };
+  for (const Case& c :
+       {Case{"attention(4, causal, block=0)", false, 6}, Case{"attention(4, block=5)", false, 14},
+        Case{"transformer_block(4, causal)", false, 8}, Case{"linear(32)", true, 1}})
     for (Precision p : {Precision::bf16, Precision::fp16}) {
       std::vector<int> reads;
       std::size_t live = 0;
-      const auto with_copies = device ? forward_backward(spec, p, nullptr)
-                                      : forward_backward(spec, p, &on, &reads, &live),
-                 without = device ? forward_backward(spec, p, &off) : forward_backward(spec, p, nullptr);
+      const Pass with_copies = device ? forward_backward(c.spec, p, c.fuse_relu, nullptr)
+                                      : forward_backward(c.spec, p, c.fuse_relu, &on, &reads, &live),
+                 without = device ? forward_backward(c.spec, p, c.fuse_relu, &off)
+                                  : forward_backward(c.spec, p, c.fuse_relu, nullptr);
       for (int k = 0; k < 3; ++k) {
-        ASSERT_EQ(with_copies[k].size(), without[k].size());
-        for (std::size_t i = 0; i < with_copies[k].size(); ++i)
-          ASSERT_EQ(bits(with_copies[k][i]), bits(without[k][i]))
-              << spec << " " << precision_name(p) << " " << what[k] << "[" << i << "]";
+        ASSERT_EQ(with_copies.values[k].size(), without.values[k].size());
+        for (std::size_t i = 0; i < with_copies.values[k].size(); ++i)
+          ASSERT_EQ(bits(with_copies.values[k][i]), bits(without.values[k][i]))
+              << c.spec << " " << precision_name(p) << " " << what[k] << "[" << i << "]";
       }
-      if (device) continue;
-      EXPECT_EQ(live, 0u) << spec << ": a copy outlived its call";
-      // forward: qkv; backward: dy, qkv, dO, dS (a block each on the block path),
-      // dqkv; a transformer block's two Linear layers add their dy.
-      EXPECT_GE(reads.size(), 6u) << spec;
+      if (device) {
+        EXPECT_LT(with_copies.own_kernels, without.own_kernels) << c.spec << ": no conversion saved";
+        std::cout << "  " << c.spec << " " << precision_name(p) << ": " << with_copies.own_kernels
+                  << " own kernels against " << without.own_kernels << "\n";
+        continue;
+      }
+      EXPECT_EQ(live, 0u) << c.spec << ": a copy outlived its call";
+      EXPECT_EQ(reads.size(), c.copies) << c.spec;
       for (int r : reads)
-        EXPECT_GE(r, 2) << spec << " " << precision_name(p) << ": a copy served one product";
-      std::cout << "  " << spec << " " << precision_name(p) << ": " << reads.size() << " copies\n";
+        EXPECT_GE(r, 2) << c.spec << " " << precision_name(p) << ": a copy served one product";
     }
 }
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -477,6 +478,89 @@ TEST(Registry, BuildsEachKind) {
   EXPECT_EQ(make_layer("linear(50304, bias=false, tied)")->kind(), "linear");
   EXPECT_EQ(known_layers().substr(0, 66),
             "linear(n[, bias=false][, tied]), relu, tanh, flatten, dropout(p), ");  // then the CNN layers
+}
+
+}  // namespace
+}  // namespace ddp
+
+namespace ddp {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+
+// Kokkos's allocations live now, by address: bytes and label (the memory plan's test).
+std::map<const void*, std::pair<std::uint64_t, std::string>> g_live_blocks;
+void note_allocation(const Kokkos::Profiling::SpaceHandle, const char* label, const void* ptr,
+                     std::uint64_t bytes) {
+  g_live_blocks[ptr] = {bytes, label};
+}
+void note_release(const Kokkos::Profiling::SpaceHandle, const char*, const void* ptr, std::uint64_t) {
+  g_live_blocks.erase(ptr);
+}
+
+// What a layer allocates in a training forward and backward, beyond its output and
+// input gradient, from fresh shared slots, against what it plans (Layer::kept_floats
+// and scratch_floats, the start-up memory line's): never less, and no more than each
+// buffer's start within its page (make_buffer: up to 1,024 floats a buffer) and 5%
+// of small sums the plan leaves out (bias gradients' column sums).
+TEST(MemoryPlan, LayersAllocateWhatTheyPlan) {
+  struct Case {
+    const char* spec;
+    Shape in;
+  };
+  const Case cases[] = {{"attention(4, causal, block=0)", {64, 64}},
+                        {"attention(4, block=16)", {64, 64}},
+                        {"transformer_block(4, causal)", {64, 64}},
+                        {"layernorm", {64, 64}},
+                        {"gelu", {64, 64}},
+                        {"linear(96)", {64, 64}},
+                        {"dropout(0.1)", {64, 64}},
+                        {"maxpool(2)", {8, 32, 32}},
+                        {"patch_embed(4, 32)", {3, 32, 32}}};
+  Kokkos::Tools::Experimental::set_allocate_data_callback(note_allocation);
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(note_release);
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    for (const Case& c : cases) {
+      const std::int64_t B = 4;
+      release_shared_scratch();
+      std::unique_ptr<Layer> layer = make_layer(c.spec);
+      const Shape out = layer->output_shape(c.in);
+      layer->set_precision(p);
+      std::int64_t n = 0;
+      for (const auto& s : layer->parameter_specs()) n += shape_numel(s.shape);
+      View1 params("test::params", std::max<std::int64_t>(n, 1)),
+          grads("test::grads", std::max<std::int64_t>(n, 1));
+      layer->bind(params.data(), grads.data());
+      Rng rng(1);
+      layer->init(rng);
+      Shape xs = {B}, ys = {B};
+      xs.insert(xs.end(), c.in.begin(), c.in.end());
+      ys.insert(ys.end(), out.begin(), out.end());
+      Tensor x = make_tensor(xs, random_values(shape_numel(xs), 1)), y,
+             dy = make_tensor(ys, random_values(shape_numel(ys), 2)), dx;
+      const auto before = g_live_blocks;
+      layer->forward(x, y, true);
+      layer->backward(x, y, dy, dx);
+      Kokkos::fence();
+      std::int64_t floats = 0, blocks = 0;
+      for (const auto& [ptr, block] : g_live_blocks)
+        if (!before.count(ptr)) {
+          floats += std::int64_t(block.first / 4);
+          ++blocks;
+        }
+      floats -= y.numel() + dx.numel();  // the model plans these
+      SlotFloats slots{};
+      layer->scratch_floats(B, slots);
+      std::int64_t planned = layer->kept_floats(B);
+      for (std::int64_t s : slots) planned += s;
+      std::cout << "  " << c.spec << " " << precision_name(p) << ": planned " << planned
+                << " floats, allocated " << floats << " in " << blocks << " blocks\n";
+      EXPECT_GE(floats, planned) << c.spec;
+      EXPECT_LE(floats, planned + planned / 20 + 1024 * blocks) << c.spec;
+    }
+  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
+  Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
 }
 
 }  // namespace

@@ -146,14 +146,17 @@ MemoryRoom memory_room() {
                           read_text("/proc/meminfo"), "");
 }
 
-std::string short_on_device(int rank, const std::string& device, std::int64_t optimizer_state,
+std::string short_on_device(int rank, int ranks, const std::string& device, std::int64_t optimizer_state,
                             std::int64_t activations, std::int64_t free, std::int64_t total) {
   const std::int64_t need = optimizer_state + activations;
   if (free < 0 || need <= free) return {};
-  return "the run needs " + mib_text(double(need)) + " more on rank " + std::to_string(rank) + "'s " +
-         device + " (optimizer state " + mib_text(double(optimizer_state)) + " and activations " +
-         mib_text(double(activations)) + ", as the memory line counts them) and " + mib_text(double(free)) +
-         " of its " + mib_text(double(total)) +
+  const std::string whose = ranks > 1 ? "the " + device + " that rank " + std::to_string(rank) + " and " +
+                                            std::to_string(ranks - 1) + " other rank(s) share"
+                                      : "rank " + std::to_string(rank) + "'s " + device;
+  return "the run needs " + mib_text(double(need)) + " more on " + whose + " (optimizer state " +
+         mib_text(double(optimizer_state)) + " and activations " + mib_text(double(activations)) +
+         ", as the memory line counts them) and " + mib_text(double(free)) + " of its " +
+         mib_text(double(total)) +
          " is free: lower train.batch_size, set comm.zero = 1, or run on GPUs with more memory";
 }
 

@@ -25,12 +25,12 @@ MemoryRoom memory_room();
 MemoryRoom memory_room_from(const std::string& self_cgroup, const std::string& mountinfo,
                             const std::string& meminfo, const std::string& root);
 
-// The GPU build's start-up check: the line where a rank's GPU (`device`, e.g. "GPU
-// 0000:3B:00.0") has less free than the run still puts there (its optimizer state
-// and activations, as the memory line counts them: a floor), or "" where it has
-// enough or `free` is unknown (-1). Before, a model too large for the GPU ended
-// inside its first step, in a failed allocation.
-std::string short_on_device(int rank, const std::string& device, std::int64_t optimizer_state,
+// The GPU build's start-up check: the line where a GPU (`device`, e.g. "GPU
+// 0000:3B:00.0", held by `ranks` ranks, `rank` the lowest) has less free than the
+// run still puts there (their optimizer state and activations, as the memory line
+// counts them: a floor), or "" where it has enough or `free` is unknown (-1). Before,
+// a model too large for the GPU ended inside its first step, in a failed allocation.
+std::string short_on_device(int rank, int ranks, const std::string& device, std::int64_t optimizer_state,
                             std::int64_t activations, std::int64_t free, std::int64_t total);
 
 }  // namespace ddp

@@ -22,6 +22,8 @@ class ReLU : public Layer {
   void fuse_backward() { fused_backward_ = true; }
   // Fused both ways, the layer hands its neighbours' tensors on, whatever their layout.
   bool passes_through() const { return fused_forward_ && fused_backward_; }
+  bool output_is_input() const override { return fused_forward_; }
+  bool input_grad_is_output_grad() const override { return fused_backward_; }
 
  private:
   bool fused_forward_ = false, fused_backward_ = false;

@@ -19,6 +19,8 @@ class Dropout : public Layer {
     return "dropout draws its masks from a stream the host moves on at every step";
   }
   // Its mask (y and dx are its own, and the model's slots alias them).
+  bool output_is_input() const override { return p_ == 0.0f; }
+  bool input_grad_is_output_grad() const override { return p_ == 0.0f; }
   std::int64_t kept_floats(std::int64_t batch) const override {
     return p_ > 0.0f ? batch * shape_numel(sample_) : 0;
   }

@@ -10,6 +10,8 @@ class Flatten : public Layer {
  public:
   std::string kind() const override { return "flatten"; }
   Shape output_shape(const Shape& in_sample) override { return {shape_numel(in_sample)}; }
+  bool output_is_input() const override { return true; }
+  bool input_grad_is_output_grad() const override { return true; }
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 };

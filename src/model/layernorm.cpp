@@ -59,17 +59,17 @@ void LayerNorm::init(Rng& /*rng*/) {
       });
 }
 
+// The rows' mean (as hi + lo) and 1 / std.
+std::int64_t LayerNorm::kept_floats(std::int64_t batch) const {
+  return 3 * batch * shape_numel(sample_) / d_;
+}
+
 // x: (B, [T,] d) -> y: (B, [T,] d). Per row r of d values: mean(r), rstd(r) =
 // 1 / sqrt(var + eps) with the biased variance, both from sums in double (the
 // variance as the mean of squared deviations: no cancellation); y = (x - mean) rstd
 // weight + bias, x - mean by centred(). A team thread per row, its vector lanes over
 // the row (a GPU warp reads it coalesced); the row's three passes hit the cache after
 // the first. The row sums by lane_sum: in a fixed order, vectorised on the host.
-// The rows' mean (as hi + lo) and 1 / std.
-std::int64_t LayerNorm::kept_floats(std::int64_t batch) const {
-  return 3 * batch * shape_numel(sample_) / d_;
-}
-
 void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
   const std::int64_t d = d_, rows = x.numel() / d;

@@ -316,8 +316,8 @@ std::int64_t Model::activation_floats(std::int64_t batch) const {
   std::int64_t total = 0;
   SlotFloats slots{};
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    total += floats(i);                              // acts_[i]
-    if (i > first_trained_) total += floats(i - 1);  // grad_[i]
+    if (!layers_[i]->output_is_input()) total += floats(i);                                      // acts_[i]
+    if (i > first_trained_ && !layers_[i]->input_grad_is_output_grad()) total += floats(i - 1);  // grad_[i]
     total += layers_[i]->kept_floats(batch);
     layers_[i]->scratch_floats(batch, slots);
   }

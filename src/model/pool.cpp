@@ -83,12 +83,12 @@ KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
 }
 }  // namespace
 
-// x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 // A max-pool's argmax, an int32 an output (the blocked layouts' padding channels left out).
 std::int64_t Pool2d::kept_floats(std::int64_t batch) const {
   return op_ == Max ? batch * shape_numel(out_sample_) : 0;
 }
 
+// x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.
 void Pool2d::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   if (x.layout == Layout::nhwc)
     return x.type == Precision::fp32 ? forward_nhwc<false>(x, y) : forward_nhwc<true>(x, y);

@@ -48,7 +48,6 @@ void PatchEmbed::set_overwrite_gradients(bool on) {
   conv_->set_overwrite_gradients(on);
 }
 
-// x (B, C, H, W) -> c (B, d, T) by the convolution -> y (B, T, d): y(b, t, j) = c(b, j, t).
 // The convolution's output and its gradient, besides what the convolution keeps.
 std::int64_t PatchEmbed::kept_floats(std::int64_t batch) const {
   return 2 * batch * T_ * d_ + conv_->kept_floats(batch);
@@ -58,6 +57,7 @@ void PatchEmbed::scratch_floats(std::int64_t batch, SlotFloats& most) const {
   conv_->scratch_floats(batch, most);
 }
 
+// x (B, C, H, W) -> c (B, d, T) by the convolution -> y (B, T, d): y(b, t, j) = c(b, j, t).
 void PatchEmbed::forward(const Tensor& x, Tensor& y, bool training) {
   conv_->forward(x, c_, training);
   require_plain(c_, "patch_embed", "the convolution's output");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <utility>
@@ -60,6 +61,9 @@ Trainer::Trainer(const Config& cfg, Communicator& comm, Model& model, LossKind l
   const std::int64_t n_params = model_.num_parameters();
   // comm.zero >= 1: this rank keeps optimizer state for its share of the flat buffer.
   if (cfg_.comm.zero > 0) shares_ = Shares::split(n_params, comm_.size());
+  // The run's arithmetic before the plan: it decides attention's path and which
+  // activations are narrow, so what the memory line counts.
+  model_.set_precision(parse_precision(cfg_.train.precision));
   check_memory_room(memory_plan());
   // The reducer before the optimizer's state: a shared-memory reducer takes the
   // gradients into its window and the model releases its own buffer, so that the two
@@ -122,9 +126,7 @@ void Trainer::make_optimizer_and_scaler() {
                                : ParamRange{0, -1};
   optimizer_ = make_optimizer(cfg_.train, std::size_t(n_params), no_decay, owned);
 
-  const Precision precision = parse_precision(cfg_.train.precision);
-  model_.set_precision(precision);
-  if (precision == Precision::fp16) {
+  if (parse_precision(cfg_.train.precision) == Precision::fp16) {
     LossScalerOptions o;
     o.init_scale = cfg_.train.loss_scale;
     o.growth_interval = cfg_.train.loss_scale_growth_interval;
@@ -235,12 +237,28 @@ void Trainer::check_memory_room(const MemoryPlan& plan) const {
   short_of = first_words(comm_.mpi_comm(), short_of);
   if (!short_of.empty()) fatal_all(comm_.mpi_comm(), short_of);
 #else
-  // The GPU's memory: this rank's optimizer state and activations, still to come,
-  // against what its device has free now (every process's use counted).
+  // The GPU's memory: the optimizer state and activations still to come, summed over
+  // the node's ranks holding this GPU (the lowest of them holds the sum), against what
+  // the device has free now (every process's use counted).
   std::int64_t used = -1, total = -1;
   const bool known = cuda::device_memory(&used, &total);
-  std::string short_of = short_on_device(comm_.rank(), "GPU " + cuda::current_bus_id(), plan.optimizer_state,
-                                         plan.activations, known ? total - used : -1, total);
+  const std::string bus = cuda::current_bus_id();
+  MPI_Comm node = MPI_COMM_NULL, gpu = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm_.mpi_comm(), MPI_COMM_TYPE_SHARED, comm_.rank(), MPI_INFO_NULL, &node));
+  MPI_CHECK(MPI_Comm_split(node, int(std::hash<std::string>{}(bus)&0x7fffffff), comm_.rank(), &gpu));
+  long long mine[2] = {(long long)plan.optimizer_state, (long long)plan.activations}, sum[2] = {0, 0};
+  {
+    const watchdog::Collective guard("the sum of the GPU's memory plan (MPI_Reduce)");
+    MPI_CHECK(MPI_Reduce(mine, sum, 2, MPI_LONG_LONG, MPI_SUM, 0, gpu));
+  }
+  int first = 0, sharing = 1;
+  MPI_CHECK(MPI_Comm_rank(gpu, &first));
+  MPI_CHECK(MPI_Comm_size(gpu, &sharing));
+  MPI_CHECK(MPI_Comm_free(&gpu));
+  MPI_CHECK(MPI_Comm_free(&node));
+  std::string short_of = first == 0 ? short_on_device(comm_.rank(), sharing, "GPU " + bus, sum[0], sum[1],
+                                                      known ? total - used : -1, total)
+                                    : "";
   short_of = first_words(comm_.mpi_comm(), short_of);
   if (!short_of.empty()) fatal_all(comm_.mpi_comm(), short_of);
 #endif

@@ -130,16 +130,23 @@ TEST(MemoryRoom, ThisMachine) {
 
 // The GPU build's start-up line (compiled there, not yet run on a GPU): where the
 // optimizer state and activations to come exceed the device's free memory, one line
-// naming the rank, its GPU, both parts, the free and the total; nothing where they
-// fit or the free memory is unknown.
+// naming the rank (the lowest of those sharing the GPU), the GPU, both parts, the
+// free and the total; nothing where they fit or the free memory is unknown.
 TEST(ShortOnDevice, NamesTheRankTheGpuAndBothParts) {
   const std::int64_t GiB = 1024 * MiB;
-  EXPECT_EQ(ddp::short_on_device(3, "GPU 0000:3B:00.0", 1 * GiB, 2 * GiB, 3 * GiB, 80 * GiB), "");
-  EXPECT_EQ(ddp::short_on_device(3, "GPU 0000:3B:00.0", 1 * GiB, 2 * GiB, -1, -1), "");
-  EXPECT_EQ(ddp::short_on_device(3, "GPU 0000:3B:00.0", 1 * GiB, 70 * GiB, 64 * GiB, 80 * GiB),
+  EXPECT_EQ(ddp::short_on_device(3, 1, "GPU 0000:3B:00.0", 1 * GiB, 2 * GiB, 3 * GiB, 80 * GiB), "");
+  EXPECT_EQ(ddp::short_on_device(3, 1, "GPU 0000:3B:00.0", 1 * GiB, 2 * GiB, -1, -1), "");
+  EXPECT_EQ(ddp::short_on_device(3, 1, "GPU 0000:3B:00.0", 1 * GiB, 70 * GiB, 64 * GiB, 80 * GiB),
             "the run needs 72704.0 MiB more on rank 3's GPU 0000:3B:00.0 (optimizer state 1024.0 MiB and "
             "activations 71680.0 MiB, as the memory line counts them) and 65536.0 MiB of its 81920.0 MiB is "
             "free: lower train.batch_size, set comm.zero = 1, or run on GPUs with more memory");
+  // Ranks sharing the GPU: their sums, held by the lowest of them.
+  EXPECT_EQ(
+      ddp::short_on_device(2, 3, "GPU 0000:3B:00.0", 3 * GiB, 30 * GiB, 32 * GiB, 80 * GiB),
+      "the run needs 33792.0 MiB more on the GPU 0000:3B:00.0 that rank 2 and 2 other rank(s) share "
+      "(optimizer state 3072.0 MiB and activations 30720.0 MiB, as the memory line counts them) and "
+      "32768.0 MiB of its 81920.0 MiB is free: lower train.batch_size, set comm.zero = 1, or run on GPUs "
+      "with more memory");
 }
 
 }  // namespace

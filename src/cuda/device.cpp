@@ -1,5 +1,6 @@
 #include "cuda/device.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "cuda/cuda_check.hpp"
@@ -36,6 +37,20 @@ std::string current_bus_id() {
   char id[64] = "";
   CUDA_CHECK(cudaDeviceGetPCIBusId(id, int(sizeof id), device));
   return id;
+}
+
+std::string current_uuid() {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::string hex;
+  char two[3];
+  for (char c : prop.uuid.bytes) {
+    std::snprintf(two, sizeof two, "%02x", static_cast<unsigned char>(c));
+    hex += two;
+  }
+  return hex;
 }
 
 DeviceChoice bind_device(int local_rank) {

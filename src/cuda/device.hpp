@@ -17,6 +17,10 @@ DeviceChoice bind_device(int local_rank);
 // GPUs apart (ddp::shared_gpus), whatever CUDA_VISIBLE_DEVICES numbers them.
 std::string current_bus_id();
 
+// The current device's UUID in hex: what tells MIG instances of one GPU apart, which
+// share its PCI bus id (each has its own memory).
+std::string current_uuid();
+
 // cudaGetDeviceCount, 0 on any failure; `why` (optional) receives CUDA's error text.
 int device_count(std::string* why = nullptr);
 

@@ -65,9 +65,10 @@ class Layer {
   // to at least the floats it asks. Composite layers add their parts'.
   virtual std::int64_t kept_floats(std::int64_t /*batch*/) const { return 0; }
   virtual void scratch_floats(std::int64_t /*batch*/, SlotFloats& /*most*/) const {}
-  // In training, the output is the input's buffer (flatten; a relu fused into the
-  // layer before; dropout of p 0), and likewise the input gradient the output
-  // gradient's: the plan counts no buffer for them.
+  // In training, the output is the input's buffer (flatten; a relu done in the passes
+  // of the layer before; dropout of p 0), and the input gradient the output
+  // gradient's (the same, and a relu whose mask the max-pool after it applies): the
+  // plan counts no buffer for them.
   virtual bool output_is_input() const { return false; }
   virtual bool input_grad_is_output_grad() const { return false; }
 

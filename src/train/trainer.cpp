@@ -192,7 +192,9 @@ MemoryPlan Trainer::memory_plan() const {
   const std::int64_t n = model_.num_parameters(), copies = optimizer_state_copies(cfg_.train);
   m.parameters = m.gradients = 4 * n;
   m.optimizer_state = 4 * copies * (cfg_.comm.zero > 0 ? shares_.size(comm_.rank()) : n);
-  m.activations = 4 * model_.activation_floats(cfg_.train.batch_size);
+  // and the loss's gradient into the model (dout_), the size of its output
+  m.activations = 4 * (model_.activation_floats(cfg_.train.batch_size) +
+                       cfg_.train.batch_size * shape_numel(model_.output_shape()));
   m.checkpoint = 4 * ((1 + copies) * n + std::int64_t(model_.buffers().extent(0)));
   return m;
 }
@@ -239,13 +241,15 @@ void Trainer::check_memory_room(const MemoryPlan& plan) const {
 #else
   // The GPU's memory: the optimizer state and activations still to come, summed over
   // the node's ranks holding this GPU (the lowest of them holds the sum), against what
-  // the device has free now (every process's use counted).
+  // the device has free now (every process's use counted). Ranks hold one GPU where
+  // its UUID is the same: MIG instances of one card share its bus id, not its memory.
   std::int64_t used = -1, total = -1;
   const bool known = cuda::device_memory(&used, &total);
   const std::string bus = cuda::current_bus_id();
   MPI_Comm node = MPI_COMM_NULL, gpu = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split_type(comm_.mpi_comm(), MPI_COMM_TYPE_SHARED, comm_.rank(), MPI_INFO_NULL, &node));
-  MPI_CHECK(MPI_Comm_split(node, int(std::hash<std::string>{}(bus)&0x7fffffff), comm_.rank(), &gpu));
+  MPI_CHECK(MPI_Comm_split(node, int(std::hash<std::string>{}(cuda::current_uuid()) & 0x7fffffff),
+                           comm_.rank(), &gpu));
   long long mine[2] = {(long long)plan.optimizer_state, (long long)plan.activations}, sum[2] = {0, 0};
   {
     const watchdog::Collective guard("the sum of the GPU's memory plan (MPI_Reduce)");

@@ -8,8 +8,8 @@ model and the optimizer on the tiny set (2 ranks):
 - activations = 4 x batch x (every layer's output + the gradients between layers +
   what layers keep): linear(8), relu, linear(3) on 16 features, the relu done in the
   first linear's passes (its output and gradient are the linear's): outputs 8 + 3,
-  the gradient into the second linear 8, and each linear's column of ones for its
-  bias gradient, 1 + 1, at batch 8: 672 bytes;
+  the gradient into the second linear 8 and the loss's into the model 3, and each
+  linear's column of ones for its bias gradient, 1 + 1, at batch 8: 768 bytes;
 - the total is their sum;
 - the line after it, rank 0's checkpoint file in memory: 4 x (1 + the state's
   copies) x the parameters (the tiny model has no buffers), the whole state under
@@ -58,8 +58,8 @@ for name, overrides, copies in (("sgd", ["train.momentum=0"], 0), ("momentum", [
         fail(f"{name}: parameters {params} B, gradients {grads} B for {n} parameters")
     if (state >= copies * 4 * n) if zero else (state != copies * 4 * n):
         fail(f"{name}: optimizer state {state} B, expected {'less than ' if zero else ''}{copies} x {4 * n}")
-    if not zero and (batch != 8 or acts != 4 * 8 * (8 + 3 + 8 + 1 + 1)):
-        fail(f"{name}: activations {acts} B at batch {batch}, expected 672 B at 8")
+    if not zero and (batch != 8 or acts != 4 * 8 * (8 + 3 + 8 + 3 + 1 + 1)):
+        fail(f"{name}: activations {acts} B at batch {batch}, expected 768 B at 8")
     if total != params + grads + state + acts:
         fail(f"{name}: the total {total} is not the sum")
     checkpoint = [int(b) for b in CHECKPOINT.findall(p.stdout)]

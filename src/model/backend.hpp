@@ -285,7 +285,6 @@ class NarrowCopies {
   // The copy's elements of the `floats` floats at `at`, where they lie within one copy
   // at precision p; else null.
   const void* find(const float* at, std::int64_t floats, Precision p) const;
-  std::size_t size() const { return copies_.size(); }
 
  private:
   struct Copy {

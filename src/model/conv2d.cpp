@@ -97,6 +97,19 @@ void Conv2d::set_types(Precision in, Precision out) {
   configure();
 }
 
+std::int64_t Conv2d::kept_floats(std::int64_t batch, bool input_grad, bool accumulate) const {
+  auto in = [&](Precision t) { return planned_floats(batch, in_sample_, in_layout_, t); };
+  auto out = [&](Precision t) { return planned_floats(batch, out_sample_, out_layout_, t); };
+  const bool wide_in = widened_ && in_type_ != Precision::fp32,
+             wide_out = widened_ && out_type_ != Precision::fp32;
+  std::int64_t floats = 0;
+  if (wide_in) floats += in(Precision::fp32) * (input_grad ? 2 : 1);  // x_wide_, dx_wide_
+  if (wide_out) floats += 2 * out(Precision::fp32);                   // y_wide_, dy_wide_
+  if (input_grad && accumulate && (narrow_dx_from_wide() || !kernels_->accumulates_input_grad()))
+    floats += in(in_type_);  // dx_part_
+  return floats;
+}
+
 const Tensor& Conv2d::for_kernels(const Tensor& t, Tensor& wide, const char* label) const {
   if (!widened_ || t.type == Precision::fp32) return t;
   convert_type(t, wide, Precision::fp32, label);

@@ -60,6 +60,16 @@ class Conv2d : public Layer {
   // writes as it is: beta = 1) the kernel adds as it writes, saving a pass over dx;
   // elsewhere the gradient is computed apart and added, dx + conv^T(dy).
   void set_accumulate_input_grad(bool on) { accumulate_dx_ = on; }
+  const Shape& output_sample() const { return out_sample_; }
+
+  // The memory plan: the fp32 copies the kernels run on where a side is narrow and
+  // they take fp32 only, and the input gradient computed apart where backward adds it
+  // and the kernels cannot. The second form with the input gradient (wanted, added)
+  // as the backward to come will set them (a residual block sets them as it calls).
+  std::int64_t kept_floats(std::int64_t batch) const override {
+    return kept_floats(batch, needs_input_grad(), accumulate_dx_);
+  }
+  std::int64_t kept_floats(std::int64_t batch, bool input_grad, bool accumulate) const;
 
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels

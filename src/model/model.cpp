@@ -243,7 +243,7 @@ void Model::plan_layouts() {
       conv->set_layouts(in, out[i]);
       conv->set_types(in_type, types_[i]);
     }
-    if (Pool2d* pool = pool_at(i)) pool->set_output_layout(out[i]);
+    if (Pool2d* pool = pool_at(i)) pool->set_layouts(in, out[i]);
     if (ResBlock* block = block_at(i)) {
       block->set_layouts(in, native_out[i], out[i]);
       block->set_types(in_type, inside, types_[i]);
@@ -308,10 +308,10 @@ void Model::plan_narrow_activations(bool on) {
 }
 
 std::int64_t Model::activation_floats(std::int64_t batch) const {
-  // A narrow tensor takes half the floats (two elements to a float, rounded up).
+  // A narrow tensor takes half the floats (two elements to a float, rounded up), a
+  // blocked layout its padding channels too.
   auto floats = [&](std::size_t i) {  // of layer i's output
-    const std::int64_t n = batch * shape_numel(shapes_[i + 1]);
-    return types_[i] == Precision::fp32 ? n : (n + 1) / 2;
+    return planned_floats(batch, shapes_[i + 1], layouts_[i], types_[i]);
   };
   std::int64_t total = 0;
   SlotFloats slots{};

@@ -105,12 +105,13 @@ class Model {
   // Floats one training step at batch `batch` keeps between layers, planned from the
   // shapes before any forward: every layer's output (B, out_i...) and the gradient
   // w.r.t. the input of every layer backward reaches after the first trained one,
-  // half as many where they are narrow (output_type); what layers keep inside
-  // (Layer::kept_floats: attention's qkv and probabilities, a transformer block's
-  // inner activations, layer norms' statistics, pooling indices, dropout masks); and
-  // the shared slots (Layer::scratch_floats), each as large as the largest asks. A
-  // floor: residual blocks' and convolutions' insides and library workspaces are not
-  // in it (ddp_bench measures the whole).
+  // half as many where they are narrow (output_type), blocked layouts' padding
+  // channels included; what layers keep inside (Layer::kept_floats: attention's qkv
+  // and probabilities, a transformer block's inner activations, a residual block's
+  // stages, a convolution's fp32 copies, layer norms' statistics, pooling indices,
+  // dropout masks); and the shared slots (Layer::scratch_floats), each as large as
+  // the largest asks. A floor: the libraries' own memory (oneDNN's reorders and
+  // scratchpads, cuDNN's workspaces) is not in it (ddp_bench measures the whole).
   std::int64_t activation_floats(std::int64_t batch) const;
 
   // One line per layer (position, spec, output shape, parameters) and the total.

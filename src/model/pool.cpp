@@ -83,9 +83,14 @@ KOKKOS_INLINE_FUNCTION NchwBlock nchw_block(std::int64_t p, std::int64_t C) {
 }
 }  // namespace
 
-// A max-pool's argmax, an int32 an output (the blocked layouts' padding channels left out).
+// A max-pool's argmax, an int32 an output, blocked as x (padding channels included)
+// where x is blocked, and there an NCHW dy's blocked copy.
 std::int64_t Pool2d::kept_floats(std::int64_t batch) const {
-  return op_ == Max ? batch * shape_numel(out_sample_) : 0;
+  if (op_ != Max) return 0;
+  const bool blocked = channel_block(in_layout_) > 1;
+  const std::int64_t argmax =
+      planned_floats(batch, out_sample_, blocked ? in_layout_ : Layout::nchw, Precision::fp32);
+  return argmax + (blocked && out_layout_ == Layout::nchw ? argmax : 0);
 }
 
 // x: (B, C, H, W) -> y: (B, C, Ho, Wo); one thread per output element.

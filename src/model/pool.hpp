@@ -43,7 +43,11 @@ class Pool2d : public Layer {
     if (layout == Layout::nhwc) return op_ == Max;
     return op_ == Max && k_ == 2 && stride_ == 2 && pad_ == 0;
   }
-  void set_output_layout(Layout out) { out_layout_ = out; }
+  // x's layout (the memory plan's: x brings its own to forward) and y's.
+  void set_layouts(Layout in, Layout out) {
+    in_layout_ = in;
+    out_layout_ = out;
+  }
 
   // forward and backward for an x in BS-channel blocks (public only because CUDA's
   // extended lambdas may not live in private member functions)
@@ -67,7 +71,7 @@ class Pool2d : public Layer {
  private:
   Op op_;
   bool relu_mask_ = false;
-  Layout out_layout_ = Layout::nchw;
+  Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
   std::int64_t k_, stride_, pad_;
   std::int64_t c_ = 0, h_ = 0, w_ = 0, ho_ = 0, wo_ = 0;
   Shape in_sample_, out_sample_;  // (C, H, W), (C, Ho, Wo)

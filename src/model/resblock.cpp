@@ -165,6 +165,31 @@ void ResBlock::set_types(Precision in, Precision inside, Precision out) {
   if (down_conv_) down_conv_->set_types(in, inside);
 }
 
+std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
+  const Precision fp32 = Precision::fp32;
+  auto inside = [&](const Shape& sample, Precision type) {
+    return planned_floats(batch, sample, inside_, type);
+  };
+  const bool dx = needs_input_grad(), g_in_dx = grad_sum_in_dx();
+  std::int64_t floats = 0;
+  for (std::size_t k = 0; k < stages_.size(); ++k) {
+    const Shape& a = stages_[k].conv->output_sample();
+    floats += 2 * inside(a, narrow_);                              // a, da
+    if (k + 1 < stages_.size()) floats += 2 * inside(a, narrow_);  // r, dr
+    if (!fused_) floats += inside(a, fp32);                        // b
+    floats += stages_[k].conv->kept_floats(batch, k > 0 || dx, k == 0 && g_in_dx);
+  }
+  if (projection_) {
+    floats += 2 * inside(out_sample_, narrow_);        // s1, ds1
+    if (!fused_) floats += inside(out_sample_, fp32);  // s2
+    floats += down_conv_->kept_floats(batch, dx, dx);
+  }
+  if (!g_in_dx) floats += inside(out_sample_, out_type_);                     // g
+  if (in_ != inside_) floats += inside(in_sample_, in_type_) * (dx ? 2 : 1);  // x_in, dx_in
+  if (out_ != inside_) floats += 2 * inside(out_sample_, out_type_);          // y_in, dy_in
+  return floats;
+}
+
 namespace {
 // relu(bn(a) + down(s)) (Projection) or relu(bn(a) + s) of channel c; at8: for
 // map_vectors, its constants 8 channels a load (model/elements.hpp).
@@ -286,7 +311,7 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
   // written into dx, and the first convolution adds the branch's gradient of x to it
   // (in its kernel where the backend can: no pass of its own). A projection's
   // convolution adds its gradient of x to the branch's likewise.
-  const bool g_in_dx = !projection_ && needs_input_grad() && in_type_ == out_type_;
+  const bool g_in_dx = grad_sum_in_dx();
   Tensor& g = g_in_dx ? dx : g_;
   resize_like(g, dy, g_in_dx ? "ResBlock::dx" : "ResBlock::g");
   // In the library's batch norm, its backward takes dy through the relu's mask and

@@ -39,6 +39,11 @@ class ResBlock : public Layer {
   std::string graph_obstacle() const override;
   void set_precision(Precision p) override;
   void set_overwrite_gradients(bool on) override;
+  // Every stage's activations and gradients (a, da; r, dr but in the last; b
+  // unfused), the shortcut's, the pre-relu sum's gradient where dx does not hold it,
+  // x and y reordered at its edges, and its convolutions' own (Conv2d::kept_floats).
+  // Not cuDNN's batch norm's reserve (DDP_CUDNN_BATCHNORM=1): the plan stays a floor.
+  std::int64_t kept_floats(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 
@@ -81,6 +86,9 @@ class ResBlock : public Layer {
   };
   std::vector<Part> parts() const;  // conv1, bn1, conv2, bn2[, conv3, bn3][, downsample.0, downsample.1]
   std::vector<Conv2d*> convs() const;
+  // Backward writes the pre-relu sum's gradient g into dx (the identity's gradient),
+  // to which the first convolution then adds the branch's.
+  bool grad_sum_in_dx() const { return !projection_ && needs_input_grad() && in_type_ == out_type_; }
   // fused_output for the types of the tensors at hand
   void write_output(const Tensor& x, Tensor& y);
 

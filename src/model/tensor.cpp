@@ -30,6 +30,21 @@ std::int64_t Tensor::storage_numel() const {
   return numel() / c * padded;
 }
 
+std::int64_t planned_floats(std::int64_t batch, const Shape& sample, Layout layout, Precision type) {
+  Tensor t;
+  t.shape = {batch};
+  t.shape.insert(t.shape.end(), sample.begin(), sample.end());
+  t.layout = layout;
+  t.type = type;
+  return t.storage_floats();
+}
+
+namespace {
+std::atomic<bool> skew_buffers{true};
+}  // namespace
+
+void set_buffer_skew(bool on) { skew_buffers = on; }
+
 View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised) {
   auto alloc = [&](std::int64_t size) {
     return uninitialised ? View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), size)
@@ -38,6 +53,7 @@ View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised) 
 #if defined(KOKKOS_ENABLE_CUDA)
   return alloc(n);
 #else
+  if (!skew_buffers) return alloc(n);
   // The k-th buffer's first float at (k * 1,088) mod 4,096 bytes in its page, wherever
   // the allocator put the block (pages from mmap, or the heap once glibc's threshold rose).
   constexpr std::int64_t kPage = 1024, kStep = 272;  // floats: 4 KB, 1,088 bytes

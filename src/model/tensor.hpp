@@ -76,6 +76,10 @@ struct Tensor {
   }
 };
 
+// The floats a (batch, sample...) tensor in `layout` of `type` takes (storage_floats):
+// what the start-up memory plan counts for a buffer that is not there yet.
+std::int64_t planned_floats(std::int64_t batch, const Shape& sample, Layout layout, Precision type);
+
 // A new buffer of n floats (zeroed unless `uninitialised`) whose first float lies at
 // a different offset within a 4 KB page from the buffers made before it, on the host.
 // Large allocations all start at the same page offset (page-aligned plus the same
@@ -86,6 +90,9 @@ struct Tensor {
 // buffers start 1,088 bytes apart modulo 4 KB (64 offsets in turn; up to 4 KB more
 // memory each). On a GPU: a plain View (its kernels want 256-byte aligned operands).
 View1 make_buffer(const std::string& label, std::int64_t n, bool uninitialised = false);
+// Off: the host's buffers too are plain Views of n floats, as a GPU's are (the memory
+// plan's tests count the floats a layer allocates, exactly). On unless set.
+void set_buffer_skew(bool on);
 
 // Make t a (batch, sample...) tensor in `layout` of elements of `type`. Its buffer
 // grows (a new View named `label`) only when too small; the shape vector keeps its

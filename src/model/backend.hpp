@@ -119,6 +119,11 @@ class ConvKernels {
                              bool accumulate) = 0;
   // Whether backward_data adds to dx as it writes it, on the configured sides.
   virtual bool accumulates_input_grad() const { return false; }
+  // The bytes the library's kernels hold of their own for calls at batch B on the
+  // configured sides (oneDNN: its copies of operands in the layouts and types it
+  // wants, its scratchpads), for the start-up memory plan; 0 where unknown before
+  // the first call (cuDNN's workspace: the algorithms choose it).
+  virtual std::int64_t held_bytes(std::int64_t /*B*/) const { return 0; }
 };
 
 // One batch norm's training passes in the vendor's library, on channels-last

@@ -70,6 +70,7 @@ class Conv2d : public Layer {
     return kept_floats(batch, needs_input_grad(), accumulate_dx_);
   }
   std::int64_t kept_floats(std::int64_t batch, bool input_grad, bool accumulate) const;
+  std::int64_t library_bytes(std::int64_t batch) const override { return kernels_->held_bytes(batch); }
 
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels

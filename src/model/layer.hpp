@@ -65,6 +65,9 @@ class Layer {
   // to at least the floats it asks. Composite layers add their parts'.
   virtual std::int64_t kept_floats(std::int64_t /*batch*/) const { return 0; }
   virtual void scratch_floats(std::int64_t /*batch*/, SlotFloats& /*most*/) const {}
+  // The bytes a library holds for this layer's calls at `batch`, outside the buffers
+  // above (oneDNN's copies and scratchpads for a convolution: ConvKernels::held_bytes).
+  virtual std::int64_t library_bytes(std::int64_t /*batch*/) const { return 0; }
   // In training, the output is the input's buffer (flatten; a relu done in the passes
   // of the layer before; dropout of p 0), and the input gradient the output
   // gradient's (the same, and a relu whose mask the max-pool after it applies): the

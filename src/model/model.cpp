@@ -325,6 +325,12 @@ std::int64_t Model::activation_floats(std::int64_t batch) const {
   return total;
 }
 
+std::int64_t Model::library_bytes(std::int64_t batch) const {
+  std::int64_t bytes = 0;
+  for (const auto& layer : layers_) bytes += layer->library_bytes(batch);
+  return bytes;
+}
+
 const Tensor& Model::forward(const Tensor& x, bool training) {
   if (x.shape.size() != input_shape().size() + 1 ||
       !std::equal(input_shape().begin(), input_shape().end(), x.shape.begin() + 1))

@@ -113,6 +113,8 @@ class Model {
   // the largest asks. A floor: the libraries' own memory (oneDNN's reorders and
   // scratchpads, cuDNN's workspaces) is not in it (ddp_bench measures the whole).
   std::int64_t activation_floats(std::int64_t batch) const;
+  // The bytes the libraries hold for the layers' calls at `batch` (Layer::library_bytes).
+  std::int64_t library_bytes(std::int64_t batch) const;
 
   // One line per layer (position, spec, output shape, parameters) and the total.
   std::string summary() const;

@@ -190,6 +190,12 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
   return floats;
 }
 
+std::int64_t ResBlock::library_bytes(std::int64_t batch) const {
+  std::int64_t bytes = 0;
+  for (const Conv2d* c : convs()) bytes += c->library_bytes(batch);
+  return bytes;
+}
+
 namespace {
 // relu(bn(a) + down(s)) (Projection) or relu(bn(a) + s) of channel c; at8: for
 // map_vectors, its constants 8 channels a load (model/elements.hpp).

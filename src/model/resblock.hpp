@@ -44,6 +44,7 @@ class ResBlock : public Layer {
   // x and y reordered at its edges, and its convolutions' own (Conv2d::kept_floats).
   // Not cuDNN's batch norm's reserve (DDP_CUDNN_BATCHNORM=1): the plan stays a floor.
   std::int64_t kept_floats(std::int64_t batch) const override;
+  std::int64_t library_bytes(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
 

@@ -37,6 +37,7 @@ class PatchEmbed : public Layer {
   void bind(float* params, float* grads) override { conv_->bind(params, grads); }
   void init(Rng& rng) override { conv_->init(rng); }
   std::string graph_obstacle() const override { return conv_->graph_obstacle(); }
+  std::int64_t library_bytes(std::int64_t batch) const override { return conv_->library_bytes(batch); }
   void set_precision(Precision p) override;
   void set_overwrite_gradients(bool on) override;
   std::int64_t kept_floats(std::int64_t batch) const override;

@@ -183,7 +183,7 @@ std::string MemoryPlan::text(std::int64_t batch) const {
   return "parameters " + mb_and_bytes(parameters) + ", gradients " + mb_and_bytes(gradients) +
          ", optimizer state " + mb_and_bytes(optimizer_state) + ", activations " + mb_and_bytes(activations) +
          " (planned at batch " + std::to_string(batch) +
-         ": layer outputs, the gradients between layers and what layers keep), in all " +
+         ": layer outputs, the gradients between layers and what layers and their libraries keep), in all " +
          mb_and_bytes(total());
 }
 
@@ -193,8 +193,10 @@ MemoryPlan Trainer::memory_plan() const {
   m.parameters = m.gradients = 4 * n;
   m.optimizer_state = 4 * copies * (cfg_.comm.zero > 0 ? shares_.size(comm_.rank()) : n);
   // and the loss's gradient into the model (dout_), the size of its output
+  // and what the libraries hold for the layers' calls (oneDNN's copies and scratchpads)
   m.activations = 4 * (model_.activation_floats(cfg_.train.batch_size) +
-                       cfg_.train.batch_size * shape_numel(model_.output_shape()));
+                       cfg_.train.batch_size * shape_numel(model_.output_shape())) +
+                  model_.library_bytes(cfg_.train.batch_size);
   m.checkpoint = 4 * ((1 + copies) * n + std::int64_t(model_.buffers().extent(0)));
   return m;
 }

@@ -6,7 +6,7 @@ model and the optimizer on the tiny set (2 ranks):
 - optimizer state = 0, 1 and 2 x the parameters for SGD without momentum, SGD with
   momentum and AdamW;
 - activations = 4 x batch x (every layer's output + the gradients between layers +
-  what layers keep): linear(8), relu, linear(3) on 16 features, the relu done in the
+  what layers and their libraries keep): linear(8), relu, linear(3) on 16 features, the relu done in the
   first linear's passes (its output and gradient are the linear's): outputs 8 + 3,
   the gradient into the second linear 8 and the loss's into the model 3, and each
   linear's column of ones for its bias gradient, 1 + 1, at batch 8: 768 bytes;

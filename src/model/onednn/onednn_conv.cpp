@@ -104,15 +104,17 @@ struct Port {
   // copy to that precision's values.
   Port(const memory::desc& our_md, const memory::desc& want, bool to_internal, dnnl::engine& eng,
        Precision emulate = Precision::fp32)
-      : ours(our_md, eng, DNNL_MEMORY_NONE),
-        reordered(want != our_md || emulate != Precision::fp32),
-        rounding(emulate) {
+      : ours(our_md, eng, DNNL_MEMORY_NONE), reordered(copies(our_md, want, emulate)), rounding(emulate) {
     if (!reordered) {
       internal = ours;
       return;
     }
     internal = memory(want, eng);
     reorder = to_internal ? dnnl::reorder(ours, internal) : dnnl::reorder(internal, ours);
+  }
+  // Whether such a port holds a copy of its own (`want`'s size).
+  static bool copies(const memory::desc& our_md, const memory::desc& want, Precision emulate) {
+    return want != our_md || emulate != Precision::fp32;
   }
   // An input: point at `data` and bring it into the primitive's layout and type.
   const memory& in(const float* data, dnnl::stream& s) {
@@ -294,22 +296,56 @@ class OnednnConv final : public ConvKernels {
     return {fwd_pd, bwd_data_pd, bwd_weights_pd};
   }
 
+  // The precision the ports emulate by rounding fp32 copies: fp16 always, bf16 where
+  // oneDNN has no bf16 kernels.
+  Precision emulated() const {
+    return precision_ == Precision::fp16 || (precision_ == Precision::bf16 && !dnnl_bf16().native)
+               ? precision_
+               : Precision::fp32;
+  }
+  // Our buffers of x (and dx), y (and dy) and the weights (and their gradient).
+  struct OurDescs {
+    memory::desc x, y, w;
+  };
+  OurDescs our_descs(std::int64_t B) const {
+    return {our_md({B, g_.in, g_.h, g_.w}, in_layout_), our_md({B, g_.out, g_.ho(), g_.wo()}, out_layout_),
+            memory::desc({g_.out, g_.in, g_.k, g_.k}, memory::data_type::f32, tag::oihw)};
+  }
+
+ public:
+  // What primitives(B) allocates: the ports' copies, the three scratchpads, and the
+  // weight gradients' buffer.
+  std::int64_t held_bytes(std::int64_t B) const override {
+    if (B == 0) return 0;
+    const Descs d = descs(B);
+    const OurDescs o = our_descs(B);
+    const Precision e = emulated(), none = Precision::fp32;
+    auto port = [](const memory::desc& ours, const memory::desc& want, Precision emulate) -> std::int64_t {
+      return Port::copies(ours, want, emulate) ? std::int64_t(want.get_size()) : 0;
+    };
+    std::int64_t bytes =
+        port(o.x, d.fwd.src_desc(), e) + port(o.w, d.fwd.weights_desc(), e) +
+        port(o.y, d.fwd.dst_desc(), none) + port(o.y, d.bwd_data.diff_dst_desc(), e) +
+        port(o.w, d.bwd_data.weights_desc(), e) + port(o.x, d.bwd_data.diff_src_desc(), none) +
+        port(o.x, d.bwd_weights.src_desc(), e) + port(o.y, d.bwd_weights.diff_dst_desc(), e) +
+        port(o.w, d.bwd_weights.diff_weights_desc(), none);
+    bytes += std::int64_t(d.fwd.scratchpad_desc().get_size() + d.bwd_data.scratchpad_desc().get_size() +
+                          d.bwd_weights.scratchpad_desc().get_size());
+    return bytes + std::int64_t(dparams_.size() * sizeof(float));
+  }
+
+ private:
   Primitives& primitives(std::int64_t B) {
     auto it = by_batch_.find(B);
     if (it != by_batch_.end()) return *it->second;
 
     const Descs d = descs(B);
     dnnl::engine& eng = dnnl_engine();
-    // The precision the ports emulate by rounding fp32 copies: fp16 always, bf16 where
-    // oneDNN has no bf16 kernels.
-    const Precision emulate =
-        precision_ == Precision::fp16 || (precision_ == Precision::bf16 && !dnnl_bf16().native)
-            ? precision_
-            : Precision::fp32;
+    const Precision emulate = emulated();
     const auto f32 = memory::data_type::f32;
-    const memory::desc x_md = our_md({B, g_.in, g_.h, g_.w}, in_layout_),
-                       y_md = our_md({B, g_.out, g_.ho(), g_.wo()}, out_layout_),
-                       w_md({g_.out, g_.in, g_.k, g_.k}, f32, tag::oihw), b_md({g_.out}, f32, tag::x);
+    const OurDescs o = our_descs(B);
+    const memory::desc &x_md = o.x, &y_md = o.y, &w_md = o.w;
+    const memory::desc b_md({g_.out}, f32, tag::x);
     auto p = std::make_unique<Primitives>();
     p->fwd = dnnl::convolution_forward(d.fwd);
     p->bwd_data = dnnl::convolution_backward_data(d.bwd_data);

@@ -64,6 +64,17 @@ if(DDP_ENABLE_CUDA)
     ddp_add_nccl_test(killed_np${np} NP ${np} TIMEOUT 180
       COMMAND ${_hang} runs/gpu_nccl_killed_np${np} ${_hang_nccl} --kill --stop-rank ${_killed})
   endforeach()
+  # Rank 1 stuck at the end of the run before it ends its NCCL communicator
+  # (DDP_INJECT_FAULT=stall_end): rank 0 waits in its own ncclCommDestroy, or, where
+  # NCCL's returns without the peer, in the collective closing of the data files after
+  # it; the watchdog ends the job within comm.timeout_s, naming rank 1 as not arrived.
+  ddp_add_nccl_test(stall_end_np2 NP 2 TIMEOUT 120
+    COMMAND ${_nccl_e2e}/expect_error.sh --one-rank
+            "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 10\\) in (the NCCL communicator's end \\(ncclCommDestroy\\)|the closing of the data files \\(HDF5 through MPI-IO\\)) \\(during the end of the run\\) at step [0-9]+[;] not arrived: rank 1 "
+            -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_launcher}
+            $<TARGET_FILE:ddp_train> ${_nccl_tiny} train.epochs=1 comm.backend=nccl comm.timeout_s=10
+            io.run_dir=runs/gpu_nccl_stall_end_np2)
+  set_tests_properties(gpu_nccl_stall_end_np2 PROPERTIES ENVIRONMENT DDP_INJECT_FAULT=stall_end@rank1)
   # Stopped by SIGUSR1 (exit 75) on one rank count, resumed on another: bitwise where a
   # straight run's checkpoint of the same step, resumed on as many, ends.
   foreach(pair "2;4" "4;3")

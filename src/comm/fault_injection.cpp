@@ -60,7 +60,8 @@ enum class Kind {
   stall_close,
   slow_shards,
   no_locks,
-  kill_shared_memory
+  kill_shared_memory,
+  stall_end
 };
 
 struct Plan {
@@ -88,6 +89,7 @@ Plan read_plan() {
       {"stall_checkpoint", Kind::stall_checkpoint},
       {"stall_open", Kind::stall_open},
       {"stall_close", Kind::stall_close},
+      {"stall_end", Kind::stall_end},
       {"slow_shards", Kind::slow_shards},
       {"no_locks", Kind::no_locks},
       {"kill_shared_memory", Kind::kill_shared_memory}};
@@ -201,6 +203,7 @@ bool inject_fault(FaultSite site, std::int64_t step) {
                          : plan.kind == Kind::stall_close        ? FaultSite::shard_close
                          : plan.kind == Kind::no_locks           ? FaultSite::run_dir_lock
                          : plan.kind == Kind::kill_shared_memory ? FaultSite::node_shared
+                         : plan.kind == Kind::stall_end          ? FaultSite::communicator_end
                                                                  : FaultSite::train_step;
   if (site != home) return false;
   if (plan.kind == Kind::perturb || plan.kind == Kind::nan_gradient || plan.kind == Kind::no_locks)
@@ -238,6 +241,7 @@ bool inject_fault(FaultSite site, std::int64_t step) {
     case Kind::stall_checkpoint:
     case Kind::stall_open:
     case Kind::stall_close:
+    case Kind::stall_end:
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // until the job is ended
     case Kind::perturb:
     case Kind::nan_gradient:
@@ -255,7 +259,7 @@ void check_test_variables(MPI_Comm world) {
               "DDP_INJECT_FAULT='" + plan().spec +
                   "': expected <kind>@rank<r>[:step<s>] with kind exception, dnnl, bad_alloc, view_alloc, "
                   "loader_exception, perturb, nan_gradient, stall_shards, stall_checkpoint, stall_open, "
-                  "stall_close, slow_shards, no_locks or kill_shared_memory");
+                  "stall_close, stall_end, slow_shards, no_locks or kill_shared_memory");
   if (exit_delay().first < 0)
     fatal_all(world, "DDP_TEST_EXIT_DELAY_MS='" + std::string(std::getenv("DDP_TEST_EXIT_DELAY_MS")) +
                          "': expected <ms>@rank<r>");

@@ -35,6 +35,10 @@
 //   no_locks          not a failure: rank r (0: the one that locks the run directory)
 //                     finds that the run directory's file system keeps no file locks,
 //                     as fcntl says on one mounted without them (ENOLCK) (s: 0)
+//   stall_end         at the end of the run rank r stops for ever before it ends its
+//                     NCCL communicator (ncclCommDestroy), as a rank stuck in its
+//                     teardown; the others end theirs (GPU build, comm.backend =
+//                     'nccl'; s: 0)
 //
 // It lives beside the fatal path in src/comm so that both src/io (the loader) and
 // src/train (the step) can call it. Unset, a call costs one load and a branch.
@@ -56,6 +60,7 @@ enum class FaultSite {
   shard_close,       // every rank closes the data files (collective) at the end; `step` = 0
   run_dir_lock,      // rank 0 locks the run directory at start-up; `step` = 0
   node_shared,       // a node's first rank has reserved its shared memory (NodeShared); `step` = 0
+  communicator_end,  // every rank, before it ends its NCCL communicator; `step` = 0
 };
 
 // Fails here, as DDP_INJECT_FAULT says, when its kind belongs to `site` and its

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "comm/backend.hpp"
+#include "comm/fault_injection.hpp"
 #include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 #include "cuda/cuda_check.hpp"
@@ -39,9 +42,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, cudaStream_t compute, Options 
 
 NcclCommunicator::~NcclCommunicator() {
   remove_abort_hook(abort_hook, this);  // waits for one under way
-  if (!aborted_) {  // aborted: freed already, and MPI_Abort is on its way
+  if (!aborted_) {                      // aborted: freed already, and MPI_Abort is on its way
     synchronize();
-    ncclCommDestroy(comm_);
+    destroy();
   }
   MPI_Comm_free(&mpi_comm_);
   cudaFree(scratch_);
@@ -49,6 +52,34 @@ NcclCommunicator::~NcclCommunicator() {
   cudaEventDestroy(done_);
   cudaEventDestroy(ready_);
   cudaStreamDestroy(stream_);
+}
+
+// ncclCommDestroy finalizes the communicator with its peers (NCCL flushes and
+// disconnects), so a rank that died or hangs before its own would leave the others
+// inside it until the job's time limit. The watchdog names such a rank; without one
+// running, a thread of its own makes the call, waited for comm.timeout_s.
+void NcclCommunicator::destroy() {
+  inject_fault(FaultSite::communicator_end, 0);
+  const watchdog::Collective guard("the NCCL communicator's end (ncclCommDestroy)");
+  if (watchdog::running() || options_.timeout_s <= 0) {
+    ncclCommDestroy(comm_);
+    return;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> ended = done->get_future();
+  std::thread call([comm = comm_, done] {
+    ncclCommDestroy(comm);
+    done->set_value();
+  });
+  if (ended.wait_for(std::chrono::duration<double>(options_.timeout_s)) == std::future_status::ready) {
+    call.join();
+    return;
+  }
+  call.detach();
+  fatal_as("hang", "waited " + std::to_string(int(options_.timeout_s)) +
+                       " s (comm.timeout_s) in the NCCL communicator's end (ncclCommDestroy) on rank " +
+                       std::to_string(rank_) + " of " + std::to_string(size_) +
+                       " (a rank died, hung or never reached the end; no watchdog to name it)");
 }
 
 // Only while the main thread waits in poll(): NCCL takes no two calls on one
@@ -172,11 +203,9 @@ class NcclBucketReducer final : public BucketReducer {
 };
 }  // namespace
 
-std::unique_ptr<BucketReducer> NcclCommunicator::make_bucket_reducer(float* grads,
-                                                                     std::vector<Bucket> buckets,
-                                                                     const std::string& /*overlap*/,
-                                                                     bool /*shared_memory*/,
-                                                                     const std::vector<std::int64_t>& scatter_to) {
+std::unique_ptr<BucketReducer> NcclCommunicator::make_bucket_reducer(
+    float* grads, std::vector<Bucket> buckets, const std::string& /*overlap*/, bool /*shared_memory*/,
+    const std::vector<std::int64_t>& scatter_to) {
   return std::make_unique<NcclBucketReducer>(*this, grads, std::move(buckets), scatter_to);
 }
 
@@ -190,7 +219,8 @@ void NcclCommunicator::reduce_to_shares_detached(float* data, std::int64_t begin
           const std::int64_t lo = std::clamp(bounds[std::size_t(r)], begin, end);
           const std::int64_t hi = std::clamp(bounds[std::size_t(r) + 1], begin, end);
           if (hi > lo)
-            NCCL_CHECK(ncclReduce(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, ncclSum, r, comm_, stream_));
+            NCCL_CHECK(ncclReduce(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, ncclSum, r, comm_,
+                                  stream_));
         }
         return ncclGroupEnd();
       },
@@ -207,7 +237,8 @@ void NcclCommunicator::allgather_shares(float* data, const std::vector<std::int6
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r + 1 < int(bounds.size()); ++r) {
       const std::int64_t lo = bounds[std::size_t(r)], hi = bounds[std::size_t(r) + 1];
-      if (hi > lo) NCCL_CHECK(ncclBroadcast(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, r, comm_, stream_));
+      if (hi > lo)
+        NCCL_CHECK(ncclBroadcast(data + lo, data + lo, std::size_t(hi - lo), ncclFloat32, r, comm_, stream_));
     }
     return ncclGroupEnd();
   });
@@ -300,14 +331,15 @@ void NcclCommunicator::poll(cudaEvent_t event, const char* what) {
     // The line first; the fatal path's hook then aborts the communicator, within its
     // bound (an ncclCommAbort may block where a peer is gone).
     if (async != ncclSuccess && async != ncclInProgress) {
-      DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ", waiting in " << what
-                        << ": " << ncclGetErrorString(async) << "; communicator aborted");
+      DDP_FATAL("NCCL " << last_op_ << " failed on rank " << rank_ << " of " << size_ << ", waiting in "
+                        << what << ": " << ncclGetErrorString(async) << "; communicator aborted");
     }
     if (own_deadline && clock::now() > deadline) {
-      fatal_as("hang", "waited " + std::to_string(int(options_.timeout_s)) + " s (comm.timeout_s) in " + what +
-                           " after NCCL " + last_op_ + " on rank " + std::to_string(rank_) + " of " +
-                           std::to_string(size_) +
-                           " (a rank died, hung or never called it; no watchdog to name it); communicator aborted");
+      fatal_as("hang",
+               "waited " + std::to_string(int(options_.timeout_s)) + " s (comm.timeout_s) in " + what +
+                   " after NCCL " + last_op_ + " on rank " + std::to_string(rank_) + " of " +
+                   std::to_string(size_) +
+                   " (a rank died, hung or never called it; no watchdog to name it); communicator aborted");
     }
     // The step's wait is on the hot path (a step of the MLP takes about 0.1 ms on an
     // H100): spin for the first 2 ms, then sleep between looks.

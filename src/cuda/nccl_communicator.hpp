@@ -91,6 +91,8 @@ class NcclCommunicator final : public Communicator {
   // literal), polling NCCL's asynchronous error. Its own deadline, options_.timeout_s,
   // only where no Watchdog runs: the watchdog's knows more.
   void poll(cudaEvent_t event, const char* what);
+  // ncclCommDestroy, bounded: see the definition.
+  void destroy();
 
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;  // a duplicate of the constructor's communicator
@@ -99,12 +101,12 @@ class NcclCommunicator final : public Communicator {
   // done_ was last recorded while the stream was captured into a CUDA graph
   // (train.cuda_graph): outside that capture CUDA refuses to query or wait on it.
   bool done_in_capture_ = false;
-  cudaEvent_t host_wait_ = nullptr;               // wait_device's, on the compute stream
-  float* scratch_ = nullptr;                      // barrier()'s one element
-  std::unique_ptr<Communicator> host_;            // MPI, for allreduce_sum_host
-  std::mutex abort_mutex_;                        // abort() against poll()'s NCCL calls
+  cudaEvent_t host_wait_ = nullptr;     // wait_device's, on the compute stream
+  float* scratch_ = nullptr;            // barrier()'s one element
+  std::unique_ptr<Communicator> host_;  // MPI, for allreduce_sum_host
+  std::mutex abort_mutex_;              // abort() against poll()'s NCCL calls
   bool aborted_ = false;
-  bool in_poll_ = false;                          // the main thread waits in poll()
+  bool in_poll_ = false;  // the main thread waits in poll()
   int rank_ = 0, size_ = 1;
   Options options_;
   std::string last_op_ = "none";  // named by the watchdog

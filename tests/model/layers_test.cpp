@@ -727,5 +727,49 @@ TEST(MemoryPlan, TheConvolutionLibraryHoldsWhatItPlans) {
   Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
 }
 
+// oneDNN's primitives and their copies are kept for two batch sizes at most (the
+// largest and the last other, onednn_conv.cpp): after a step at 8, a validation
+// forward at 3 and a step at 5 (an epoch's short last batch), malloc holds the set
+// of 5 beyond the set of 8 (within 5%), not half of that of 3 besides; and the step
+// at 5 gives the bits a fresh model's gives.
+TEST(MemoryPlan, TheConvolutionLibraryKeepsTwoBatchSizes) {
+  if (compute_backend().name().find("oneDNN") == std::string::npos) GTEST_SKIP() << "no host library here";
+  const std::vector<std::string> layers = {"conv2d(16, 3, pad=1, bias=false)",
+                                           "batchnorm2d",
+                                           "relu",
+                                           "resblock(16)",
+                                           "globalavgpool",
+                                           "flatten",
+                                           "linear(10)"};
+  const Shape sample = {3, 32, 32};
+  auto input = [&](std::int64_t B, std::uint64_t seed) {
+    return make_tensor({B, 3, 32, 32}, random_values(B * 3 * 32 * 32, seed));
+  };
+  auto step = [&](Model& m, std::int64_t B) {
+    m.forward(input(B, 5), true);
+    m.zero_grad();
+    m.backward(make_tensor({B, 10}, random_values(B * 10, 6)));
+    Kokkos::fence();
+  };
+  Model fresh(layers, sample, 1);
+  step(fresh, 5);
+  const std::vector<float> want = to_host(fresh.gradients(), fresh.num_parameters());
+  for (std::int64_t B : {8, 3}) {  // their primitives' JIT code into oneDNN's cache first
+    Model twin(layers, sample, 1);
+    B == 8 ? step(twin, B) : (void)twin.forward(input(B, 7), false);
+  }
+  Model m(layers, sample, 1);
+  step(m, 8);
+  const std::int64_t in_use = malloc_in_use();
+  m.forward(input(3, 7), false);
+  step(m, 5);
+  const std::int64_t grown = malloc_in_use() - in_use, five = m.library_bytes(5), three = m.library_bytes(3);
+  std::cout << "  after batch 8: a set for 5 planned " << five << " B (for 3: " << three << " B), grown "
+            << grown << " B\n";
+  EXPECT_GT(grown, five - five / 20);
+  EXPECT_LT(grown, five + three / 2);
+  EXPECT_EQ(to_host(m.gradients(), m.num_parameters()), want);
+}
+
 }  // namespace
 }  // namespace ddp

@@ -335,9 +335,16 @@ class OnednnConv final : public ConvKernels {
   }
 
  private:
+  // Kept for two batch sizes at most: the largest (training's) and the last other
+  // (an epoch's short last batch, validation's), each set holding copies of the
+  // weights and activations; a third size replaces the other.
   Primitives& primitives(std::int64_t B) {
     auto it = by_batch_.find(B);
     if (it != by_batch_.end()) return *it->second;
+    if (by_batch_.size() >= 2) {
+      by_batch_.erase(by_batch_.begin());
+      dy_copied_ = nullptr;
+    }
 
     const Descs d = descs(B);
     dnnl::engine& eng = dnnl_engine();

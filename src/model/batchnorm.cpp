@@ -418,15 +418,25 @@ bool BatchNorm2d::library_runs(const Tensor& x) const {
   return !comm_ && x.layout == Layout::nhwc && x.type != Precision::fp32 && library();
 }
 
-BatchNormPass BatchNorm2d::library_pass(const Tensor& x, bool add) const {
+BatchNormPass BatchNorm2d::library_pass(std::int64_t B, Precision type, bool add) const {
   BatchNormPass p;
-  p.B = x.batch();
+  p.B = B;
   p.C = c_;
   p.hw = hw_;
-  p.type = x.type;
+  p.type = type;
   p.relu = fused_relu_ || add;
   p.add = add;
   return p;
+}
+
+bool BatchNorm2d::library_would_run(Layout layout, Precision type) const {
+  return !sync_ && layout == Layout::nhwc && type != Precision::fp32 && library();
+}
+
+std::int64_t BatchNorm2d::library_reserve_floats(std::int64_t batch, Layout layout, Precision type,
+                                                 bool add) const {
+  if (!library_would_run(layout, type)) return 0;
+  return std::int64_t(library()->reserve_bytes(library_pass(batch, type, add)) / sizeof(float));
 }
 
 // The library's kernels write y, the statistics (mean_, invstd_: what backward reads)
@@ -438,7 +448,7 @@ void BatchNorm2d::library_forward(const Tensor& x, const Tensor* z, Tensor& y) {
   if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
   resize(y, B, sample_, "BatchNorm2d::y", x.layout, x.type);
   BatchNormKernels& kernels = *library();
-  const BatchNormPass p = library_pass(x, z != nullptr);
+  const BatchNormPass p = library_pass(B, x.type, z != nullptr);
   const std::size_t bytes = kernels.reserve_bytes(p);
   reserve_used_ = bytes;
   if (reserve_.extent(0) < bytes)
@@ -469,7 +479,7 @@ void BatchNorm2d::library_backward(const Tensor& x, const Tensor& y, const Tenso
     dy = &dy_cast_;
   }
   resize(dx, x.batch(), sample_, "BatchNorm2d::dx", x.layout, x.type);
-  const BatchNormPass p = library_pass(x, dz != nullptr);
+  const BatchNormPass p = library_pass(x.batch(), x.type, dz != nullptr);
   if (dz)
     DDP_REQUIRE(dz->layout == x.layout && dz->type == x.type && dz->storage_numel() == x.storage_numel(),
                 "batchnorm2d: the shortcut's gradient is not shaped like its input");

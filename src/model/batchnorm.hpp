@@ -65,6 +65,13 @@ class BatchNorm2d : public Layer {
   }
   // Whether a training forward on x runs in the library.
   bool library_runs(const Tensor& x) const;
+  // The memory plan's: whether a training forward on x of `layout` and `type` will
+  // run in the library (library_runs, with the layer's sync for the communicator the
+  // trainer sets after the plan), and the floats of what it keeps there for its
+  // backward at `batch` (its reserve; `add`: the shortcut's forward_add_relu), 0 where
+  // it will not.
+  bool library_would_run(Layout layout, Precision type) const;
+  std::int64_t library_reserve_floats(std::int64_t batch, Layout layout, Precision type, bool add) const;
   // A training forward y = relu(bn(x) + z) in the library (ResBlock's output, its
   // shortcut z), where library_runs(x): z and y of x's layout and type.
   void forward_add_relu(const Tensor& x, const Tensor& z, Tensor& y);
@@ -102,7 +109,7 @@ class BatchNorm2d : public Layer {
   // The training forward and its backward in the library, with z (and dz) where the
   // output adds it.
   BatchNormKernels* library() const;
-  BatchNormPass library_pass(const Tensor& x, bool add) const;
+  BatchNormPass library_pass(std::int64_t B, Precision type, bool add) const;
   void library_forward(const Tensor& x, const Tensor* z, Tensor& y);
   void library_backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor* dz);
 

@@ -184,6 +184,20 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
     if (!fused_) floats += inside(out_sample_, fp32);  // s2
     floats += down_conv_->kept_floats(batch, dx, dx);
   }
+  // The library's batch norm (forward's library_output_): the projection's batch norm
+  // written out (s2) for the last one to add, and each one's reserve in the library;
+  // the branch's other batch norms run there wherever their input is narrow nhwc.
+  const Stage& last = stages_.back();
+  const bool library_output = fused_ && out_type_ == narrow_ && (projection_ || in_type_ == narrow_) &&
+                              last.bn->library_would_run(inside_, narrow_);
+  for (std::size_t k = 0; k + 1 < stages_.size(); ++k)
+    floats += stages_[k].bn->library_reserve_floats(batch, inside_, narrow_, false);
+  if (library_output) {
+    floats += last.bn->library_reserve_floats(batch, inside_, narrow_, true);
+    if (projection_)
+      floats +=
+          inside(out_sample_, narrow_) + down_bn_->library_reserve_floats(batch, inside_, narrow_, false);
+  }
   if (!g_in_dx) floats += inside(out_sample_, out_type_);                     // g
   if (in_ != inside_) floats += inside(in_sample_, in_type_) * (dx ? 2 : 1);  // x_in, dx_in
   if (out_ != inside_) floats += 2 * inside(out_sample_, out_type_);          // y_in, dy_in

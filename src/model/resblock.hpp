@@ -41,8 +41,8 @@ class ResBlock : public Layer {
   void set_overwrite_gradients(bool on) override;
   // Every stage's activations and gradients (a, da; r, dr but in the last; b
   // unfused), the shortcut's, the pre-relu sum's gradient where dx does not hold it,
-  // x and y reordered at its edges, and its convolutions' own (Conv2d::kept_floats).
-  // Not cuDNN's batch norm's reserve (DDP_CUDNN_BATCHNORM=1): the plan stays a floor.
+  // x and y reordered at its edges, its convolutions' own (Conv2d::kept_floats), and
+  // where the library's batch norm runs (DDP_CUDNN_BATCHNORM=1) what its calls keep.
   std::int64_t kept_floats(std::int64_t batch) const override;
   std::int64_t library_bytes(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
@@ -56,8 +56,8 @@ class ResBlock : public Layer {
   void set_layouts(Layout in, Layout inside, Layout out);
   // Fewer passes over the activations (Model::fuse_layers): each relu of the branch
   // inside the batch norm before it, and the last batch norm, the shortcut's, the
-  // sum and the relu in one pass forward (so b of the last stage and s2 are never
-  // written).
+  // sum and the relu in one pass forward (so b of the last stage is never written,
+  // nor s2 but where the library's batch norm adds it: set_library_batch_norm).
   void fuse_passes();
   // The element types of x and dx (in), of the block's own activations and their
   // gradients (inside: every convolution's output, every batch norm's, the
@@ -114,7 +114,8 @@ class ResBlock : public Layer {
   std::vector<Stage> stages_;     // the residual branch, input to output
   std::unique_ptr<Conv2d> down_conv_;
   std::unique_ptr<BatchNorm2d> down_bn_;
-  Tensor s1_, s2_;  // shortcut conv, bn (s2 unfused only): (B, C_out, Ho, Wo)
+  // shortcut conv, bn (s2 unfused, or for the library's batch norm to add): (B, C_out, Ho, Wo)
+  Tensor s1_, s2_;
   Tensor g_, ds1_;  // gradient of the pre-relu sum (where it is not written into dx), of s1
   Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;
   // Where in_ or out_ is not inside_: x, dx, y and dy in the inside layout

@@ -50,7 +50,7 @@ void PatchEmbed::set_overwrite_gradients(bool on) {
 
 // The convolution's output and its gradient, besides what the convolution keeps.
 std::int64_t PatchEmbed::kept_floats(std::int64_t batch) const {
-  return 2 * batch * T_ * d_ + conv_->kept_floats(batch);
+  return 2 * batch * T_ * d_ + conv_->kept_floats(batch, needs_input_grad(), false);
 }
 
 void PatchEmbed::scratch_floats(std::int64_t batch, SlotFloats& most) const {

@@ -25,33 +25,53 @@ struct ChainResults {
   std::map<std::string, std::int64_t> kernels;
 };
 
-inline ChainResults run_blocks(Precision p, bool narrow, const std::vector<std::string>& specs,
-                               const Shape& sample, BatchNormKernels* library = nullptr) {
-  const std::int64_t B = 4, n = std::int64_t(specs.size());
+// Such a chain at batch 4, its blocks fused and laid out as the model would, their
+// types set where narrow; x and dy the same every time; step(): a training forward
+// and backward, each block's output and input gradient in acts and grads.
+struct BlockChain {
   std::vector<std::unique_ptr<BoundLayer>> blocks;
-  Shape in = sample;
-  for (std::int64_t i = 0; i < n; ++i) {
-    blocks.push_back(std::make_unique<BoundLayer>(specs[i], in));
-    in = blocks.back()->out_sample;
-    auto& block = dynamic_cast<ResBlock&>(*blocks.back()->layer);
-    block.set_precision(p);
-    block.fuse_passes();
-    block.set_library_batch_norm(library);
-    block.set_layouts(Layout::nchw, block.native_layout(), Layout::nchw);
-    if (narrow) block.set_types(i > 0 ? p : Precision::fp32, p, i + 1 < n ? p : Precision::fp32);
-  }
   Tensor x, dy;
-  resize(x, B, sample, "test::x");
-  resize(dy, B, in, "test::dy");
-  from_host(x.data, random_values(x.numel(), 31));
-  from_host(dy.data, random_values(dy.numel(), 32));
-  std::vector<Tensor> acts(n), grads(n);
-  kernel_trace::start_counting();
-  for (int step = 0; step < 2; ++step) {  // the second on buffers already there
-    for (std::int64_t i = 0; i < n; ++i) blocks[i]->layer->forward(i ? acts[i - 1] : x, acts[i], true);
-    for (std::int64_t i = n; i-- > 0;)
+  std::vector<Tensor> acts, grads;
+
+  BlockChain(Precision p, bool narrow, const std::vector<std::string>& specs, const Shape& sample,
+             BatchNormKernels* library) {
+    const std::size_t n = specs.size();
+    Shape in = sample;
+    for (std::size_t i = 0; i < n; ++i) {
+      blocks.push_back(std::make_unique<BoundLayer>(specs[i], in));
+      in = blocks.back()->out_sample;
+      auto& block = dynamic_cast<ResBlock&>(*blocks.back()->layer);
+      block.set_precision(p);
+      block.fuse_passes();
+      block.set_library_batch_norm(library);
+      block.set_layouts(Layout::nchw, block.native_layout(), Layout::nchw);
+      if (narrow) block.set_types(i > 0 ? p : Precision::fp32, p, i + 1 < n ? p : Precision::fp32);
+    }
+    resize(x, kBatch, sample, "test::x");
+    resize(dy, kBatch, in, "test::dy");
+    from_host(x.data, random_values(x.numel(), 31));
+    from_host(dy.data, random_values(dy.numel(), 32));
+    acts.resize(n);
+    grads.resize(n);
+  }
+  void step() {
+    const std::size_t n = blocks.size();
+    for (std::size_t i = 0; i < n; ++i) blocks[i]->layer->forward(i ? acts[i - 1] : x, acts[i], true);
+    for (std::size_t i = n; i-- > 0;)
       blocks[i]->layer->backward(i ? acts[i - 1] : x, acts[i], i + 1 < n ? grads[i + 1] : dy, grads[i]);
   }
+  static constexpr std::int64_t kBatch = 4;
+};
+
+inline ChainResults run_blocks(Precision p, bool narrow, const std::vector<std::string>& specs,
+                               const Shape& sample, BatchNormKernels* library = nullptr) {
+  BlockChain chain(p, narrow, specs, sample, library);
+  const std::int64_t n = std::int64_t(specs.size());
+  const std::vector<Tensor>&acts = chain.acts, &grads = chain.grads;
+  const auto& blocks = chain.blocks;
+  kernel_trace::start_counting();
+  chain.step();
+  chain.step();  // the second on buffers already there
   ChainResults r;
   r.kernels = kernel_trace::stop_counting().kernels;
   for (std::int64_t i = 0; i + 1 < n; ++i) {  // handed on narrow, forward and backward

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/allocations.hpp"
 #include "block_chain.hpp"
 #include "layer_fixture.hpp"
 #include "model/batchnorm.hpp"
@@ -43,7 +44,11 @@ namespace {
 // by element on the host, sums in double: the library of the CPU build's run.
 class HostBatchNorm final : public BatchNormKernels {
  public:
-  std::size_t reserve_bytes(const BatchNormPass&) override { return 0; }
+  // What cuDNN keeps is its own; here a size that tells the passes apart (relu, the
+  // shortcut's add), so that the memory plan's count of it is checked.
+  std::size_t reserve_bytes(const BatchNormPass& p) override {
+    return 4 * std::size_t((p.B * p.hw * p.C + 31) / 32 * (p.relu ? 2 : 1) * (p.add ? 3 : 1));
+  }
 
   void forward_training(const BatchNormPass& p, const void* x, const void* z, void* y, const float* gamma,
                         const float* beta, float* running_mean, float* running_var, double momentum,
@@ -265,6 +270,34 @@ TEST(LibraryBatchNorm, BlocksAddTheirShortcutInIt) {
     std::printf("%s: library against own y %.1e dx %.1e grads %.1e; own against fp32 %.1e %.1e %.1e\n",
                 precision_name(p), y, dx, grads, norm_relative_error(own.y, exact.y),
                 norm_relative_error(own.dx, exact.dx), norm_relative_error(own.grads, exact.grads));
+  }
+}
+
+// The memory plan of residual blocks whose batch norms run in the library (as
+// run_blocks chains them, narrow inside and between): what their training forward
+// and backward allocate (ResBlock::kept_floats: besides the stages', the projection's
+// batch norm written out for the last one to add and each one's reserve in the
+// library) against what they plan, the same floats, as MemoryPlan.
+// LayersAllocateWhatTheyPlan holds the model's own kernels. The first block adds its
+// projection's shortcut in the library, the second its identity; the last, whose
+// output is fp32, adds in the model's pass.
+TEST(LibraryBatchNorm, BlocksPlanWhatTheyAllocate) {
+  ASSERT_NE(library(), nullptr) << "the GPU build's backend has no library batch norm";
+  const test::RecordAllocations recording;
+  for (Precision p : {Precision::bf16, Precision::fp16}) {
+    SCOPED_TRACE(precision_name(p));
+    test::BlockChain chain(p, true, kSpecs, kSample, library());
+    std::int64_t planned = 0;
+    for (const auto& block : chain.blocks) planned += block->layer->kept_floats(test::BlockChain::kBatch);
+    const test::LiveBlocks before = test::live_blocks();
+    chain.step();
+    Kokkos::fence();
+    std::int64_t count = 0, floats = test::allocated_since(before, &count);
+    for (std::size_t i = 0; i < chain.blocks.size(); ++i)  // outputs and input gradients: the model's
+      floats -= chain.acts[i].storage_floats() + chain.grads[i].storage_floats();
+    std::printf("%s: planned %lld floats, allocated %lld in %lld blocks\n", precision_name(p),
+                (long long)planned, (long long)floats, (long long)count);
+    EXPECT_EQ(floats, planned);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "allocations.hpp"
 #include "comm/check.hpp"
 #include "grad_check.hpp"
 #include "model/activation.hpp"
@@ -491,30 +492,9 @@ namespace {
 using test::make_tensor;
 using test::random_values;
 
-// Kokkos's allocations live now, by address: bytes and label (the memory plan's test).
-std::map<const void*, std::pair<std::uint64_t, std::string>> g_live_blocks;
-void note_allocation(const Kokkos::Profiling::SpaceHandle, const char* label, const void* ptr,
-                     std::uint64_t bytes) {
-  g_live_blocks[ptr] = {bytes, label};
-}
-void note_release(const Kokkos::Profiling::SpaceHandle, const char*, const void* ptr, std::uint64_t) {
-  g_live_blocks.erase(ptr);
-}
-
-// The floats allocated since `before` and still held, in *blocks blocks, but for the
-// small sums the plans leave out (the partial column sums) and Kokkos's own (its
-// teams' scratch).
-std::int64_t allocated_since(const std::map<const void*, std::pair<std::uint64_t, std::string>>& before,
-                             std::int64_t* blocks) {
-  std::int64_t floats = 0;
-  for (const auto& [ptr, block] : g_live_blocks)
-    if (!before.count(ptr) && block.second.find("::partial") == std::string::npos &&
-        block.second.rfind("Kokkos::", 0) != 0) {
-      floats += std::int64_t(block.first / 4);
-      ++*blocks;
-    }
-  return floats;
-}
+using test::allocated_since;
+using test::live_blocks;
+using test::RecordAllocations;
 
 // What a layer allocates in a training forward and backward, beyond its output and
 // input gradient, from fresh shared slots, against what it plans (Layer::kept_floats
@@ -552,9 +532,7 @@ TEST(MemoryPlan, LayersAllocateWhatTheyPlan) {
                         {"bottleneck(4)", {16, 8, 8}, true},
                         {"bottleneck(8, stride=2)", {16, 8, 8}, true},
                         {"bottleneck(8, stride=2)", {16, 8, 8}, false}};
-  Kokkos::Tools::Experimental::set_allocate_data_callback(note_allocation);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(note_release);
-  set_buffer_skew(false);
+  const RecordAllocations recording;
   for (Precision p : {Precision::fp32, Precision::bf16})
     for (const Case& c : cases) {
       const std::int64_t B = 4;
@@ -579,7 +557,7 @@ TEST(MemoryPlan, LayersAllocateWhatTheyPlan) {
       ys.insert(ys.end(), out.begin(), out.end());
       Tensor x = make_tensor(xs, random_values(shape_numel(xs), 1)), y,
              dy = make_tensor(ys, random_values(shape_numel(ys), 2)), dx;
-      const auto before = g_live_blocks;
+      const auto before = live_blocks();
       layer->forward(x, y, true);
       layer->backward(x, y, dy, dx);
       Kokkos::fence();
@@ -594,9 +572,6 @@ TEST(MemoryPlan, LayersAllocateWhatTheyPlan) {
                 << " blocks\n";
       EXPECT_EQ(floats, planned) << c.spec << " " << precision_name(p);
     }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
-  set_buffer_skew(true);
 }
 
 // A whole model's plan (Model::activation_floats: outputs, the gradients between
@@ -630,9 +605,7 @@ TEST(MemoryPlan, AModelAllocatesWhatItPlans) {
       {resnet, {3, 16, 16}, true, true},
       {edges, {3, 16, 16}, true, false},
       {edges, {3, 16, 16}, true, true}};
-  Kokkos::Tools::Experimental::set_allocate_data_callback(note_allocation);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(note_release);
-  set_buffer_skew(false);
+  const RecordAllocations recording;
   for (const Case& c : cases)
     for (Precision p : {Precision::fp32, Precision::bf16}) {
       if (c.narrow && p == Precision::fp32) continue;
@@ -647,7 +620,7 @@ TEST(MemoryPlan, AModelAllocatesWhatItPlans) {
       xs.insert(xs.end(), c.in.begin(), c.in.end());
       Tensor x = make_tensor(xs, random_values(shape_numel(xs), 3)),
              dout = make_tensor({B, 10}, random_values(B * 10, 4));
-      const auto before = g_live_blocks;
+      const auto before = live_blocks();
       m.forward(x, true);
       m.backward(dout);
       Kokkos::fence();
@@ -658,9 +631,6 @@ TEST(MemoryPlan, AModelAllocatesWhatItPlans) {
                 << blocks << " blocks\n";
       EXPECT_EQ(floats, planned) << name;
     }
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
-  set_buffer_skew(true);
 }
 
 }  // namespace
@@ -686,9 +656,7 @@ std::int64_t malloc_in_use() {
 // rounded).
 TEST(MemoryPlan, TheConvolutionLibraryHoldsWhatItPlans) {
   if (compute_backend().name().find("oneDNN") == std::string::npos) GTEST_SKIP() << "no host library here";
-  Kokkos::Tools::Experimental::set_allocate_data_callback(note_allocation);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(note_release);
-  set_buffer_skew(false);
+  const RecordAllocations recording;
   const std::int64_t B = 8;
   const std::vector<std::string> layers = {"conv2d(16, 3, pad=1, bias=false)",
                                            "batchnorm2d",
@@ -704,7 +672,7 @@ TEST(MemoryPlan, TheConvolutionLibraryHoldsWhatItPlans) {
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
     for (int twin = 0; twin < 2; ++twin) {
       release_shared_scratch();
-      const auto before = g_live_blocks;
+      const auto before = live_blocks();
       const std::int64_t in_use = malloc_in_use();
       Model m(layers, {3, 32, 32}, 1);
       m.set_precision(p);
@@ -713,7 +681,7 @@ TEST(MemoryPlan, TheConvolutionLibraryHoldsWhatItPlans) {
       Kokkos::fence();
       if (twin == 0) continue;
       std::int64_t ours = 0;  // every Kokkos block, the small sums and its own too
-      for (const auto& [ptr, block] : g_live_blocks)
+      for (const auto& [ptr, block] : live_blocks())
         if (!before.count(ptr)) ours += std::int64_t(block.first);
       const std::int64_t library = malloc_in_use() - in_use - ours, planned = m.library_bytes(B);
       std::cout << "  " << precision_name(p) << ": library planned " << planned << " B, allocated " << library
@@ -722,15 +690,13 @@ TEST(MemoryPlan, TheConvolutionLibraryHoldsWhatItPlans) {
       EXPECT_LE(library, planned + planned / 20 + 256 * 1024) << precision_name(p);
     }
   }
-  set_buffer_skew(true);
-  Kokkos::Tools::Experimental::set_allocate_data_callback(nullptr);
-  Kokkos::Tools::Experimental::set_deallocate_data_callback(nullptr);
 }
 
 // oneDNN's primitives and their copies are kept for two batch sizes at most (the
 // largest and the last other, onednn_conv.cpp): after a step at 8, a validation
 // forward at 3 and a step at 5 (an epoch's short last batch), malloc holds the set
-// of 5 beyond the set of 8 (within 5%), not half of that of 3 besides; and the step
+// of 5 beyond the set of 8 (within 10%: the weight gradients' buffer, planned in
+// it, came with the set of 8), not half of that of 3 besides; and the step
 // at 5 gives the bits a fresh model's gives.
 TEST(MemoryPlan, TheConvolutionLibraryKeepsTwoBatchSizes) {
   if (compute_backend().name().find("oneDNN") == std::string::npos) GTEST_SKIP() << "no host library here";
@@ -766,7 +732,7 @@ TEST(MemoryPlan, TheConvolutionLibraryKeepsTwoBatchSizes) {
   const std::int64_t grown = malloc_in_use() - in_use, five = m.library_bytes(5), three = m.library_bytes(3);
   std::cout << "  after batch 8: a set for 5 planned " << five << " B (for 3: " << three << " B), grown "
             << grown << " B\n";
-  EXPECT_GT(grown, five - five / 20);
+  EXPECT_GT(grown, five - five / 10);
   EXPECT_LT(grown, five + three / 2);
   EXPECT_EQ(to_host(m.gradients(), m.num_parameters()), want);
 }

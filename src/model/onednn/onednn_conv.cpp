@@ -157,8 +157,7 @@ struct Primitives {
 
 class OnednnConv final : public ConvKernels {
  public:
-  explicit OnednnConv(const ConvGeometry& g)
-      : g_(g), dparams_(std::size_t(g.out * g.in * g.k * g.k + (g.bias ? g.out : 0))) {}
+  explicit OnednnConv(const ConvGeometry& g) : g_(g) {}
 
   // fp32 sides only (takes_narrow_activations: no)
   void configure(Precision precision, bool fused_relu, ConvSide in_side, ConvSide out_side) override {
@@ -331,7 +330,7 @@ class OnednnConv final : public ConvKernels {
         port(o.w, d.bwd_weights.diff_weights_desc(), none);
     bytes += std::int64_t(d.fwd.scratchpad_desc().get_size() + d.bwd_data.scratchpad_desc().get_size() +
                           d.bwd_weights.scratchpad_desc().get_size());
-    return bytes + std::int64_t(dparams_.size() * sizeof(float));
+    return bytes + std::int64_t(dparams_size() * sizeof(float));
   }
 
  private:
@@ -348,6 +347,7 @@ class OnednnConv final : public ConvKernels {
 
     const Descs d = descs(B);
     dnnl::engine& eng = dnnl_engine();
+    dparams_.resize(dparams_size());  // at the first call, after the start-up memory check that plans it
     const Precision emulate = emulated();
     const auto f32 = memory::data_type::f32;
     const OurDescs o = our_descs(B);
@@ -379,6 +379,9 @@ class OnednnConv final : public ConvKernels {
   Precision precision_ = Precision::fp32;
   bool fused_relu_ = false;
   Layout in_layout_ = Layout::nchw, out_layout_ = Layout::nchw;
+  std::size_t dparams_size() const {
+    return std::size_t(g_.out * g_.in * g_.k * g_.k + (g_.bias ? g_.out : 0));
+  }
   std::vector<float> dparams_;        // (out*in*k*k + out): oneDNN's weight and bias gradients
   const float* dy_copied_ = nullptr;  // the dy whose copy the last backward weights left in bww_dy
   std::map<std::int64_t, std::unique_ptr<Primitives>> by_batch_;

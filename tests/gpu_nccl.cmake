@@ -65,9 +65,11 @@ if(DDP_ENABLE_CUDA)
       COMMAND ${_hang} runs/gpu_nccl_killed_np${np} ${_hang_nccl} --kill --stop-rank ${_killed})
   endforeach()
   # Rank 1 stuck at the end of the run before it ends its NCCL communicator
-  # (DDP_INJECT_FAULT=stall_end): rank 0 waits in its own ncclCommDestroy, or, where
-  # NCCL's returns without the peer, in the collective closing of the data files after
-  # it; the watchdog ends the job within comm.timeout_s, naming rank 1 as not arrived.
+  # (DDP_INJECT_FAULT=stall_end): the job ends within comm.timeout_s, the watchdog's
+  # line naming rank 1 as not arrived, wherever rank 0 waits for it: in its own
+  # ncclCommDestroy where NCCL waits for the peers of its host, or in the collective
+  # closing of the data files after it. Under nccl_one_gpu each rank is a host of
+  # its own to NCCL, whose destroy then returns: the closing is where rank 0 waits.
   ddp_add_nccl_test(stall_end_np2 NP 2 TIMEOUT 120
     COMMAND ${_nccl_e2e}/expect_error.sh --one-rank
             "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 10\\) in (the NCCL communicator's end \\(ncclCommDestroy\\)|the closing of the data files \\(HDF5 through MPI-IO\\)) \\(during the end of the run\\) at step [0-9]+[;] not arrived: rank 1 "

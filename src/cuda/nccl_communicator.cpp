@@ -54,10 +54,12 @@ NcclCommunicator::~NcclCommunicator() {
   cudaStreamDestroy(stream_);
 }
 
-// ncclCommDestroy finalizes the communicator with its peers (NCCL flushes and
-// disconnects), so a rank that died or hangs before its own would leave the others
+// ncclCommDestroy stops this rank's proxy thread, which waits for the ranks of its
+// host (to NCCL) connected to it: a peer on the node that is alive but hung before
+// its own destroy (one that died has closed its sockets) would leave this rank
 // inside it until the job's time limit. The watchdog names such a rank; without one
-// running, a thread of its own makes the call, waited for comm.timeout_s.
+// running, a thread of its own makes the call, waited for comm.timeout_s (1e9 s
+// where comm.timeout_s = 0 turns the watchdog off: unbounded, as asked).
 void NcclCommunicator::destroy() {
   inject_fault(FaultSite::communicator_end, 0);
   const watchdog::Collective guard("the NCCL communicator's end (ncclCommDestroy)");

@@ -81,7 +81,7 @@ void NcclCommunicator::destroy() {
   fatal_as("hang", "waited " + std::to_string(int(options_.timeout_s)) +
                        " s (comm.timeout_s) in the NCCL communicator's end (ncclCommDestroy) on rank " +
                        std::to_string(rank_) + " of " + std::to_string(size_) +
-                       " (a rank died, hung or never reached the end; no watchdog to name it)");
+                       " (a rank of this node hung before its own; no watchdog to name it)");
 }
 
 // Only while the main thread waits in poll(): NCCL takes no two calls on one

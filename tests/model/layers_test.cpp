@@ -134,6 +134,12 @@ std::vector<double> sums_and_seen(const View1& x, Layout layout, std::int64_t B,
 }
 }  // namespace ddp::planes_check
 
+#if defined(__SANITIZE_ADDRESS__)
+// AddressSanitizer's runtime's (sanitizer/allocator_interface.h, which Debian's GCC
+// does not ship).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
+#endif
+
 namespace ddp {
 namespace {
 
@@ -639,10 +645,15 @@ TEST(MemoryPlan, AModelAllocatesWhatItPlans) {
 namespace ddp {
 namespace {
 
-// The bytes malloc hands out now, in its heap and in its own mappings (glibc).
+// The bytes malloc hands out now: glibc's, in its heap and in its own mappings, or
+// AddressSanitizer's, whose malloc replaces glibc's in the sanitizer build.
 std::int64_t malloc_in_use() {
+#if defined(__SANITIZE_ADDRESS__)
+  return std::int64_t(__sanitizer_get_current_allocated_bytes());
+#else
   const struct mallinfo2 m = mallinfo2();
   return std::int64_t(m.uordblks + m.hblkhd);
+#endif
 }
 
 // What the convolution library holds for a model's calls (Model::library_bytes:

@@ -30,6 +30,12 @@ if(DDP_ENABLE_CUDA)
            COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(gpu_step_compare_cudnn_batchnorm PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
                        TIMEOUT ${DDP_TEST_TIMEOUT} ENVIRONMENT DDP_CUDNN_BATCHNORM=1)
+  # the convolutions through cuDNN's graph API (DDP_CUDNN_GRAPH=1), the residual blocks'
+  # batch norms on the sums their convolutions write; the default's tolerances
+  add_test(NAME gpu_step_compare_cudnn_graph
+           COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
+  set_tests_properties(gpu_step_compare_cudnn_graph PROPERTIES LABELS "gpu" SKIP_RETURN_CODE 77
+                       TIMEOUT ${DDP_TEST_TIMEOUT} ENVIRONMENT DDP_CUDNN_GRAPH=1)
 else()
   add_test(NAME step_reference_cpu COMMAND step_compare check ${CMAKE_CURRENT_SOURCE_DIR}/gpu/step_reference.h5)
   set_tests_properties(step_reference_cpu PROPERTIES LABELS "unit" TIMEOUT ${DDP_TEST_TIMEOUT})

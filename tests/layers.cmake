@@ -34,6 +34,22 @@ ddp_add_test(layers_narrow_test SOURCES layers/narrow_test.cpp LABELS layers)
 # A library batch norm in the layers against their own kernels: cuDNN's in the GPU
 # build (DDP_CUDNN_BATCHNORM=1), a plain host one in the CPU build.
 ddp_add_test(layers_library_batchnorm_test SOURCES layers/library_batchnorm_test.cpp LABELS layers)
+# The residual blocks' batch norms on the sums their convolutions write with their
+# output: cuDNN's graphs in the GPU build (the graph API on), a host stand-in in the
+# CPU build, there in the blocked layout and channels-last.
+ddp_add_test(layers_conv_stats_test SOURCES layers/conv_stats_test.cpp LABELS layers)
+if(DDP_ENABLE_CUDA)
+  set_tests_properties(layers_conv_stats_test PROPERTIES ENVIRONMENT DDP_CUDNN_GRAPH=1)
+  # cuDNN's engines for the fused graph may all sum with atomics: allowed here, they must run
+  add_test(NAME layers_conv_stats_test_nondeterministic COMMAND layers_conv_stats_test)
+  set_tests_properties(layers_conv_stats_test_nondeterministic PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT}
+                       LABELS "unit;gpu;layers" SKIP_RETURN_CODE 77
+                       ENVIRONMENT "DDP_CUDNN_GRAPH=1;DDP_CUDNN_DETERMINISTIC=0")
+else()
+  add_test(NAME layers_conv_stats_test_nhwc COMMAND layers_conv_stats_test)
+  set_tests_properties(layers_conv_stats_test_nhwc PROPERTIES TIMEOUT ${DDP_TEST_TIMEOUT} LABELS "unit;layers"
+                       ENVIRONMENT DDP_CONV_LAYOUT=nhwc)
+endif()
 if(NOT DDP_ENABLE_CUDA)
   # The residual blocks on channels-last (the GPU's narrow layout) on the host:
   # their passes in the element maps' runs, as on the GPU.

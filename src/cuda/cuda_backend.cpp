@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,15 @@ bool graph_convolutions() {
   return on;
 }
 
+// DDP_CUDNN_STATS=0: with the graph API, the convolutions before a residual block's
+// batch norms run alone, and the batch norms take their own sums, as without it.
+// Unset or 1: each such convolution writes the sums of its output in its own graph
+// ("conv -> genstats", CudnnConv::forward_stats) where cuDNN has an engine for it.
+bool convolution_statistics() {
+  static const bool on = env_flag("DDP_CUDNN_STATS", /*unset=*/true);
+  return on;
+}
+
 // DDP_CUDNN_HEURISTICS=B: the graph API's heuristics in mode B (slower to choose, a
 // model of the device) instead of INSTANT (PyTorch's default). Any other value is an
 // input error at start-up (the compute line reads it), so that a misspelt one does not
@@ -193,6 +203,13 @@ class CudnnConvKernels final : public ConvKernels {
                      bool accumulate) override;
   // cuDNN adds (beta = 1) where it writes dx as it is; the epilogue adds where dx is fp32.
   bool accumulates_input_grad() const override { return direct(in_, in_type_) || in_type_ == DType::F32; }
+  // Through the graph API, on its narrow channels-last kernels, y written as it is
+  // (no epilogue to move it), no bias or relu: the graph's output is y.
+  bool has_forward_stats() const override {
+    return graph_convolutions() && convolution_statistics() && nhwc_ && io_ != DType::F32 &&
+           direct(out_, out_type_) && !g_.bias && !fused_relu_;
+  }
+  bool forward_stats(std::int64_t B, const float* x, const float* weight, float* y, float* sums) override;
 
  private:
   ConvShape shape(std::int64_t B) const;
@@ -220,7 +237,8 @@ class CudnnConvKernels final : public ConvKernels {
   Layout in_ = Layout::nchw, out_ = Layout::nchw;  // the layer's x and dx, y and dy
   DType in_type_ = DType::F32, out_type_ = DType::F32;
   bool fused_relu_ = false;
-  const float* dy_narrowed_ = nullptr;  // backward weights left this dy's copy in slot B
+  const float* dy_narrowed_ = nullptr;     // backward weights left this dy's copy in slot B
+  std::set<std::int64_t> stats_declined_;  // batch sizes forward_stats found no graph for
 };
 
 class CudaBackend final : public ComputeBackend {
@@ -590,6 +608,33 @@ void CudnnConvKernels::forward(std::int64_t B, const float* x, const float* weig
   if (kernel_trace::recording())
     kernel_trace::record(
         {"conv2d fwd", g_.forward_flops(B), [&c, s, x_op, w_op, y_op] { c.forward(s, x_op, w_op, y_op); }});
+}
+
+// forward's y and, in the same cuDNN graph, the per-channel sums of y and y^2 into
+// sums and sums + out; false where the graph API has no engine its rules allow for
+// this shape (then not asked again at this batch size, unless it was asked while the
+// step was captured, when no fused plan is made): the sums were zeroed, and y may
+// hold a failed first run's part, which forward then writes over.
+bool CudnnConvKernels::forward_stats(std::int64_t B, const float* x, const float* weight, float* y,
+                                     float* sums) {
+  if (B == 0 || !has_forward_stats() || stats_declined_.count(B)) return false;
+  const ConvShape s = shape(B);
+  const std::int64_t hw_in = g_.h * g_.w;
+  const void* x_op = operand(x, in_type_, in_ == Layout::nhwc, B, g_.in, hw_in, Scratch::A);
+  const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
+  float* sum = sums;
+  float* sqsum = sums + g_.out;
+  CudnnConv& c = conv();
+  if (!c.forward_stats(s, x_op, w_op, y, nullptr, nullptr, sum, sqsum)) {
+    if (!capturing(backend_.stream())) stats_declined_.insert(B);
+    return false;
+  }
+  kernel_trace::count_library_call();
+  if (kernel_trace::recording())
+    kernel_trace::record({"conv2d fwd+stats", g_.forward_flops(B), [&c, s, x_op, w_op, y, sum, sqsum] {
+                            c.forward_stats(s, x_op, w_op, y, nullptr, nullptr, sum, sqsum);
+                          }});
+  return true;
 }
 
 // dweight (out, in, k, k) += (or =) corr(x, dy); dbias (out) += (or =) sum dy. fp32

@@ -119,6 +119,18 @@ class ConvKernels {
                              bool accumulate) = 0;
   // Whether backward_data adds to dx as it writes it, on the configured sides.
   virtual bool accumulates_input_grad() const { return false; }
+  // The forward with the statistics a batch norm after it needs, in the same pass
+  // (cuDNN's "conv -> genstats" graph): y as forward writes it, and sums (2 * out
+  // floats): each channel's sum of y over (B, ho, wo), then its sum of y^2, fp32.
+  // Where has_forward_stats(): on the configured sides, no bias nor fused relu. It may
+  // still decline a shape (cuDNN without an engine for it that its rules allow): false,
+  // and what y and sums hold is not to be read: the caller runs forward and the batch
+  // norm its own sums. The host's oneDNN has no such pass.
+  virtual bool has_forward_stats() const { return false; }
+  virtual bool forward_stats(std::int64_t /*B*/, const float* /*x*/, const float* /*weight*/, float* /*y*/,
+                             float* /*sums*/) {
+    return false;
+  }
   // The bytes the library's kernels hold of their own for calls at batch B on the
   // configured sides (oneDNN: its copies of operands in the layouts and types it
   // wants, its scratchpads), for the start-up memory plan; 0 where unknown before

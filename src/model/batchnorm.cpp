@@ -240,42 +240,87 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
     const double v = x;
     return v * v;
   };
-  auto stats = [&] {
-    if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
-    BatchNormStats st;
-    st.mean = mean;
-    st.invstd = invstd;
-    st.gamma = gamma;
-    st.beta = beta;
-    st.w = w;
-    st.b = b;
-    st.rm = running_mean_;
-    st.rv = running_var_;
-    st.nb = batches_tracked_;
-    st.n = double(count_);
-    st.unbias = st.n / (st.n - 1.0);
-    st.momentum = momentum_;
-    st.eps = eps;
-    return st;
-  };
   if (!comm_) {  // the statistics in the sums' own kernel
     count_ = B * hw;
     channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw,
-                 partial_, sums, x1, x2, stats(), xv);
+                 partial_, sums, x1, x2, batch_stats(), xv);
     return;
   }
   channel_sums("BatchNorm2d::forward_sums", "BatchNorm2d::forward_sums (rows)", x.layout, B, C, hw, partial_,
                sums, x1, x2, NoThen{}, xv);
+  statistics_over_ranks(B * hw);
+}
+
+BatchNormStats BatchNorm2d::batch_stats() const {
+  if (count_ < 2) throw InputError("batchnorm2d in training needs more than 1 value per channel");
+  BatchNormStats st;
+  st.mean = mean_;
+  st.invstd = invstd_;
+  st.gamma = gamma_;
+  st.beta = beta_;
+  st.w = weight_;
+  st.b = bias_;
+  st.rm = running_mean_;
+  st.rv = running_var_;
+  st.nb = batches_tracked_;
+  st.n = double(count_);
+  st.unbias = st.n / (st.n - 1.0);
+  st.momentum = momentum_;
+  st.eps = eps_;
+  return st;
+}
+
+namespace {
+// The kernels of the statistics from sums, as functions of their own: CUDA's extended
+// lambdas may not live in private members.
+void put_count(Kokkos::View<double*> sums, std::int64_t C, std::int64_t count) {
   Kokkos::parallel_for(
-      "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(B * hw); });
-  allreduce(sums_, 2 * C + 1);
-  // The count over ranks only SyncBatchNorm needs to ask (a host wait); per rank it is known.
-  Kokkos::deep_copy(sums_host_, sums_);
-  count_ = static_cast<std::int64_t>(sums_host_(2 * C));
-  const BatchNormStats st = stats();
+      "BatchNorm2d::count", Range(0, 1), KOKKOS_LAMBDA(int) { sums(2 * C) = double(count); });
+}
+void stats_from(const BatchNormStats& st, Kokkos::View<double*> sums, std::int64_t C) {
   Kokkos::parallel_for(
       "BatchNorm2d::forward_stats", Range(0, C),
       KOKKOS_LAMBDA(std::int64_t c) { st(c, sums(c), sums(C + c)); });
+}
+}  // namespace
+
+// sums_ holds this rank's sums of x and x^2 (2C): with the count, all-reduced, then
+// the statistics from them.
+void BatchNorm2d::statistics_over_ranks(std::int64_t count) {
+  put_count(sums_, c_, count);
+  allreduce(sums_, 2 * c_ + 1);
+  // The count over ranks only SyncBatchNorm needs to ask (a host wait); per rank it is known.
+  Kokkos::deep_copy(sums_host_, sums_);
+  count_ = static_cast<std::int64_t>(sums_host_(2 * c_));
+  stats_from(batch_stats(), sums_, c_);
+}
+
+bool BatchNorm2d::library_runs(Layout layout, Precision type) const {
+  return !comm_ && layout == Layout::nhwc && type != Precision::fp32 && library();
+}
+
+void BatchNorm2d::statistics_from_sums(const Tensor& x, const float* given) {
+  library_forward_ = false;
+  normalised_by_batch_ = true;
+  const std::int64_t B = x.batch(), C = c_, count = B * hw_;
+  if (!comm_) {
+    count_ = count;
+    const BatchNormStats st = batch_stats();
+    Kokkos::parallel_for(
+        "BatchNorm2d::stats_from_sums", Range(0, C),
+        KOKKOS_LAMBDA(std::int64_t c) { st(c, double(given[c]), double(given[C + c])); });
+    return;
+  }
+  auto sums = sums_;
+  Kokkos::parallel_for(
+      "BatchNorm2d::sums_from_conv", Range(0, 2 * C),
+      KOKKOS_LAMBDA(std::int64_t i) { sums(i) = double(given[i]); });
+  statistics_over_ranks(count);
+}
+
+void BatchNorm2d::forward_from_sums(const Tensor& x, const float* sums, Tensor& y) {
+  statistics_from_sums(x, sums);
+  write_normalised(x, y);
 }
 
 // x: (B, C, H, W) -> y: (B, C, H, W) = (x - mean) * invstd * gamma + beta (then
@@ -285,6 +330,10 @@ void BatchNorm2d::statistics_of(const Tensor& x, bool training) {
 void BatchNorm2d::forward(const Tensor& x, Tensor& y, bool training) {
   if (training && library_runs(x)) return library_forward(x, nullptr, y);
   statistics(x, training);
+  write_normalised(x, y);
+}
+
+void BatchNorm2d::write_normalised(const Tensor& x, Tensor& y) {
   resize(y, x.batch(), sample_, "BatchNorm2d::y", x.layout, x.type);
   if (x.type == Precision::fp32)
     normalise<false>(x, y);
@@ -414,9 +463,7 @@ BatchNormKernels* BatchNorm2d::library() const {
   return backend.batch_norm_in_library() ? backend.batch_norm() : nullptr;
 }
 
-bool BatchNorm2d::library_runs(const Tensor& x) const {
-  return !comm_ && x.layout == Layout::nhwc && x.type != Precision::fp32 && library();
-}
+bool BatchNorm2d::library_runs(const Tensor& x) const { return library_runs(x.layout, x.type); }
 
 BatchNormPass BatchNorm2d::library_pass(std::int64_t B, Precision type, bool add) const {
   BatchNormPass p;

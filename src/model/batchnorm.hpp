@@ -19,6 +19,8 @@
 
 namespace ddp {
 
+struct BatchNormStats;  // batchnorm.cpp
+
 // The per-channel map of a batch norm's last forward, y = (x - mean) invstd gamma +
 // beta, for a kernel that applies it in a pass of its own (ResBlock's output). K:
 // ChannelValues (model/elements.hpp), or ChannelValues8 for a thread's 8 channels
@@ -52,6 +54,13 @@ class BatchNorm2d : public Layer {
   // Forward without its pass over the elements: the batch's (training) or the
   // running statistics, the running update, and affine() for them.
   void statistics(const Tensor& x, bool training);
+  // A training forward's statistics from the sums the convolution before it wrote as
+  // it wrote x (Conv2d::forward_with_sums: 2C floats, each channel's sum of x over this
+  // rank's batch, then of x^2) instead of a pass of its own over x; synchronised, they
+  // are all-reduced with the count first, as its own are.
+  void statistics_from_sums(const Tensor& x, const float* sums);
+  // A training forward (its relu fused or not) on those statistics, outside the library.
+  void forward_from_sums(const Tensor& x, const float* sums, Tensor& y);
   BatchNormAffine affine() const {
     return {{mean_.data()}, {invstd_.data()}, {gamma_.data()}, {beta_.data()}};
   }
@@ -65,6 +74,7 @@ class BatchNorm2d : public Layer {
   }
   // Whether a training forward on x runs in the library.
   bool library_runs(const Tensor& x) const;
+  bool library_runs(Layout layout, Precision type) const;  // for an x of that layout and type
   // The memory plan's: whether a training forward on x of `layout` and `type` will
   // run in the library (library_runs, with the layer's sync for the communicator the
   // trainer sets after the plan), and the floats of what it keeps there for its
@@ -106,6 +116,14 @@ class BatchNorm2d : public Layer {
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
   void allreduce(Kokkos::View<double*> sums, std::size_t n);
   void reserve_partial(Layout layout, std::int64_t B);
+  // The per-channel map from the batch's sums to the statistics (mean_, invstd_, the
+  // affine parameters, the running update) for count_ values a channel.
+  BatchNormStats batch_stats() const;
+  // From this rank's sums of x and x^2 in sums_ (2C) over `count` values a channel: the
+  // sums and counts all-reduced, then the statistics.
+  void statistics_over_ranks(std::int64_t count);
+  // y = bn(x) (rectified where fused) on the statistics taken
+  void write_normalised(const Tensor& x, Tensor& y);
   // The training forward and its backward in the library, with z (and dz) where the
   // output adds it.
   BatchNormKernels* library() const;

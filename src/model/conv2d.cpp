@@ -117,7 +117,13 @@ const Tensor& Conv2d::for_kernels(const Tensor& t, Tensor& wide, const char* lab
 }
 
 // x: (B, in, h, w) -> y: (B, out, ho, wo), rectified when fused with a relu
-void Conv2d::forward(const Tensor& x_given, Tensor& y, bool /*training*/) {
+void Conv2d::forward(const Tensor& x, Tensor& y, bool /*training*/) { run_forward(x, y, nullptr); }
+
+bool Conv2d::forward_with_sums(const Tensor& x, Tensor& y, float* sums) {
+  return run_forward(x, y, computes_sums() ? sums : nullptr);
+}
+
+bool Conv2d::run_forward(const Tensor& x_given, Tensor& y, float* sums) {
   DDP_REQUIRE(x_given.layout == in_layout_ && x_given.type == in_type_,
               "conv2d input in another layout or type than the model set");
   const std::int64_t B = x_given.batch();
@@ -125,8 +131,11 @@ void Conv2d::forward(const Tensor& x_given, Tensor& y, bool /*training*/) {
   const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
   const bool narrow_y = widened_ && out_type_ != Precision::fp32;
   if (narrow_y) resize(y_wide_, B, out_sample_, "Conv2d::y_wide", out_layout_);
-  kernels_->forward(B, x.data.data(), weight_, bias_, (narrow_y ? y_wide_ : y).data.data());
+  float* to = (narrow_y ? y_wide_ : y).data.data();
+  const bool with_sums = sums && kernels_->forward_stats(B, x.data.data(), weight_, to, sums);
+  if (!with_sums) kernels_->forward(B, x.data.data(), weight_, bias_, to);
   if (narrow_y) convert_type(y_wide_, y, out_type_, "Conv2d::y");
+  return with_sums;
 }
 
 // dy: (B, out, ho, wo) -> dW (out, in, k, k) += (or =), db (out) += (or =), dx: (B, in, h, w) = (or +=)

@@ -24,6 +24,16 @@ class Conv2d : public Layer {
   void bind(float* params, float* grads) override;
   void init(Rng& rng) override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
+  // forward, and in the same pass the per-channel sums the batch norm after it needs
+  // (sums: 2 * out floats, each channel's sum of y over (B, ho, wo), then of y^2)
+  // where the backend's kernels have one for this call (ConvKernels::forward_stats):
+  // whether the sums were written (else forward ran without them).
+  bool forward_with_sums(const Tensor& x, Tensor& y, float* sums);
+  // Whether forward_with_sums may compute the sums here (no bias, no fused relu, and
+  // the backend's kernels have such a pass on the configured sides).
+  bool computes_sums() const {
+    return kernels_ && !geometry_.bias && !fused_relu_ && kernels_->has_forward_stats();
+  }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   // The backend plans its kernels for the new precision (model/precision.hpp says
   // how each backend runs bf16 and fp16).
@@ -74,6 +84,8 @@ class Conv2d : public Layer {
 
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels
+  // forward, with the sums where `sums` is not null and the kernels write them: whether they did
+  bool run_forward(const Tensor& x, Tensor& y, float* sums);
   // t itself, or its fp32 copy in `wide` where t is narrow and the kernels want fp32
   const Tensor& for_kernels(const Tensor& t, Tensor& wide, const char* label) const;
   // dx = conv^T(dy), written (dx sized here)

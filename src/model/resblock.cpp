@@ -1,5 +1,7 @@
 #include "model/resblock.hpp"
 
+#include <algorithm>
+
 #include "comm/check.hpp"
 #include "model/activation.hpp"
 #include "model/elements.hpp"
@@ -198,10 +200,23 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
       floats +=
           inside(out_sample_, narrow_) + down_bn_->library_reserve_floats(batch, inside_, narrow_, false);
   }
+  if (fused_ && any_conv_sums()) floats += conv_sums_floats();                // conv_sums
   if (!g_in_dx) floats += inside(out_sample_, out_type_);                     // g
   if (in_ != inside_) floats += inside(in_sample_, in_type_) * (dx ? 2 : 1);  // x_in, dx_in
   if (out_ != inside_) floats += 2 * inside(out_sample_, out_type_);          // y_in, dy_in
   return floats;
+}
+
+bool ResBlock::any_conv_sums() const {
+  for (const Conv2d* c : convs())
+    if (c->computes_sums()) return true;
+  return false;
+}
+
+std::int64_t ResBlock::conv_sums_floats() const {
+  std::int64_t channels = 0;
+  for (const Conv2d* c : convs()) channels = std::max(channels, c->output_sample()[0]);
+  return 2 * channels;
 }
 
 std::int64_t ResBlock::library_bytes(std::int64_t batch) const {
@@ -271,12 +286,42 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   if (convert_in) convert_layout(x_given, x_in_, inside_, "ResBlock::x_in");
   const Tensor& x = convert_in ? x_in_ : x_given;
   Tensor& y = convert_out ? y_in_ : y_given;
+  Stage& last = stages_.back();
+  // The library's batch norm adds the shortcut before its relu itself, where the
+  // shortcut is of the branch's layout and type and y of that type: the identity's
+  // x, or the projection's batch norm written out (s2). Every convolution writes its
+  // output (a, s1) in the layout and type inside.
+  library_output_ = fused_ && training && last.bn->library_runs(inside_, narrow_) && out_type_ == narrow_ &&
+                    (projection_ || (x.layout == inside_ && x.type == narrow_));
+  // Fused, in training, a convolution whose kernels take the statistics of their output
+  // as they write it (cuDNN's "conv -> genstats") hands them to the batch norm after it,
+  // which then makes no pass of its own for them; not where the library's batch norm
+  // takes its own. Each batch norm takes them from conv_sums_ before the next
+  // convolution writes there.
+  float* sums = nullptr;
+  if (fused_ && training && any_conv_sums()) {
+    if (conv_sums_.extent(0) == 0) conv_sums_ = make_buffer("ResBlock::conv_sums", conv_sums_floats());
+    sums = conv_sums_.data();
+  }
+  // The convolution's forward, with the sums where they are wanted: whether it wrote them.
+  const auto conv_forward = [&](Conv2d& conv, const Tensor& in, Tensor& out, bool library_bn) {
+    if (sums && !library_bn) return conv.forward_with_sums(in, out, sums);
+    conv.forward(in, out, training);
+    return false;
+  };
   const Tensor* h = &x;
+  bool last_with_sums = false;
   for (std::size_t k = 0; k < stages_.size(); ++k) {
     Stage& st = stages_[k];
-    st.conv->forward(*h, st.a, training);
-    if (k + 1 == stages_.size()) break;
-    if (fused_) {
+    if (k + 1 == stages_.size()) {
+      last_with_sums = conv_forward(*st.conv, *h, st.a, library_output_);
+      if (last_with_sums) st.bn->statistics_from_sums(st.a, sums);
+      break;
+    }
+    const bool with_sums = conv_forward(*st.conv, *h, st.a, st.bn->library_runs(inside_, narrow_));
+    if (with_sums) {
+      st.bn->forward_from_sums(st.a, sums, st.r);  // relu inside
+    } else if (fused_) {
       st.bn->forward(st.a, st.r, training);  // relu inside
     } else {
       st.bn->forward(st.a, st.b, training);
@@ -285,21 +330,14 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
     }
     h = &st.r;
   }
-  if (projection_) down_conv_->forward(x, s1_, training);
-  Stage& last = stages_.back();
-  // The library's batch norm adds the shortcut before its relu itself, where the
-  // shortcut is of the branch's layout and type and y of that type: the identity's
-  // x, or the projection's batch norm written out (s2).
-  const Tensor& a = last.a;
-  const auto fits = [&a](const Tensor& t) { return t.layout == a.layout && t.type == a.type; };
-  library_output_ = fused_ && training && last.bn->library_runs(a) && out_type_ == a.type &&
-                    (projection_ ? fits(s1_) : fits(x));
+  const bool down_with_sums = projection_ && conv_forward(*down_conv_, x, s1_, library_output_);
+  if (down_with_sums) down_bn_->statistics_from_sums(s1_, sums);
   if (library_output_) {
     if (projection_) down_bn_->forward(s1_, s2_, training);
-    last.bn->forward_add_relu(a, projection_ ? s2_ : x, y);
+    last.bn->forward_add_relu(last.a, projection_ ? s2_ : x, y);
   } else if (fused_) {
-    last.bn->statistics(last.a, training);
-    if (projection_) down_bn_->statistics(s1_, training);
+    if (!last_with_sums) last.bn->statistics(last.a, training);
+    if (projection_ && !down_with_sums) down_bn_->statistics(s1_, training);
     write_output(x, y);
   } else {
     last.bn->forward(last.a, last.b, training);

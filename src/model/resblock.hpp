@@ -40,7 +40,8 @@ class ResBlock : public Layer {
   void set_precision(Precision p) override;
   void set_overwrite_gradients(bool on) override;
   // Every stage's activations and gradients (a, da; r, dr but in the last; b
-  // unfused), the shortcut's, the pre-relu sum's gradient where dx does not hold it,
+  // unfused), the shortcut's, the sums its convolutions hand to the batch norms,
+  // the pre-relu sum's gradient where dx does not hold it,
   // x and y reordered at its edges, its convolutions' own (Conv2d::kept_floats), and
   // where the library's batch norm runs (DDP_CUDNN_BATCHNORM=1) what its calls keep.
   std::int64_t kept_floats(std::int64_t batch) const override;
@@ -58,6 +59,9 @@ class ResBlock : public Layer {
   // inside the batch norm before it, and the last batch norm, the shortcut's, the
   // sum and the relu in one pass forward (so b of the last stage is never written,
   // nor s2 but where the library's batch norm adds it: set_library_batch_norm).
+  // Fused, in training, a batch norm takes its statistics from the sums the
+  // convolution before it wrote with its output, where the backend's kernels do
+  // (ConvKernels::forward_stats: cuDNN's graph API), and makes no pass for them.
   void fuse_passes();
   // The element types of x and dx (in), of the block's own activations and their
   // gradients (inside: every convolution's output, every batch norm's, the
@@ -92,6 +96,10 @@ class ResBlock : public Layer {
   bool grad_sum_in_dx() const { return !projection_ && needs_input_grad() && in_type_ == out_type_; }
   // fused_output for the types of the tensors at hand
   void write_output(const Tensor& x, Tensor& y);
+  // Whether a convolution here computes the sums of its output in its own pass
+  // (Conv2d::computes_sums), and the floats of conv_sums_: two per channel of the widest.
+  bool any_conv_sums() const;
+  std::int64_t conv_sums_floats() const;
 
   // One conv -> bn step of the residual branch, with its activations, all
   // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
@@ -120,6 +128,9 @@ class ResBlock : public Layer {
   Layout in_ = Layout::nchw, inside_ = Layout::nchw, out_ = Layout::nchw;
   // Where in_ or out_ is not inside_: x, dx, y and dy in the inside layout
   Tensor x_in_, dx_in_, y_in_, dy_in_;
+  // The sums a convolution wrote with its output (sum, then sum of squares, a channel
+  // each) for the batch norm after it, fused and in training, where any_conv_sums()
+  View1 conv_sums_;
 };
 
 }  // namespace ddp

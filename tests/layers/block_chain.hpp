@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../model/allocations.hpp"
 #include "layer_fixture.hpp"
 #include "model/kernel_trace.hpp"
 #include "model/resblock.hpp"
@@ -21,7 +22,7 @@
 namespace ddp::test {
 
 struct ChainResults {
-  std::vector<float> y, dx, grads;
+  std::vector<float> y, dx, grads, buffers;  // buffers: the running statistics, block by block
   std::map<std::string, std::int64_t> kernels;
 };
 
@@ -63,6 +64,24 @@ struct BlockChain {
   static constexpr std::int64_t kBatch = 4;
 };
 
+// The memory plan's check of a chain: the floats its blocks plan (kept_floats) and
+// those they allocate in one step beside the outputs and input gradients between them
+// (the model's), in `blocks` allocations; a RecordAllocations must be living.
+struct ChainMemory {
+  std::int64_t planned = 0, allocated = 0, blocks = 0;
+};
+inline ChainMemory step_memory(BlockChain& chain) {
+  ChainMemory m;
+  for (const auto& block : chain.blocks) m.planned += block->layer->kept_floats(BlockChain::kBatch);
+  const LiveBlocks before = live_blocks();
+  chain.step();
+  Kokkos::fence();
+  m.allocated = allocated_since(before, &m.blocks);
+  for (std::size_t i = 0; i < chain.blocks.size(); ++i)
+    m.allocated -= chain.acts[i].storage_floats() + chain.grads[i].storage_floats();
+  return m;
+}
+
 inline ChainResults run_blocks(Precision p, bool narrow, const std::vector<std::string>& specs,
                                const Shape& sample, BatchNormKernels* library = nullptr) {
   BlockChain chain(p, narrow, specs, sample, library);
@@ -83,8 +102,9 @@ inline ChainResults run_blocks(Precision p, bool narrow, const std::vector<std::
   r.y = to_host(acts.back().data, acts.back().numel());
   r.dx = to_host(grads.front().data, grads.front().numel());
   for (const auto& block : blocks) {
-    const std::vector<float> g = to_host(block->grads, block->n);
+    const std::vector<float> g = to_host(block->grads, block->n), b = to_host(block->buffers, block->nbuf);
     r.grads.insert(r.grads.end(), g.begin(), g.end());
+    r.buffers.insert(r.buffers.end(), b.begin(), b.end());
   }
   return r;
 }

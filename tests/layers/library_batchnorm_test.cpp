@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "../model/allocations.hpp"
 #include "block_chain.hpp"
 #include "layer_fixture.hpp"
 #include "model/batchnorm.hpp"
@@ -287,17 +286,10 @@ TEST(LibraryBatchNorm, BlocksPlanWhatTheyAllocate) {
   for (Precision p : {Precision::bf16, Precision::fp16}) {
     SCOPED_TRACE(precision_name(p));
     test::BlockChain chain(p, true, kSpecs, kSample, library());
-    std::int64_t planned = 0;
-    for (const auto& block : chain.blocks) planned += block->layer->kept_floats(test::BlockChain::kBatch);
-    const test::LiveBlocks before = test::live_blocks();
-    chain.step();
-    Kokkos::fence();
-    std::int64_t count = 0, floats = test::allocated_since(before, &count);
-    for (std::size_t i = 0; i < chain.blocks.size(); ++i)  // outputs and input gradients: the model's
-      floats -= chain.acts[i].storage_floats() + chain.grads[i].storage_floats();
+    const test::ChainMemory m = test::step_memory(chain);
     std::printf("%s: planned %lld floats, allocated %lld in %lld blocks\n", precision_name(p),
-                (long long)planned, (long long)floats, (long long)count);
-    EXPECT_EQ(floats, planned);
+                (long long)m.planned, (long long)m.allocated, (long long)m.blocks);
+    EXPECT_EQ(m.allocated, m.planned);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <random>
 
 #include "comm/check.hpp"
+#include "forwarding_backend.hpp"
 #include "layer_fixture.hpp"
 #include "model/backend.hpp"
 #include "model/gemm.hpp"
@@ -367,15 +368,9 @@ TEST(Precision, AttentionNearFp32) {
 // bits, found for an operand's whole span as the GPU's backend finds them, and
 // counted each time they serve one. copies = false (the GPU): none, so every product
 // narrows its operands, as before the GPU's backend kept copies.
-class CopyingBackend final : public ComputeBackend {
+class CopyingBackend final : public test::ForwardingBackend {
  public:
-  CopyingBackend(ComputeBackend& inner, bool copies) : inner_(inner), copies_on_(copies) {}
-  std::string name() const override { return inner_.name(); }
-  std::string precision_text(Precision p) const override { return inner_.precision_text(p); }
-  bool narrow_convolution_results(Precision p) const override { return inner_.narrow_convolution_results(p); }
-  std::string precision_unsupported(Precision p) const override { return inner_.precision_unsupported(p); }
-  std::string allow_tf32(bool allow) override { return inner_.allow_tf32(allow); }
-  bool device_memory() const override { return inner_.device_memory(); }
+  CopyingBackend(ComputeBackend& inner, bool copies) : ForwardingBackend(inner), copies_on_(copies) {}
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc, Precision p) override {
     inner_.gemm(trans_a, trans_b, m, n, k, alpha,
@@ -418,25 +413,6 @@ class CopyingBackend final : public ComputeBackend {
         return;
       }
   }
-  bool has_fused_attention(std::int64_t hs, Precision p) const override {
-    return inner_.has_fused_attention(hs, p);
-  }
-  void fused_attention_forward(const FusedAttention& a, const float* qkv, float* o, float* stats) override {
-    inner_.fused_attention_forward(a, qkv, o, stats);
-  }
-  void fused_attention_backward(const FusedAttention& a, const float* qkv, const float* o, const float* d_o,
-                                const float* stats, float* delta, float* dqkv) override {
-    inner_.fused_attention_backward(a, qkv, o, d_o, stats, delta, dqkv);
-  }
-  std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& g) override { return inner_.make_conv(g); }
-  BatchNormKernels* batch_norm() override { return inner_.batch_norm(); }
-  bool batch_norm_in_library() const override { return inner_.batch_norm_in_library(); }
-  void synchronize() override { inner_.synchronize(); }
-  std::string graphs_unsupported() const override { return inner_.graphs_unsupported(); }
-  std::unique_ptr<CapturedWork> capture(const std::function<void()>& record) override {
-    return inner_.capture(record);
-  }
-
   std::vector<int> reads;  // each copy forgotten: the operands it served
   std::size_t live() const { return live_.size(); }
 
@@ -457,7 +433,6 @@ class CopyingBackend final : public ComputeBackend {
     std::int64_t n;
     int reads;
   };
-  ComputeBackend& inner_;
   bool copies_on_;
   NarrowCopies copies_;
   std::vector<Live> live_;

@@ -6,6 +6,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/compute_communicator.hpp"
+#include "conv_stats.hpp"
 #include "layer_fixture.hpp"
 #include "model/model.hpp"
 
@@ -16,7 +17,10 @@ using test::make_tensor;
 using test::random_values;
 using test::to_host;
 
-TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
+// conv_sums: the rank's model on a backend whose convolutions write the sums of their
+// output (conv_stats.hpp), which the residual block's batch norms then all-reduce
+// instead of their own; the one-rank answer takes its own. Whether it did: into *made.
+void expect_ranks_equal_one_big_batch(bool conv_sums, int* made = nullptr) {
   std::unique_ptr<Communicator> comm = make_compute_communicator(MPI_COMM_WORLD);
   const int W = comm->size(), r = comm->rank();
   const std::int64_t B = 3;
@@ -35,6 +39,8 @@ TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
   std::vector<float> buf_full = to_host(full.buffers(), full.buffers().extent(0));
 
   // This rank's share, statistics synchronised through the communicator.
+  std::unique_ptr<test::UseStatsBackend> stats;
+  if (conv_sums) stats = std::make_unique<test::UseStatsBackend>(test::StatsMode::Emulate);
   Model m(specs, sample, 7);
   m.set_communicator(comm.get());
   std::vector<float> x_mine(x_all.begin() + r * B * per_sample, x_all.begin() + (r + 1) * B * per_sample);
@@ -58,10 +64,13 @@ TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
   }
   for (std::size_t i = 0; i < buf.size(); ++i)
     EXPECT_NEAR(buf[i], buf_full[i], 1e-5) << "buffer[" << i << "]";
-  if (r == 0) std::cout << "  " << W << " ranks vs 1: max abs difference " << worst << "\n";
+  if (r == 0)
+    std::cout << "  " << W << " ranks vs 1" << (conv_sums ? ", the block's sums from its convolutions" : "")
+              << ": max abs difference " << worst << "\n";
+  if (made) *made = stats ? stats->calls().made : 0;
 
   // Without a communicator the same layers normalise per rank: the outputs differ.
-  if (W > 1) {
+  if (W > 1 && !conv_sums) {
     Model plain(specs, sample, 7);
     const Tensor& yp = plain.forward(make_tensor({B, 2, 5, 5}, x_mine), true);
     std::vector<float> y_plain = to_host(yp.data, yp.numel());
@@ -69,6 +78,18 @@ TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) {
     for (std::int64_t i = 0; i < B * 3; ++i) diff = std::max(diff, std::fabs(double(y_plain[i]) - y[i]));
     EXPECT_GT(diff, 1e-4);
   }
+}
+
+TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) { expect_ranks_equal_one_big_batch(false); }
+
+// The residual block's batch norms on its convolutions' sums (ConvKernels::
+// forward_stats), all-reduced with the count: the same one big batch. In the CPU
+// build, whose oneDNN has no such pass, the sums of the test's stand-in.
+TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatchOnTheConvolutionsSums) {
+  if (compute_backend().device_memory()) GTEST_SKIP() << "the stand-in sums on the host";
+  int made = 0;
+  expect_ranks_equal_one_big_batch(true, &made);
+  EXPECT_EQ(made, 2) << "the block's two convolutions did not write the sums";
 }
 
 }  // namespace

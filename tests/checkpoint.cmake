@@ -20,7 +20,8 @@ endfunction()
 
 set(FASHION_NML ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml)
 ddp_add_checkpoint_test(exactness_np2 FIXTURE fashion NP 2 TIMEOUT 900 SETS ckpt_fashion_run
-  COMMAND ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML} runs/ckpt_exact)
+  COMMAND ${DDP_PYTHON} ${CKPT}/exactness.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML} runs/ckpt_exact
+          ${FASHION_ONE_SHARD})
 # fp16 with a scale that overflows at first and grows every 50 clean steps: the
 # stop lands between changes of the scale, which the checkpoint must carry.
 ddp_add_checkpoint_test(exactness_fp16_np2 FIXTURE fashion NP 2 TIMEOUT 900
@@ -51,9 +52,16 @@ if(DDP_ENABLE_CUDA)
   set_tests_properties(checkpoint_cuda_graph_equal_cudnn_batchnorm_np2 PROPERTIES ENVIRONMENT
                        DDP_CUDNN_BATCHNORM=1)
 endif()
+# val_acc after 4 epochs: 0.85 on the whole set; 0.78 on one shard under the sanitizers
+# (FASHION_ONE_SHARD; 0.824 after 4 epochs on 2 ranks).
+if(DDP_SANITIZE)
+  set(_any_world_size_acc 0.78)
+else()
+  set(_any_world_size_acc 0.85)
+endif()
 ddp_add_checkpoint_test(any_world_size_np2_np3 FIXTURE fashion NP 3 TIMEOUT 900
   COMMAND ${DDP_PYTHON} ${CKPT}/any_world_size.py ${CKPT_MPIEXEC} $<TARGET_FILE:ddp_train> ${FASHION_NML}
-          runs/ckpt_any_world_size 0.85)
+          runs/ckpt_any_world_size ${_any_world_size_acc} ${FASHION_ONE_SHARD})
 ddp_add_checkpoint_test(interop_pytorch FIXTURE fashion ckpt_fashion_run NP 1 TIMEOUT 300
   COMMAND ${DDP_RUN_NEEDS_DEVICE} ${DDP_PYTHON} ${CKPT}/interop.py runs/ckpt_exact_straight
           "data/fashion-mnist/test_*.h5")

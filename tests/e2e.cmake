@@ -368,10 +368,16 @@ set_tests_properties(e2e_two_hosts_np2 PROPERTIES FIXTURES_REQUIRED e2e_data LAB
 
 ddp_add_train_test(regression_np2 NP 2 RUN_DIR runs/regression FIXTURE regression
                    CHECK "--epochs 20 --max-val-loss 0.005" ARGS ${PROJECT_SOURCE_DIR}/inputs/regression.nml)
-# The issue's acceptance run: Fashion-MNIST MLP, 2 ranks, 3 epochs, >= 0.85.
+# The issue's acceptance run: Fashion-MNIST MLP, 2 ranks, 3 epochs, >= 0.85 (under the
+# sanitizers on one shard, FASHION_ONE_SHARD: >= 0.78; 0.815 seen).
+if(DDP_SANITIZE)
+  set(_fashion_mlp_acc 0.78)
+else()
+  set(_fashion_mlp_acc 0.85)
+endif()
 ddp_add_train_test(fashion_mlp_np2 NP 2 RUN_DIR runs/fashion_mlp FIXTURE fashion TIMEOUT 900
-                   CHECK "--epochs 3 --min-val-acc 0.85"
-                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3)
+                   CHECK "--epochs 3 --min-val-acc ${_fashion_mlp_acc}"
+                   ARGS ${PROJECT_SOURCE_DIR}/inputs/fashion_mlp.nml train.epochs=3 ${FASHION_ONE_SHARD})
 
 # The CNN on 2 epochs (the 10-epoch >= 0.91 run is tools/acceptance's): 0.8800 on
 # an AVX2 EPYC in 77 s. The MLP reaches 0.85-0.86 in as many epochs, so 0.87 tells

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/fault_injection.hpp"
+#include "comm/mpi_wait.hpp"
 #include "comm/watchdog.hpp"
 
 namespace ddp {
@@ -226,7 +227,7 @@ void fatal_if_any(MPI_Comm comm, bool failed, const std::string& msg) {
   int mine = failed ? rank : size, first = size;
   {
     const watchdog::Collective guard("the agreement that no rank failed (MPI_Allreduce)");
-    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    MPI_CHECK(allreduce_waiting(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
   }
   if (first == size) return;
   if (rank == first) {
@@ -244,7 +245,7 @@ std::string first_words(MPI_Comm comm, const std::string& mine) {
   int me = mine.empty() ? size : rank, first = size;
   {
     const watchdog::Collective guard("the agreement on which rank speaks (MPI_Allreduce)");
-    MPI_CHECK(MPI_Allreduce(&me, &first, 1, MPI_INT, MPI_MIN, comm));
+    MPI_CHECK(allreduce_waiting(&me, &first, 1, MPI_INT, MPI_MIN, comm));
   }
   if (first == size) return "";
   std::string text = rank == first ? mine : "";

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "comm/check.hpp"
+#include "comm/mpi_wait.hpp"
 #include "comm/shm_reducer.hpp"
 #include "comm/watchdog.hpp"
 
@@ -40,6 +41,13 @@ class MpiCommunicator final : public Communicator {
     watchdog::Collective guard("an all-reduce of flags or sums (MPI_Allreduce)");
     allreduce(data, n, MPI_DOUBLE);
   }
+  void allreduce_sum_host_waiting(double* data, std::size_t n) override {
+    watchdog::Collective guard("an all-reduce of flags or sums (MPI_Allreduce)");
+    if (size_ == 1) return;
+    for (std::size_t off = 0; off < n; off += kMaxChunk)
+      MPI_CHECK(allreduce_waiting(MPI_IN_PLACE, data + off, int(std::min(kMaxChunk, n - off)), MPI_DOUBLE,
+                                  MPI_SUM, comm_));
+  }
 
   std::unique_ptr<BucketReducer> make_bucket_reducer(float* grads, std::vector<Bucket> buckets,
                                                      const std::string& overlap, bool shared_memory,
@@ -72,7 +80,7 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     watchdog::Collective guard("a barrier (MPI_Barrier)");
-    MPI_CHECK(MPI_Barrier(comm_));
+    MPI_CHECK(barrier_waiting(comm_));
   }
   MPI_Comm mpi_comm() const override { return comm_; }
 

@@ -40,6 +40,11 @@ class Communicator {
   virtual void reduce_scatter_shares(float* data, const std::vector<std::int64_t>& bounds) = 0;
   // The same on a small host array (flags, metric sums), done when it returns.
   virtual void allreduce_sum_host(double* data, std::size_t n) = 0;
+  // The same for sums a rank may wait seconds in while another writes a checkpoint or
+  // validates longer: the core given back through a long wait where the communicator
+  // can (MPI's: mpi_wait.hpp); allreduce_sum_host where not. The step's own flags go
+  // through allreduce_sum_host: MPI_Allreduce, whose latency the step feels.
+  virtual void allreduce_sum_host_waiting(double* data, std::size_t n) { allreduce_sum_host(data, n); }
   virtual void barrier() = 0;
   // The host waits for the device work queued so far on the compute stream, the
   // collectives it waits for included, as if in the collective `what` (a string

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
-#include <thread>
 
 #include "comm/check.hpp"
 #include "comm/log.hpp"
+#include "comm/mpi_wait.hpp"
 #include "comm/trace.hpp"
 #include "comm/watchdog.hpp"
 
@@ -16,7 +16,6 @@ namespace {
 
 constexpr std::int64_t kPage = 4096;
 constexpr std::int64_t kBlock = 1024;  // floats summed at a time: 4 KB, in L1 while every rank's add in
-constexpr int kSpins = 2000;           // loads of a counter before the barrier yields the core
 
 std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
 
@@ -44,7 +43,10 @@ std::unique_ptr<ShmReducer> ShmReducer::make(MPI_Comm comm, float* grads, std::v
 
 ShmReducer::ShmReducer(MPI_Comm comm, float* grads, std::vector<Bucket> buckets,
                        const std::vector<std::int64_t>& scatter_to)
-    : grads_(grads), buckets_(std::move(buckets)), scatter_(!scatter_to.empty()), block_(std::size_t(kBlock)) {
+    : grads_(grads),
+      buckets_(std::move(buckets)),
+      scatter_(!scatter_to.empty()),
+      block_(std::size_t(kBlock)) {
   MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -122,8 +124,9 @@ ShmReducer::~ShmReducer() {
 }
 
 std::string ShmReducer::method() const {
-  return std::string(scatter_ ? "each rank's share " : "") + "summed in a shared-memory window after backward (" +
-         std::to_string(size_) + " ranks on one node; comm.shared_memory)";
+  return std::string(scatter_ ? "each rank's share " : "") +
+         "summed in a shared-memory window after backward (" + std::to_string(size_) +
+         " ranks on one node; comm.shared_memory)";
 }
 
 float* ShmReducer::take_gradients() {
@@ -142,12 +145,15 @@ void ShmReducer::mark_ready(std::int64_t offset) {
   }
 }
 
+// A balanced step's wait is microseconds: spun, then yielding the core. A longer one
+// (a peer writing a checkpoint, a straggler, a stopped rank the watchdog will name,
+// or, in a test suite, a peer waiting for a core) sleeps between loads past its
+// first millisecond and gives the core back (poll_until).
 void ShmReducer::barrier() {
   ++barriers_;
   control_[std::size_t(rank_)]->arrived.store(barriers_, std::memory_order_release);
   for (const Control* c : control_)
-    for (int spins = 0; c->arrived.load(std::memory_order_acquire) < barriers_;)
-      if (++spins > kSpins) std::this_thread::yield();
+    poll_until([&] { return c->arrived.load(std::memory_order_acquire) >= barriers_; });
 }
 
 void ShmReducer::finish() {
@@ -184,7 +190,8 @@ void ShmReducer::finish() {
   barrier();  // every share is summed (its count published before, by the barrier's release)
 
   nonfinite_ = 0;
-  for (int r = 0; r < size_; ++r) nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
+  for (int r = 0; r < size_; ++r)
+    nonfinite_ += control_[std::size_t(r)]->nonfinite.load(std::memory_order_relaxed);
   if (scatter_) {
     // ZeRO stage 2: the share's sums are all this rank keeps. No rank reads another's
     // gradients after the barrier above, so each may write its own again.

@@ -38,6 +38,9 @@ class DeviceMpiCommunicator final : public Communicator {
     allreduce_sum(data, std::size_t(bounds.back()));
   }
   void allreduce_sum_host(double* data, std::size_t n) override { mpi_->allreduce_sum_host(data, n); }
+  void allreduce_sum_host_waiting(double* data, std::size_t n) override {
+    mpi_->allreduce_sum_host_waiting(data, n);
+  }
   void barrier() override {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     mpi_->barrier();

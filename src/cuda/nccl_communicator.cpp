@@ -125,6 +125,9 @@ void NcclCommunicator::join() {
 }
 
 void NcclCommunicator::allreduce_sum_host(double* data, std::size_t n) { host_->allreduce_sum_host(data, n); }
+void NcclCommunicator::allreduce_sum_host_waiting(double* data, std::size_t n) {
+  host_->allreduce_sum_host_waiting(data, n);
+}
 
 void NcclCommunicator::wait_device(const char* what) {
   CUDA_CHECK(cudaEventRecord(host_wait_, compute_));

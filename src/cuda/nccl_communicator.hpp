@@ -44,6 +44,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(float* data, std::size_t n, int root) override;
   // Host arrays (flags, metric sums): MPI_Allreduce, under the watchdog; no device copy.
   void allreduce_sum_host(double* data, std::size_t n) override;
+  void allreduce_sum_host_waiting(double* data, std::size_t n) override;
   // The host waits for the compute stream's work queued so far, collectives included.
   void wait_device(const char* what) override;
   // Every rank's queued collectives done (a one-element all-reduce, then a wait).

@@ -10,6 +10,7 @@
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
 #include "comm/log.hpp"
+#include "comm/mpi_wait.hpp"
 #include "comm/watchdog.hpp"
 #include "io/checkpoint_format.hpp"
 
@@ -277,7 +278,7 @@ std::optional<Checkpoint> find_start_checkpoint(MPI_Comm comm, const ResumeOptio
   int status[2] = {found, problem.empty() ? 0 : 1};
   {
     const watchdog::Collective guard("the choice of the checkpoint to start from (MPI_Bcast)");
-    MPI_CHECK(MPI_Bcast(status, 2, MPI_INT, 0, comm));
+    MPI_CHECK(bcast_waiting(status, 2, MPI_INT, 0, comm));  // while rank 0 reads
   }
   if (status[1]) fatal_all(comm, problem);
   if (weights_only) *weights_only = status[0] == kInitFrom;

@@ -10,6 +10,7 @@
 #include "comm/backend.hpp"
 #include "comm/check.hpp"
 #include "comm/fault_injection.hpp"
+#include "comm/mpi_wait.hpp"
 #include "comm/utc_text.hpp"
 #include "comm/watchdog.hpp"
 #include "io/shard_check.hpp"
@@ -34,7 +35,7 @@ namespace {
 std::string bcast_string(MPI_Comm comm, std::string s, const char* what) {
   const watchdog::Collective guard(what);
   long long n = static_cast<long long>(s.size());
-  MPI_CHECK(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
+  MPI_CHECK(bcast_waiting(&n, 1, MPI_LONG_LONG, 0, comm));  // while rank 0 reads
   s.resize(static_cast<std::size_t>(n));
   broadcast_bytes(comm, s.data(), s.size(), 0);
   return s;

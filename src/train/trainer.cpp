@@ -405,7 +405,7 @@ void Trainer::restore(const Checkpoint& ck, bool weights_only) {
       same && pos_.best_step >= 0 && comm_.rank() == 0 && restore_best_link(cfg_.io.run_dir, pos_.best_step)
           ? 1.0
           : 0.0;
-  if (same && pos_.best_step >= 0) comm_.allreduce_sum_host(&held, 1);
+  if (same && pos_.best_step >= 0) comm_.allreduce_sum_host_waiting(&held, 1);
   const std::string dropped = dropped_best_text(pos_, cfg_, held != 0.0);
   if (!dropped.empty()) log::info("checkpoint: " + dropped);
   if (!same || !dropped.empty()) forget_best(pos_, cfg_);
@@ -506,7 +506,7 @@ std::string Trainer::checkpoint(bool in_background) {
   }
   // Only rank 0 knows whether it worked; a failure ends every rank together.
   double failed = error.empty() ? 0.0 : 1.0;
-  comm_.allreduce_sum_host(&failed, 1);
+  comm_.allreduce_sum_host_waiting(&failed, 1);
   watchdog::set_phase(Phase::compute);
   if (failed > 0) throw CheckpointWriteError(error);  // fit() ends the job; only rank 0's has the text
   last_checkpoint_time_ = now();

@@ -336,7 +336,7 @@ EpochStats Trainer::end_epoch(EpochRun& r, std::unique_ptr<BatchLoader>& loader,
 
   double totals[3] = {read_loss(loss_acc_, false)[0] + r.prior_loss, double(r.loss_samples) + r.prior_samples,
                       double(r.samples)};
-  comm_.allreduce_sum_host(totals, 3);
+  comm_.allreduce_sum_host_waiting(totals, 3);
   stats.epoch = r.epoch + 1;
   stats.step = step_;
   stats.train_loss = totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
@@ -409,7 +409,7 @@ ValStats Trainer::validate(ShardDataset& data) {
     }
   }
   // Each chunk has one owner and zeros elsewhere, so the sum is exact.
-  comm_.allreduce_sum_host(chunk_sums.data(), chunk_sums.size());
+  comm_.allreduce_sum_host_waiting(chunk_sums.data(), chunk_sums.size());
   ValStats stats;
   for (std::int64_t c = 0; c < chunks; ++c) {
     stats.loss_sum += chunk_sums[std::size_t(3 * c)];

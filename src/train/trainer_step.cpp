@@ -129,11 +129,12 @@ Trainer::Agreed Trainer::agree_on_step(double inv) {
   const bool scattered = cfg_.comm.zero == 2;
   const Shares::Part mine = scattered ? shares_.part(comm_.rank()) : Shares::Part{0, n};
   const std::int64_t summed = reducer_ ? reducer_->nonfinite_sums() : -1;
-  count_step_nonfinite(summed >= 0 ? View1()
-                       : scattered ? View1(Kokkos::subview(grads, std::make_pair(std::size_t(mine.begin),
-                                                                                 std::size_t(mine.end))))
-                                   : grads,
-                       loss_acc_, step_nonfinite_);
+  count_step_nonfinite(
+      summed >= 0 ? View1()
+      : scattered
+          ? View1(Kokkos::subview(grads, std::make_pair(std::size_t(mine.begin), std::size_t(mine.end))))
+          : grads,
+      loss_acc_, step_nonfinite_);
   // The host's first wait on the step's collectives: a rank that never sends its
   // gradients is named here, by the watchdog, on NCCL as on MPI.
   comm_.wait_device("the step's gradient reduction (NCCL, on the device)");
@@ -297,7 +298,7 @@ std::string Trainer::data_changed() {
     if (problem.empty() && val_ && !val_->preloaded()) problem = val_->changed_in_place();
   }
   double changed = problem.empty() ? 0.0 : 1.0;
-  comm_.allreduce_sum_host(&changed, 1);
+  comm_.allreduce_sum_host_waiting(&changed, 1);
   if (changed > 0 && problem.empty()) problem = "rank 0 found a data file written over in place";
   return problem;
 }

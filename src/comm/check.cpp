@@ -65,6 +65,7 @@ std::string one_line(std::string msg) {
 // Set by the first failure of this process. Two threads may fail at once (the
 // prefetch thread and the main thread); the user gets the first one's line.
 std::atomic<bool> g_failing{false};
+MPI_Comm g_exit_comm = MPI_COMM_NULL;  // make_exit_communicator()
 
 thread_local bool t_capturing = false;
 
@@ -162,7 +163,10 @@ std::thread::id g_main_thread;
   // found the error through the same collective call.
   bool all_here = size == world_size;
   MPI_Request request = MPI_REQUEST_NULL;
-  if (all_here && MPI_Ibarrier(comm, &request) == MPI_SUCCESS) {
+  // On a communicator of its own: a rank still in another collective on `comm` (a
+  // nonblocking one, mpi_wait.hpp) could match a barrier there and pass for here.
+  const MPI_Comm here = g_exit_comm != MPI_COMM_NULL ? g_exit_comm : comm;
+  if (all_here && MPI_Ibarrier(here, &request) == MPI_SUCCESS) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     int done = 0;
     while (!done && std::chrono::steady_clock::now() < deadline) {
@@ -203,6 +207,10 @@ void remove_abort_hook(AbortHook hook, void* arg) {
   auto& h = hooks();
   for (auto it = h.begin(); it != h.end();)
     it = it->first == hook && it->second == arg ? h.erase(it) : it + 1;
+}
+
+void make_exit_communicator() {
+  if (g_exit_comm == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_exit_comm));
 }
 
 void install_terminate_handler() {

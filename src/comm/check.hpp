@@ -37,6 +37,13 @@ struct InputError : std::runtime_error {
 // first thing by Context.
 void install_terminate_handler();
 
+// Makes the communicator on which a collective error's exit checks that every rank is
+// there (fatal_all, fatal_if_any): a duplicate of MPI_COMM_WORLD that no other call
+// uses, so that no other rank's nonblocking collective (mpi_wait.hpp) can match that
+// check's MPI_Ibarrier. Collective; called by Context after MPI_Init. Without it
+// (unit tests), the check runs on the error's own communicator.
+void make_exit_communicator();
+
 // For errors every rank of `comm` (all of MPI_COMM_WORLD) detects identically (a
 // bad input file, a missing shard): rank 0 prints the one line `error: msg`, then
 // every rank calls MPI_Finalize and exits with status 1, so the user sees the

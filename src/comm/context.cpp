@@ -60,6 +60,7 @@ Context::Context(int& argc, char**& argv, Start start) {
   // Errors come back as codes and go through MPI_CHECK, which names the call.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+  make_exit_communicator();
   MPI_CHECK(MPI_Comm_rank(world_, &rank_));
   MPI_CHECK(MPI_Comm_size(world_, &size_));
   log::set_rank(rank_);

@@ -148,7 +148,7 @@ void ShmReducer::mark_ready(std::int64_t offset) {
 // A balanced step's wait is microseconds: spun, then yielding the core. A longer one
 // (a peer writing a checkpoint, a straggler, a stopped rank the watchdog will name,
 // or, in a test suite, a peer waiting for a core) sleeps between loads past its
-// first millisecond and gives the core back (poll_until).
+// first 10 ms and gives the core back (poll_until).
 void ShmReducer::barrier() {
   ++barriers_;
   control_[std::size_t(rank_)]->arrived.store(barriers_, std::memory_order_release);

@@ -22,7 +22,7 @@
 // against 0.40-0.73 with MPI; step checks 0.03-0.04 against 0.12).
 //
 // The barriers spin on counters in the window, then yield the core (tests run more
-// ranks than cores), and past a millisecond of waiting sleep (poll_until).
+// ranks than cores), and past 10 ms of waiting sleep (poll_until).
 // Loads and stores are ordered by acquire/release atomics, inside
 // a passive-target epoch (MPI_Win_lock_all) kept open for the window's life.
 

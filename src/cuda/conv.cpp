@@ -289,6 +289,13 @@ bool CudnnConv::forward_stats(const ConvShape& s, const void* x, const void* w, 
                                          "cuDNN conv forward with statistics", call_detail(s, dtype_));
 }
 
+bool CudnnConv::backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw,
+                                      const float* scale, const float* bias) {
+  return graph_ && graph_->backward_filter_after(s, x, dy, dw, scale, bias,
+                                                 "cuDNN conv backward filter after scale-bias-relu",
+                                                 call_detail(s, dtype_));
+}
+
 void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha,
                               float beta) {
   if (graph_ && graph_->run(ConvDirection::BackwardData, s, w, dy, dx, alpha, beta,

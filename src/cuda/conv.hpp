@@ -72,6 +72,11 @@ class CudnnConv {
   // where cuDNN has no engine for it. scale, bias (C) fp32.
   bool forward_stats(const ConvShape& s, const void* x, const void* w, void* y, const float* scale,
                      const float* bias, float* sum, float* sqsum);
+  // dw (K, C, R, S) = corr(relu(x * scale + bias), dy), the rectified input never
+  // stored, in one cuDNN graph (CudnnGraphConv::backward_filter_after): false, having
+  // run nothing, where forward_stats would be, or where cuDNN has no engine for it.
+  bool backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw, const float* scale,
+                             const float* bias);
 
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // fp32 on TF32 tensor cores (train.tf32: cuDNN's default math on fp32, which takes

@@ -57,9 +57,10 @@ void set_pair(const Desc& d, cudnnBackendAttributeName_t name, int a, int b) {
 }
 
 // The tensors' unique ids in every graph: the convolution's input, filter and output
-// (in backward, dx is the X tensor, dw the W tensor and dy the Y tensor); in a forward
-// with statistics, the prologue's per-channel scale and bias, the statistics' sum and
-// sum of squares, and the prologue's three virtual results (never in memory).
+// (in backward, dx is the X tensor, dw the W tensor and dy the Y tensor); where it has
+// a prologue (a forward with statistics, a backward filter), the prologue's per-channel
+// scale and bias and its three virtual results (never in memory); in a forward with
+// statistics, their sum and sum of squares.
 constexpr std::int64_t kX = 1, kW = 2, kY = 3, kScale = 4, kBias = 5, kSum = 6, kSqsum = 7;
 constexpr std::int64_t kScaled = 8, kBiased = 9, kRectified = 10;
 
@@ -250,8 +251,8 @@ bool make_candidate(cudnnHandle_t handle, Desc config, const EngineRules& rules,
 }
 
 // A finalized variant pack: the operands by unique id (operands[i] is uid i + 1: X, W,
-// Y, then in a forward with statistics the scale and bias where it has a prologue, the
-// sum and the sum of squares) and the workspace.
+// Y, then the scale and bias where the graph has a prologue, then in a forward with
+// statistics the sum and the sum of squares) and the workspace.
 Desc variant_pack(const std::vector<const void*>& operands, const std::vector<std::int64_t>& uids,
                   void* workspace) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -384,11 +385,16 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
   built = built && finalized(conv);
 
   std::vector<cudnnBackendDescriptor_t> ops;  // the graph's operations, in order
-  // The prologue (a forward's input rectified from x scale + bias, per channel, fp32,
-  // virtual): the convolution reads its last result instead of x.
+  // The prologue (the input rectified from x scale + bias, per channel, fp32, virtual:
+  // a forward's or a backward filter's): the convolution reads its last result instead
+  // of x.
   const Desc* conv_x = &x;
-  if (built && (fusion == Fusion::PrologueAndStats || fusion == Fusion::NarrowPrologueAndStats)) {
-    const DType channel_type = fusion == Fusion::PrologueAndStats ? DType::F32 : dtype_;
+  const bool narrow_prologue = fusion == Fusion::NarrowPrologueAndStats || fusion == Fusion::NarrowPrologue,
+             prologue = narrow_prologue || fusion == Fusion::PrologueAndStats || fusion == Fusion::Prologue,
+             stats = fusion == Fusion::Stats || fusion == Fusion::PrologueAndStats ||
+                     fusion == Fusion::NarrowPrologueAndStats;
+  if (built && prologue) {
+    const DType channel_type = narrow_prologue ? dtype_ : DType::F32;
     const Desc& scale = g.emplace_back(tensor(kScale, channel_type, 1, s.c, 1, 1, true, channel_align));
     const Desc& bias = g.emplace_back(tensor(kBias, channel_type, 1, s.c, 1, 1, true, channel_align));
     const Desc& scaled = g.emplace_back(tensor(kScaled, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
@@ -422,7 +428,7 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
 
   // The statistics (an epilogue of the forward): y's sum and sum of squares over
   // (N, P, Q) for each of the K channels, fp32, as batch norm's forward needs them.
-  if (built && fusion != Fusion::None) {
+  if (built && stats) {
     const Desc& sum = g.emplace_back(tensor(kSum, DType::F32, 1, s.k, 1, 1, true, channel_align));
     const Desc& sqsum = g.emplace_back(tensor(kSqsum, DType::F32, 1, s.k, 1, 1, true, channel_align));
     p->uids.insert(p->uids.end(), {kSum, kSqsum});
@@ -549,7 +555,9 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
                 : fusion == Fusion::PrologueAndStats ? " after scale-bias-relu (fp32), with statistics"
                 : fusion == Fusion::NarrowPrologueAndStats
                     ? " after scale-bias-relu (narrow), with statistics"
-                    : "",
+                : fusion == Fusion::Prologue       ? " after scale-bias-relu (fp32)"
+                : fusion == Fusion::NarrowPrologue ? " after scale-bias-relu (narrow)"
+                                                   : "",
                 s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h);
   if (candidates.empty()) {
     declined_reason_ =
@@ -590,14 +598,45 @@ bool CudnnGraphConv::forward_stats(const ConvShape& s, const void* x, const void
     return execute(ConvDirection::Forward, s, {x, w, y, nullptr, nullptr, sum, sqsum}, 1.0f, 0.0f,
                    Fusion::Stats, label, detail);
   // Scale and bias in fp32 (batch norm's own type) where cuDNN has an engine for that;
-  // NVIDIA's samples of this fusion keep them in the I/O type, so else narrowed to it
-  // (into a small buffer of this object's) and tried again.
+  // NVIDIA's samples of this fusion keep them in the I/O type, so else, in fp16,
+  // narrowed to it (into a small buffer of this object's) and tried again. Not bf16:
+  // its 8 bits on bias = beta - mean scale, which is about mean / std where the
+  // normalised value is about 1, would move the input by up to mean / std times its
+  // rounding, beyond the bf16 rounding of the input the unfused path has.
   if (execute(ConvDirection::Forward, s, {x, w, y, scale, bias, sum, sqsum}, 1.0f, 0.0f,
               Fusion::PrologueAndStats, label, detail))
     return true;
-  if (capturing(stream_)) return false;  // the narrowed buffer may have to grow
-  const std::size_t bytes = 2 * std::size_t(s.c) * dtype_size(dtype_);
+  if (dtype_ != DType::F16) return false;
+  const char* narrow_scale = static_cast<const char*>(narrowed(scale, bias, s.c));
+  if (!narrow_scale) return false;
+  const char* narrow_bias = narrow_scale + std::size_t(s.c) * dtype_size(dtype_);
+  // (zeroed again: a plan that failed its first run may have added to them)
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(float) * std::size_t(s.k), stream_));
+  CUDA_CHECK(cudaMemsetAsync(sqsum, 0, sizeof(float) * std::size_t(s.k), stream_));
+  return execute(ConvDirection::Forward, s, {x, w, y, narrow_scale, narrow_bias, sum, sqsum}, 1.0f, 0.0f,
+                 Fusion::NarrowPrologueAndStats, label, detail);
+}
+
+bool CudnnGraphConv::backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw,
+                                           const float* scale, const float* bias, const char* label,
+                                           const std::string& detail) {
+  if (dtype_ == DType::F32 || !nhwc_ || !scale || !bias) return false;  // as forward_stats
+  // The graph's operands by unique id: X, then W (dw, its output), Y (dy), scale, bias.
+  if (execute(ConvDirection::BackwardFilter, s, {x, dw, dy, scale, bias}, 1.0f, 0.0f, Fusion::Prologue, label,
+              detail))
+    return true;
+  if (dtype_ != DType::F16) return false;  // as forward_stats: no bf16 map
+  const char* narrow_scale = static_cast<const char*>(narrowed(scale, bias, s.c));
+  if (!narrow_scale) return false;
+  const char* narrow_bias = narrow_scale + std::size_t(s.c) * dtype_size(dtype_);
+  return execute(ConvDirection::BackwardFilter, s, {x, dw, dy, narrow_scale, narrow_bias}, 1.0f, 0.0f,
+                 Fusion::NarrowPrologue, label, detail);
+}
+
+const void* CudnnGraphConv::narrowed(const float* scale, const float* bias, int C) {
+  const std::size_t bytes = 2 * std::size_t(C) * dtype_size(dtype_);
   if (bytes > channel_bytes_) {
+    if (capturing(stream_)) return nullptr;  // the buffer would have to grow
     if (channel_) {
       CUDA_CHECK(cudaFreeAsync(channel_, stream_));
       // a captured step graph may point at the old block
@@ -609,11 +648,9 @@ bool CudnnGraphConv::forward_stats(const ConvShape& s, const void* x, const void
     channel_bytes_ = bytes;
   }
   char* narrow_scale = static_cast<char*>(channel_);
-  char* narrow_bias = narrow_scale + std::size_t(s.c) * dtype_size(dtype_);
-  convert_from_f32(scale, narrow_scale, dtype_, std::size_t(s.c), stream_);
-  convert_from_f32(bias, narrow_bias, dtype_, std::size_t(s.c), stream_);
-  return execute(ConvDirection::Forward, s, {x, w, y, narrow_scale, narrow_bias, sum, sqsum}, 1.0f, 0.0f,
-                 Fusion::NarrowPrologueAndStats, label, detail);
+  convert_from_f32(scale, narrow_scale, dtype_, std::size_t(C), stream_);
+  convert_from_f32(bias, narrow_scale + std::size_t(C) * dtype_size(dtype_), dtype_, std::size_t(C), stream_);
+  return narrow_scale;
 }
 
 bool CudnnGraphConv::execute(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands,

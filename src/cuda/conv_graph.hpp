@@ -73,13 +73,22 @@ class CudnnGraphConv {
   //   sum (K) and sqsum (K): the sums of y and of y^2 over (N, P, Q), fp32 (what the
   //   batch norm after it needs), written.
   // The fusions of cuDNN's samples ("scale-bias-relu -> conv -> genstats"), scale and bias
-  // in fp32, or narrowed to the I/O type where cuDNN has an engine for that alone. False
+  // in fp32, or in fp16 narrowed to it where cuDNN has an engine for that alone. False
   // where cuDNN offers no allowed engine for the graph, while the step is captured
   // before its plan is made, or given a scale without a bias (the caller then runs the
   // convolution and its statistics apart).
   bool forward_stats(const ConvShape& s, const void* x, const void* w, void* y, const float* scale,
                      const float* bias, float* sum, float* sqsum, const char* label,
                      const std::string& detail);
+
+  // The backward filter of forward_stats's first form, from the same x, scale and bias
+  // (bf16/fp16 channels-last; elsewhere false at once):
+  //   dw = corr(relu(x * scale + bias), dy)
+  // the rectified input never stored (cudnn-frontend's "scale-bias-relu -> wgrad"), scale
+  // and bias in fp32 or (fp16) narrowed as there. False where cuDNN offers no allowed engine,
+  // while the step is captured before its plan is made, or without scale and bias.
+  bool backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw, const float* scale,
+                             const float* bias, const char* label, const std::string& detail);
 
   // fp32 on TF32 tensor cores or not (CudnnConv::set_tf32); the plans are chosen again.
   void set_tf32(bool on);
@@ -92,8 +101,13 @@ class CudnnGraphConv {
   struct Plan;  // conv_graph.cpp
 
  private:
-  // PrologueAndStats: scale and bias fp32; NarrowPrologueAndStats: in the I/O type
-  enum class Fusion { None, Stats, PrologueAndStats, NarrowPrologueAndStats };
+  // Stats: a forward's statistics; Prologue: x rectified from x scale + bias on the way
+  // in (a forward's or a backward filter's); Narrow...: scale and bias in the I/O type,
+  // else fp32.
+  enum class Fusion { None, Stats, PrologueAndStats, NarrowPrologueAndStats, Prologue, NarrowPrologue };
+  // scale and bias narrowed to the I/O type (C each, one after the other) in a buffer of
+  // this object's; null while the step is captured and the buffer would have to grow.
+  const void* narrowed(const float* scale, const float* bias, int C);
   // direction, shape, alpha, beta, the X, W and Y operands' alignments, the fusion and
   // the per-channel arrays' alignment
   using Key = std::tuple<int, decltype(ConvShape().key()), float, float, int, int, int, int, int>;

@@ -130,6 +130,16 @@ bool convolution_statistics() {
   return on;
 }
 
+// DDP_CUDNN_PROLOGUE=0: with those sums, each batch norm of a residual branch before a
+// convolution writes its rectified output for it, as without the prologue. Unset or 1:
+// the convolution applies the batch norm and relu to its input on the way in
+// ("scale-bias-relu -> conv -> genstats", and "scale-bias-relu -> wgrad" for its
+// weights' gradient), where cuDNN has engines for them.
+bool convolution_prologue() {
+  static const bool on = env_flag("DDP_CUDNN_PROLOGUE", /*unset=*/true);
+  return on;
+}
+
 // DDP_CUDNN_HEURISTICS=B: the graph API's heuristics in mode B (slower to choose, a
 // model of the device) instead of INSTANT (PyTorch's default). Any other value is an
 // input error at start-up (the compute line reads it), so that a misspelt one does not
@@ -210,6 +220,15 @@ class CudnnConvKernels final : public ConvKernels {
            direct(out_, out_type_) && !g_.bias && !fused_relu_;
   }
   bool forward_stats(std::int64_t B, const float* x, const float* weight, float* y, float* sums) override;
+  // The same graphs with the batch norm before applied on the way in, reading x as it
+  // is (the layer's narrow channels-last tensor).
+  bool has_forward_prologue() const override {
+    return has_forward_stats() && convolution_prologue() && direct(in_, in_type_);
+  }
+  bool forward_stats_after(std::int64_t B, const float* x, const float* scale_shift, const float* weight,
+                           float* y, float* sums) override;
+  bool backward_weights_after(std::int64_t B, const float* x, const float* scale_shift, const float* dy,
+                              float* dweight, bool accumulate) override;
 
  private:
   ConvShape shape(std::int64_t B) const;
@@ -239,6 +258,8 @@ class CudnnConvKernels final : public ConvKernels {
   bool fused_relu_ = false;
   const float* dy_narrowed_ = nullptr;     // backward weights left this dy's copy in slot B
   std::set<std::int64_t> stats_declined_;  // batch sizes forward_stats found no graph for
+  std::set<std::int64_t> after_declined_;  // and forward_stats_after
+  std::set<std::int64_t> wgrad_declined_;  // and backward_weights_after
 };
 
 class CudaBackend final : public ComputeBackend {
@@ -634,6 +655,61 @@ bool CudnnConvKernels::forward_stats(std::int64_t B, const float* x, const float
     kernel_trace::record({"conv2d fwd+stats", g_.forward_flops(B), [&c, s, x_op, w_op, y, sum, sqsum] {
                             c.forward_stats(s, x_op, w_op, y, nullptr, nullptr, sum, sqsum);
                           }});
+  return true;
+}
+
+// forward_stats with the batch norm before applied to x on the way in: scale_shift
+// holds its map (scale, then shift: in floats each). Declined as forward_stats is.
+bool CudnnConvKernels::forward_stats_after(std::int64_t B, const float* x, const float* scale_shift,
+                                           const float* weight, float* y, float* sums) {
+  // (Where the weights' gradient's graph was declined, the forward's is not used
+  // either: backward would write r all the same, and every step.)
+  if (B == 0 || !has_forward_prologue() || after_declined_.count(B) || wgrad_declined_.count(B)) return false;
+  const ConvShape s = shape(B);
+  const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
+  const float* scale = scale_shift;
+  const float* shift = scale_shift + g_.in;
+  float* sum = sums;
+  float* sqsum = sums + g_.out;
+  CudnnConv& c = conv();
+  if (!c.forward_stats(s, x, w_op, y, scale, shift, sum, sqsum)) {
+    if (!capturing(backend_.stream())) after_declined_.insert(B);
+    return false;
+  }
+  kernel_trace::count_library_call();
+  if (kernel_trace::recording())
+    kernel_trace::record(
+        {"conv2d fwd+bn+stats", g_.forward_flops(B), [&c, s, x, w_op, y, scale, shift, sum, sqsum] {
+           c.forward_stats(s, x, w_op, y, scale, shift, sum, sqsum);
+         }});
+  return true;
+}
+
+// backward_weights on relu(x scale + shift), never stored: cuDNN's wgrad with the same
+// prologue, into scratch and added (or moved) into dweight as backward_weights does.
+bool CudnnConvKernels::backward_weights_after(std::int64_t B, const float* x, const float* scale_shift,
+                                              const float* dy, float* dweight, bool accumulate) {
+  dy_narrowed_ = nullptr;
+  if (B == 0 || !has_forward_prologue() || wgrad_declined_.count(B)) return false;
+  const ConvShape s = shape(B);
+  const std::int64_t kk = g_.k * g_.k, nw = g_.out * g_.in * kk, hw_out = g_.ho() * g_.wo();
+  const void* dy_op = operand(dy, out_type_, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
+  void* dw_op = backend_.scratch().get(Scratch::C, std::size_t(nw) * dtype_size(io_));
+  const float* scale = scale_shift;
+  const float* shift = scale_shift + g_.in;
+  CudnnConv& c = conv();
+  if (!c.backward_filter_after(s, x, dy_op, dw_op, scale, shift)) {
+    if (!capturing(backend_.stream())) wgrad_declined_.insert(B);
+    return false;
+  }
+  kernel_trace::count_library_call();
+  result(dw_op, dweight, DType::F32, false, g_.out, g_.in, kk, nullptr, false, accumulate);
+  if (kernel_trace::recording())
+    kernel_trace::record(
+        {"conv2d bwd_weights+bn", g_.forward_flops(B), [&c, s, x, dy_op, dw_op, scale, shift] {
+           c.backward_filter_after(s, x, dy_op, dw_op, scale, shift);
+         }});
+  if (dy_op != dy) dy_narrowed_ = dy;
   return true;
 }
 

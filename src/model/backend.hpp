@@ -131,6 +131,24 @@ class ConvKernels {
                              float* /*sums*/) {
     return false;
   }
+  // The batch norm before the convolution, and its relu, applied on the way in (cuDNN's
+  // "scale-bias-relu -> conv -> genstats"): y = conv(relu(x * scale + shift), weight)
+  // and its sums as forward_stats writes them, where x is that batch norm's input (of
+  // the input side's layout and type), scale_shift its map (in floats of scale, then
+  // in of shift, fp32) and the rectified input is never stored. backward_weights_after
+  // is backward_weights on that rectified input, from the same x and map (no bias).
+  // Where has_forward_prologue() (with has_forward_stats()); either may still decline
+  // a shape: false, and what y, sums or dweight hold is not to be read (the caller
+  // writes the rectified input and runs forward_stats or backward_weights on it).
+  virtual bool has_forward_prologue() const { return false; }
+  virtual bool forward_stats_after(std::int64_t /*B*/, const float* /*x*/, const float* /*scale_shift*/,
+                                   const float* /*weight*/, float* /*y*/, float* /*sums*/) {
+    return false;
+  }
+  virtual bool backward_weights_after(std::int64_t /*B*/, const float* /*x*/, const float* /*scale_shift*/,
+                                      const float* /*dy*/, float* /*dweight*/, bool /*accumulate*/) {
+    return false;
+  }
   // The bytes the library's kernels hold of their own for calls at batch B on the
   // configured sides (oneDNN: its copies of operands in the layouts and types it
   // wants, its scratchpads), for the start-up memory plan; 0 where unknown before

@@ -390,6 +390,27 @@ void BatchNorm2d::backward(const Tensor& x, const Tensor& y, const Tensor& dy, T
   backward_passes<false, true, true>(x, dy, dx);
 }
 
+void BatchNorm2d::backward_unwritten(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  DDP_REQUIRE(fused_relu_ && !library_forward_,
+              "batchnorm2d: an unwritten output of a fused relu's forward only");
+  const bool narrow = x.type != Precision::fp32, narrow_dy = dy.type != Precision::fp32;
+  DDP_REQUIRE(narrow || !narrow_dy, "batchnorm2d: a narrow output gradient for an fp32 input");
+  if (!narrow) return backward_passes<true, false, false>(x, dy, dx);
+  if (!narrow_dy) return backward_passes<true, true, false>(x, dy, dx);
+  backward_passes<true, true, true>(x, dy, dx);
+}
+
+void BatchNorm2d::scale_shift(float* to) const {
+  const std::int64_t C = c_;
+  const auto mean = mean_, invstd = invstd_, gamma = gamma_, beta = beta_;
+  Kokkos::parallel_for(
+      "BatchNorm2d::scale_shift", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        const float scale = invstd(c) * gamma(c);
+        to[c] = scale;
+        to[C + c] = beta(c) - mean(c) * scale;
+      });
+}
+
 // dy: (B, C, H, W) -> dgamma += (or =) sum dy xhat, dbeta += (or =) sum dy (this rank's samples);
 // dx = gamma invstd (dy - sum(dy)/N - xhat sum(dy xhat)/N) with the sums over all N
 // values of the channel (all ranks when synchronised); in eval dx = gamma invstd dy.

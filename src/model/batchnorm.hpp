@@ -61,6 +61,18 @@ class BatchNorm2d : public Layer {
   void statistics_from_sums(const Tensor& x, const float* sums);
   // A training forward (its relu fused or not) on those statistics, outside the library.
   void forward_from_sums(const Tensor& x, const float* sums, Tensor& y);
+  // y = bn(x), rectified where fused, on the statistics taken (statistics,
+  // statistics_from_sums): the pass a forward makes after them.
+  void normalise_taken(const Tensor& x, Tensor& y) { write_normalised(x, y); }
+  // The map of the statistics taken as y = x scale + shift, into `to` (2C floats of the
+  // device's memory: scale = gamma invstd, then shift = beta - mean scale), for a
+  // convolution that applies it, and the fused relu, to its input on the way in
+  // (Conv2d::forward_after).
+  void scale_shift(float* to) const;
+  // backward of a fused relu's forward whose output was never written (a convolution
+  // after it applied both on its way in): dy through the mask bn(x) > 0, computed again
+  // from x, as under DDP_BN_RELU_MASK=input.
+  void backward_unwritten(const Tensor& x, const Tensor& dy, Tensor& dx);
   BatchNormAffine affine() const {
     return {{mean_.data()}, {invstd_.data()}, {gamma_.data()}, {beta_.data()}};
   }

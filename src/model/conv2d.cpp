@@ -123,7 +123,12 @@ bool Conv2d::forward_with_sums(const Tensor& x, Tensor& y, float* sums) {
   return run_forward(x, y, computes_sums() ? sums : nullptr);
 }
 
-bool Conv2d::run_forward(const Tensor& x_given, Tensor& y, float* sums) {
+bool Conv2d::forward_after(const Tensor& x, const float* scale_shift, Tensor& y, float* sums) {
+  DDP_REQUIRE(scale_shift && sums, "conv2d: a forward after a batch norm without its map or sums");
+  return takes_prologue() && run_forward(x, y, sums, scale_shift);
+}
+
+bool Conv2d::run_forward(const Tensor& x_given, Tensor& y, float* sums, const float* scale_shift) {
   DDP_REQUIRE(x_given.layout == in_layout_ && x_given.type == in_type_,
               "conv2d input in another layout or type than the model set");
   const std::int64_t B = x_given.batch();
@@ -132,6 +137,11 @@ bool Conv2d::run_forward(const Tensor& x_given, Tensor& y, float* sums) {
   const bool narrow_y = widened_ && out_type_ != Precision::fp32;
   if (narrow_y) resize(y_wide_, B, out_sample_, "Conv2d::y_wide", out_layout_);
   float* to = (narrow_y ? y_wide_ : y).data.data();
+  if (scale_shift) {  // forward_after: nothing more where the kernels decline
+    if (!kernels_->forward_stats_after(B, x.data.data(), scale_shift, weight_, to, sums)) return false;
+    if (narrow_y) convert_type(y_wide_, y, out_type_, "Conv2d::y");
+    return true;
+  }
   const bool with_sums = sums && kernels_->forward_stats(B, x.data.data(), weight_, to, sums);
   if (!with_sums) kernels_->forward(B, x.data.data(), weight_, bias_, to);
   if (narrow_y) convert_type(y_wide_, y, out_type_, "Conv2d::y");
@@ -146,6 +156,25 @@ void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& 
   const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
   const Tensor& dy = for_kernels(dy_given, dy_wide_, "Conv2d::dy_wide");
   kernels_->backward_weights(B, x.data.data(), dy.data.data(), dweight_, dbias_, !overwrite_gradients());
+  backward_input(B, dy, dx);
+}
+
+bool Conv2d::backward_after(const Tensor& x_given, const float* scale_shift, const Tensor& dy_given,
+                            Tensor& dx) {
+  DDP_REQUIRE(dy_given.layout == out_layout_ && dy_given.type == out_type_,
+              "conv2d output gradient in another layout or type than the model set");
+  if (!takes_prologue()) return false;
+  const std::int64_t B = x_given.batch();
+  const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
+  const Tensor& dy = for_kernels(dy_given, dy_wide_, "Conv2d::dy_wide");
+  if (!kernels_->backward_weights_after(B, x.data.data(), scale_shift, dy.data.data(), dweight_,
+                                        !overwrite_gradients()))
+    return false;
+  backward_input(B, dy, dx);
+  return true;
+}
+
+void Conv2d::backward_input(std::int64_t B, const Tensor& dy, Tensor& dx) {
   if (!needs_input_grad()) return;
   if (!accumulate_dx_) return input_grad(B, dy, dx);
   DDP_REQUIRE(dx.numel() > 0 && dx.batch() == B &&

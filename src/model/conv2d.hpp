@@ -34,7 +34,20 @@ class Conv2d : public Layer {
   bool computes_sums() const {
     return kernels_ && !geometry_.bias && !fused_relu_ && kernels_->has_forward_stats();
   }
+  // Whether forward_after and backward_after may run here (computes_sums(), and the
+  // backend's kernels apply a batch norm and relu on the way in:
+  // ConvKernels::has_forward_prologue).
+  bool takes_prologue() const { return computes_sums() && kernels_->has_forward_prologue(); }
+  // forward_with_sums on relu(x * scale + shift), x the batch norm's input before this
+  // convolution (of this one's input layout and type), scale_shift its map (in floats
+  // of scale, then of shift: BatchNorm2d::scale_shift), never stored rectified:
+  // whether the kernels took it (else y and sums are not to be read).
+  bool forward_after(const Tensor& x, const float* scale_shift, Tensor& y, float* sums);
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // backward on the input forward_after rectified on the way in, from the same x and
+  // map: whether the kernels took the weights' gradient so (else nothing ran, and the
+  // caller writes the rectified input and runs backward).
+  bool backward_after(const Tensor& x, const float* scale_shift, const Tensor& dy, Tensor& dx);
   // The backend plans its kernels for the new precision (model/precision.hpp says
   // how each backend runs bf16 and fp16).
   void set_precision(Precision p) override;
@@ -85,7 +98,10 @@ class Conv2d : public Layer {
  private:
   void configure();  // hands precision, fusion, layouts and types to the kernels
   // forward, with the sums where `sums` is not null and the kernels write them: whether they did
-  bool run_forward(const Tensor& x, Tensor& y, float* sums);
+  // (on relu(x scale + shift) where scale_shift is not null, with the sums then)
+  bool run_forward(const Tensor& x, Tensor& y, float* sums, const float* scale_shift = nullptr);
+  // backward's part after the weights' gradient: the input gradient, written or added
+  void backward_input(std::int64_t B, const Tensor& dy, Tensor& dx);
   // t itself, or its fp32 copy in `wide` where t is narrow and the kernels want fp32
   const Tensor& for_kernels(const Tensor& t, Tensor& wide, const char* label) const;
   // dx = conv^T(dy), written (dx sized here)

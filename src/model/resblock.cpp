@@ -174,11 +174,17 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
   };
   const bool dx = needs_input_grad(), g_in_dx = grad_sum_in_dx();
   std::int64_t floats = 0;
+  // A stage whose batch norm the next convolution applies on its way in writes no r
+  // but keeps the map (where the kernels decline a shape's forward_after or
+  // backward_after, r is written then: more than planned).
   for (std::size_t k = 0; k < stages_.size(); ++k) {
     const Shape& a = stages_[k].conv->output_sample();
-    floats += 2 * inside(a, narrow_);                              // a, da
-    if (k + 1 < stages_.size()) floats += 2 * inside(a, narrow_);  // r, dr
-    if (!fused_) floats += inside(a, fp32);                        // b
+    floats += 2 * inside(a, narrow_);  // a, da
+    if (prologue_after(k, true))
+      floats += inside(a, narrow_) + 2 * a[0];  // dr, scale_shift
+    else if (k + 1 < stages_.size())
+      floats += 2 * inside(a, narrow_);      // r, dr
+    if (!fused_) floats += inside(a, fp32);  // b
     floats += stages_[k].conv->kept_floats(batch, k > 0 || dx, k == 0 && g_in_dx);
   }
   if (projection_) {
@@ -190,8 +196,7 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
   // written out (s2) for the last one to add, and each one's reserve in the library;
   // the branch's other batch norms run there wherever their input is narrow nhwc.
   const Stage& last = stages_.back();
-  const bool library_output = fused_ && out_type_ == narrow_ && (projection_ || in_type_ == narrow_) &&
-                              last.bn->library_would_run(inside_, narrow_);
+  const bool library_output = library_output_planned();
   for (std::size_t k = 0; k + 1 < stages_.size(); ++k)
     floats += stages_[k].bn->library_reserve_floats(batch, inside_, narrow_, false);
   if (library_output) {
@@ -205,6 +210,21 @@ std::int64_t ResBlock::kept_floats(std::int64_t batch) const {
   if (in_ != inside_) floats += inside(in_sample_, in_type_) * (dx ? 2 : 1);  // x_in, dx_in
   if (out_ != inside_) floats += 2 * inside(out_sample_, out_type_);          // y_in, dy_in
   return floats;
+}
+
+bool ResBlock::library_output_planned() const {
+  return fused_ && out_type_ == narrow_ && (projection_ || in_type_ == narrow_) &&
+         stages_.back().bn->library_would_run(inside_, narrow_);
+}
+
+bool ResBlock::prologue_after(std::size_t k, bool plan) const {
+  if (!fused_ || k + 1 >= stages_.size() || !stages_[k + 1].conv->takes_prologue()) return false;
+  const auto library = [&](const BatchNorm2d& bn) {
+    return plan ? bn.library_would_run(inside_, narrow_) : bn.library_runs(inside_, narrow_);
+  };
+  const bool next_library = k + 2 == stages_.size() ? (plan ? library_output_planned() : library_output_)
+                                                    : library(*stages_[k + 1].bn);
+  return !library(*stages_[k].bn) && !next_library;
 }
 
 bool ResBlock::any_conv_sums() const {
@@ -298,10 +318,13 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
   // which then makes no pass of its own for them; not where the library's batch norm
   // takes its own. Each batch norm takes them from conv_sums_ before the next
   // convolution writes there.
-  float* sums = nullptr;
-  if (fused_ && training && any_conv_sums()) {
+  // A convolution that applies a batch norm on its way in writes the sums too: in eval
+  // there (unread), as the stages whose r is not planned take that way in eval as well.
+  float *sums = nullptr, *prologue_sums = nullptr;
+  if (fused_ && any_conv_sums()) {
     if (conv_sums_.extent(0) == 0) conv_sums_ = make_buffer("ResBlock::conv_sums", conv_sums_floats());
-    sums = conv_sums_.data();
+    prologue_sums = conv_sums_.data();
+    if (training) sums = prologue_sums;
   }
   // The convolution's forward, with the sums where they are wanted: whether it wrote them.
   const auto conv_forward = [&](Conv2d& conv, const Tensor& in, Tensor& out, bool library_bn) {
@@ -309,16 +332,42 @@ void ResBlock::forward(const Tensor& x_given, Tensor& y_given, bool training) {
     conv.forward(in, out, training);
     return false;
   };
+  // A stage whose batch norm's statistics are taken (the batch's, or in eval the
+  // running ones) and whose map waits for the next convolution to apply it on its way
+  // in (prologue_after), with its relu: its r is written only where that convolution's
+  // kernels decline. Whether the sums for training were written, as conv_forward.
+  Stage* pending = nullptr;
+  const auto next_forward = [&](Stage& st, const Tensor* h, bool library_bn) {
+    if (!pending) return conv_forward(*st.conv, *h, st.a, library_bn);
+    Stage& before = *pending;
+    pending = nullptr;
+    before.deferred = st.conv->forward_after(before.a, before.scale_shift.data(), st.a, prologue_sums);
+    if (before.deferred) return sums != nullptr;
+    before.bn->normalise_taken(before.a, before.r);
+    return conv_forward(*st.conv, before.r, st.a, library_bn);
+  };
   const Tensor* h = &x;
   bool last_with_sums = false;
   for (std::size_t k = 0; k < stages_.size(); ++k) {
     Stage& st = stages_[k];
+    st.deferred = false;
     if (k + 1 == stages_.size()) {
-      last_with_sums = conv_forward(*st.conv, *h, st.a, library_output_);
+      last_with_sums = next_forward(st, h, library_output_);
       if (last_with_sums) st.bn->statistics_from_sums(st.a, sums);
       break;
     }
-    const bool with_sums = conv_forward(*st.conv, *h, st.a, st.bn->library_runs(inside_, narrow_));
+    const bool with_sums = next_forward(st, h, st.bn->library_runs(inside_, narrow_));
+    if (prologue_sums && prologue_after(k, false)) {
+      if (with_sums)
+        st.bn->statistics_from_sums(st.a, sums);
+      else
+        st.bn->statistics(st.a, training);
+      if (st.scale_shift.extent(0) == 0)
+        st.scale_shift = make_buffer("ResBlock::scale_shift", 2 * st.a.shape[1]);
+      st.bn->scale_shift(st.scale_shift.data());
+      pending = &st;
+      continue;  // h: the next convolution reads st.a
+    }
     if (with_sums) {
       st.bn->forward_from_sums(st.a, sums, st.r);  // relu inside
     } else if (fused_) {
@@ -383,6 +432,8 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     const Tensor& bn_out = fused_ && k + 1 < stages_.size() ? st.r : st.a;
     if (library_output_ && k + 1 == stages_.size())
       st.bn->backward_add_relu(st.a, y, dy, st.da, g);
+    else if (st.deferred)
+      st.bn->backward_unwritten(st.a, *grad, st.da);
     else
       st.bn->backward(st.a, bn_out, *grad, st.da);
     if (k == 0) {
@@ -392,7 +443,12 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
       break;
     }
     Stage& before = stages_[k - 1];
-    st.conv->backward(before.r, st.a, st.da, before.dr);
+    // Where the forward applied before's batch norm on the way in, its weights'
+    // gradient does too, unless the kernels decline: then r is written for it.
+    if (!before.deferred || !st.conv->backward_after(before.a, before.scale_shift.data(), st.da, before.dr)) {
+      if (before.deferred) before.bn->normalise_taken(before.a, before.r);
+      st.conv->backward(before.r, st.a, st.da, before.dr);
+    }
     if (!fused_) relu_backward(before.r, before.dr, before.dr);
     grad = &before.dr;
   }

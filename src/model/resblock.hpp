@@ -61,7 +61,14 @@ class ResBlock : public Layer {
   // nor s2 but where the library's batch norm adds it: set_library_batch_norm).
   // Fused, in training, a batch norm takes its statistics from the sums the
   // convolution before it wrote with its output, where the backend's kernels do
-  // (ConvKernels::forward_stats: cuDNN's graph API), and makes no pass for them.
+  // (ConvKernels::forward_stats: cuDNN's graph API), and makes no pass for them; and
+  // where the next convolution's kernels apply a batch norm and its relu on the way in
+  // (ConvKernels::has_forward_prologue: cuDNN's "scale-bias-relu -> conv -> genstats"),
+  // a batch norm of the branch but the last writes nothing: the next convolution reads
+  // its input a with the batch norm's map (of the batch's statistics, or in eval the
+  // running ones), and in backward takes its weights' gradient from the same (or,
+  // where the kernels decline that, from r written then), and the batch norm's
+  // backward its relu's mask from a (prologue_after).
   void fuse_passes();
   // The element types of x and dx (in), of the block's own activations and their
   // gradients (inside: every convolution's output, every batch norm's, the
@@ -100,16 +107,27 @@ class ResBlock : public Layer {
   // (Conv2d::computes_sums), and the floats of conv_sums_: two per channel of the widest.
   bool any_conv_sums() const;
   std::int64_t conv_sums_floats() const;
+  // Whether stage k's batch norm and relu go into the next convolution's prologue in a
+  // fused training forward (r not written): the next convolution takes a prologue
+  // (Conv2d::takes_prologue), and neither batch norm, stage k's nor the next one's,
+  // runs in the library. `plan`: as the memory plan foresees it
+  // (BatchNorm2d::library_would_run), else as the forward at hand runs.
+  bool prologue_after(std::size_t k, bool plan) const;
+  // What the library's batch norm adds in forward (library_output_), as the plan foresees it.
+  bool library_output_planned() const;
 
   // One conv -> bn step of the residual branch, with its activations, all
   // (B, C_k, Ho_k, Wo_k): the convolution's output a, the batch norm's b, and, on
   // every step but the last, r = relu(b), the next step's input. Fused, b is not
-  // written (the batch norm writes r).
+  // written (the batch norm writes r), nor r where the next convolution applies the
+  // batch norm and relu to a on its way in (deferred).
   struct Stage {
     std::unique_ptr<Conv2d> conv;
     std::unique_ptr<BatchNorm2d> bn;
     Tensor a, b, r;
-    Tensor da, dr;  // gradients of a and of r (then of b, in place)
+    Tensor da, dr;          // gradients of a and of r (then of b, in place)
+    bool deferred = false;  // the last forward left the batch norm and relu to the next convolution
+    View1 scale_shift;      // the batch norm's map for it (BatchNorm2d::scale_shift), 2C floats
   };
 
   Kind kind_;

@@ -426,6 +426,69 @@ void test_conv_nhwc(cudaStream_t stream, ddp::cuda::CudnnConv::Search search, bo
   if (graph) check_graph_ran(conv, " bf16 nhwc" + how, 3);
 }
 
+// What the fused graphs' tests share: convolutions through the graph API, bf16
+// channels-last, under the deterministic rule and under none; the device's compute
+// capability (NVIDIA's samples run these fusions on 8.x and 9.x); a bottleneck's 3x3
+// and last 1x1 on ResNet's 28x28 stage; and a batch norm's map for a shape's C
+// channels, scale in [0.5, 1.5] and bias in [-0.5, 0.5].
+struct FusedGraphs {
+  ddp::cuda::CudnnConv conv, any;
+  int major = 0;
+  ddp::cuda::ConvShape shapes[2];
+  explicit FusedGraphs(cudaStream_t stream)
+      : conv(stream, ddp::cuda::DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
+             /*deterministic=*/true, /*graph_api=*/true),
+        any(stream, ddp::cuda::DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
+            /*deterministic=*/false, /*graph_api=*/true) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    shapes[0] = {8, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1};   // a bottleneck's 3x3
+    shapes[1] = {8, 64, 28, 28, 256, 1, 1, 0, 0, 1, 1, 1, 1};  // its last 1x1
+  }
+  // run(c, out) on the deterministic convolution, else (saying why) on `any`: the one
+  // that ran; null where neither did, a failure where engines are expected (8.x, 9.x),
+  // elsewhere reported alone.
+  template <class Out, class Run>
+  ddp::cuda::CudnnConv* first_that_runs(const Run& run, Out* out, const std::string& what) {
+    ddp::cuda::CudnnConv* ran = nullptr;
+    if (run(conv, out)) {
+      ran = &conv;
+    } else {
+      std::printf("rank %d: no deterministic engine: %s %s\n", g_rank, what.c_str(),
+                  conv.graph_declined_reason().c_str());
+      if (run(any, out))
+        ran = &any;
+      else
+        std::printf("rank %d: nor any engine: %s\n", g_rank, any.graph_declined_reason().c_str());
+    }
+    if (ran || major == 8 || major == 9)
+      check(("cuDNN graph " + what + ": an engine").c_str(), ran ? 0.0 : 1.0, 0);
+    else
+      std::printf("rank %d: graph %s: no engine on compute capability %d (reported, not failed)\n", g_rank,
+                  what.c_str(), major);
+    return ran;
+  }
+  static void map(int C, unsigned seed, std::vector<float>* scale, std::vector<float>* bias) {
+    *scale = random_vector(std::size_t(C), seed);
+    *bias = random_vector(std::size_t(C), seed + 100);
+    for (float& v : *scale) v = 1.0f + 0.5f * v;
+    for (float& v : *bias) v *= 0.5f;
+  }
+  // relu(x scale + bias) of NCHW x, rounded to bf16: what the prologue's convolution reads
+  static std::vector<float> rectified(const ddp::cuda::ConvShape& s, std::vector<float> x,
+                                      const std::vector<float>& scale, const std::vector<float>& bias) {
+    const int hw = s.h * s.w;
+    for (int n = 0; n < s.n; ++n)
+      for (int c = 0; c < s.c; ++c)
+        for (int i = 0; i < hw; ++i) {
+          float& v = x[(std::size_t(n) * s.c + c) * hw + i];
+          v = ddp::round_bf16(std::max(0.0f, v * scale[c] + bias[c]));
+        }
+    return x;
+  }
+};
+
 // The forward with batch norm's statistics in one cuDNN graph (CudnnConv::forward_stats,
 // the graph API's "scale-bias-relu -> conv -> genstats"), bf16 channels-last, on
 // ResNet's 3x3 and 1x1 shapes, with the prologue and without: y against the double loop
@@ -439,36 +502,19 @@ void test_conv_nhwc(cudaStream_t stream, ddp::cuda::CudnnConv::Search search, bo
 void test_conv_stats(cudaStream_t stream) {
   using ddp::cuda::DType;
   using ddp::cuda::transpose_image;
-  ddp::cuda::CudnnConv conv(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
-                            /*deterministic=*/true, /*graph_api=*/true);
-  ddp::cuda::CudnnConv any(stream, DType::BF16, ddp::cuda::CudnnConv::Search::Heuristic, /*nhwc=*/true,
-                           /*deterministic=*/false, /*graph_api=*/true);
-  int device = 0, major = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  ddp::cuda::ConvShape shapes[2];
-  shapes[0] = {8, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1};   // a bottleneck's 3x3
-  shapes[1] = {8, 64, 28, 28, 256, 1, 1, 0, 0, 1, 1, 1, 1};  // its last 1x1
+  FusedGraphs f(stream);
   int id = 0;
-  for (const auto& s : shapes)
+  for (const auto& s : f.shapes)
     for (bool prologue : {false, true}) {
       const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
       std::vector<float> x = random_vector(std::size_t(s.n) * s.c * hw, 1100 + id);
       std::vector<float> w = random_vector(std::size_t(s.k) * s.c * rs, 1200 + id);
-      std::vector<float> scale = random_vector(std::size_t(s.c), 1300 + id),
-                         bias = random_vector(s.c, 1400 + id);
-      for (float& v : scale) v = 1.0f + 0.5f * v;  // in [0.5, 1.5]
-      for (float& v : bias) v *= 0.5f;
+      std::vector<float> scale, bias;
+      FusedGraphs::map(s.c, 1300 + id, &scale, &bias);
       for (std::vector<float>* v : {&x, &w})
         for (float& e : *v) e = ddp::round_bf16(e);
-      std::vector<float> a = x;  // what the convolution reads
-      if (prologue)
-        for (int n = 0; n < s.n; ++n)
-          for (int c = 0; c < s.c; ++c)
-            for (int i = 0; i < hw; ++i) {
-              float& v = a[(std::size_t(n) * s.c + c) * hw + i];
-              v = ddp::round_bf16(std::max(0.0f, v * scale[c] + bias[c]));
-            }
+      // what the convolution reads
+      const std::vector<float> a = prologue ? FusedGraphs::rectified(s, x, scale, bias) : x;
       const ConvRef ref = conv_ref(s, a, w, std::vector<float>(std::size_t(s.n) * s.k * pq, 0.0f));
       std::vector<double> sum_ref(s.k, 0.0), sq_ref(s.k, 0.0);
       for (int n = 0; n < s.n; ++n)
@@ -505,25 +551,8 @@ void test_conv_stats(cudaStream_t stream) {
         return true;
       };
       Out first, again;
-      ddp::cuda::CudnnConv* used = &conv;
-      bool ran = run(conv, &first);
-      if (!ran) {
-        std::printf("rank %d: no deterministic engine:%s %s\n", g_rank, tag.c_str(),
-                    conv.graph_declined_reason().c_str());
-        used = &any;
-        ran = run(any, &first);
-        if (!ran) std::printf("rank %d: nor any engine: %s\n", g_rank, any.graph_declined_reason().c_str());
-      }
-      if (!ran && major != 8 && major != 9) {
-        std::printf(
-            "rank %d: graph conv with statistics%s: no engine on compute capability %d (reported, not "
-            "failed)\n",
-            g_rank, tag.c_str(), major);
-        ++id;
-        continue;
-      }
-      check(("cuDNN graph conv with statistics: an engine" + tag).c_str(), ran ? 0.0 : 1.0, 0);
-      if (ran) {
+      ddp::cuda::CudnnConv* used = f.first_that_runs(run, &first, "conv with statistics" + tag);
+      if (used) {
         check(("cuDNN graph conv with statistics: y" + tag).c_str(), rel_err(first.y, ref.y), 1e-2);
         check(("cuDNN graph conv with statistics: sum" + tag).c_str(), rel_err(first.sum, sum_ref), 1e-2);
         check(("cuDNN graph conv with statistics: sum of squares" + tag).c_str(), rel_err(first.sq, sq_ref),
@@ -531,13 +560,67 @@ void test_conv_stats(cudaStream_t stream) {
         const bool twice = run(*used, &again);
         // bitwise with a deterministic engine; within bf16's rounding with another
         const bool same =
-            twice && (used == &any ? rel_err(again.y, first.y) <= 1e-2
-                                   : again.y == first.y && again.sum == first.sum && again.sq == first.sq);
+            twice && (used == &f.any ? rel_err(again.y, first.y) <= 1e-2
+                                     : again.y == first.y && again.sum == first.sum && again.sq == first.sq);
         check(("cuDNN graph conv with statistics: the plan again on new buffers" + tag).c_str(),
               same ? 0.0 : 1.0, 0);
       }
       ++id;
     }
+}
+
+// The weights' gradient on the input a forward_stats rectified on the way in
+// (CudnnConv::backward_filter_after, the graph API's "scale-bias-relu -> wgrad"), bf16
+// channels-last, on the same shapes: dw against the double loop on relu(x scale + bias)
+// rounded to bf16 and dy (1e-2, as the convolutions above); dw holds NaN before each
+// call; a second run on new buffers gives the same bits (a deterministic engine) or
+// stays within bf16's rounding (another). Engines as test_conv_stats takes them: where
+// none runs, a failure on Ampere and Hopper, a report elsewhere.
+void test_conv_wgrad_after(cudaStream_t stream) {
+  using ddp::cuda::DType;
+  using ddp::cuda::transpose_image;
+  FusedGraphs f(stream);
+  int id = 0;
+  for (const auto& s : f.shapes) {
+    const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
+    std::vector<float> x = random_vector(std::size_t(s.n) * s.c * hw, 1500 + id);
+    std::vector<float> dy = random_vector(std::size_t(s.n) * s.k * pq, 1600 + id);
+    std::vector<float> scale, bias;
+    FusedGraphs::map(s.c, 1700 + id, &scale, &bias);
+    for (std::vector<float>* v : {&x, &dy})
+      for (float& e : *v) e = ddp::round_bf16(e);
+    const std::vector<float> a = FusedGraphs::rectified(s, x, scale, bias);  // what the gradient reads
+    const ConvRef ref = conv_ref(s, a, std::vector<float>(std::size_t(s.k) * s.c * rs, 0.0f), dy);
+    DeviceBuffer<float> x32(x), dy32(dy), dscale(scale), dbias(bias);
+    DeviceBuffer<std::uint16_t> x16(x.size()), dy16(dy.size());
+    transpose_image(x32.ptr, DType::F32, x16.ptr, DType::BF16, true, s.n, s.c, hw, nullptr, false, false,
+                    stream);
+    transpose_image(dy32.ptr, DType::F32, dy16.ptr, DType::BF16, true, s.n, s.k, pq, nullptr, false, false,
+                    stream);
+    const std::string tag = " bf16 nhwc shape " + std::to_string(id);
+    // One run on new buffers: dw (as fp32 KCRS); false where no engine ran.
+    auto run = [&](ddp::cuda::CudnnConv& c, std::vector<float>* out) {
+      DeviceBuffer<std::uint16_t> dw16(ref.dw.size());
+      DeviceBuffer<float> dw(ref.dw.size());
+      poison(stream, dw16);
+      if (!c.backward_filter_after(s, x16.ptr, dy16.ptr, dw16.ptr, dscale.ptr, dbias.ptr)) return false;
+      transpose_image(dw16.ptr, DType::BF16, dw.ptr, DType::F32, false, s.k, s.c, rs, nullptr, false, false,
+                      stream);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      *out = dw.download();
+      return true;
+    };
+    std::vector<float> first, again;
+    ddp::cuda::CudnnConv* used = f.first_that_runs(run, &first, "wgrad after scale-bias-relu" + tag);
+    if (used) {
+      check(("cuDNN graph wgrad after scale-bias-relu: dw" + tag).c_str(), rel_err(first, ref.dw), 1e-2);
+      const bool twice = run(*used, &again);
+      const bool same = twice && (used == &f.any ? rel_err(again, first) <= 1e-2 : again == first);
+      check(("cuDNN graph wgrad after scale-bias-relu: the plan again on new buffers" + tag).c_str(),
+            same ? 0.0 : 1.0, 0);
+    }
+    ++id;
+  }
 }
 
 // n values on the device as a tensor of fp32 or bf16 elements holds them (bf16: the
@@ -728,6 +811,7 @@ int main(int argc, char** argv) {
     test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
   }
   test_conv_stats(compute);
+  test_conv_wgrad_after(compute);
   test_conv_accumulate(compute);
   test_transpose_image(compute);
   test_graph_capture(compute, ddp::Precision::fp32);

@@ -58,8 +58,9 @@ struct StatsRun {
   ChainResults r;
   test::StatsCalls calls;
 };
-StatsRun run(StatsMode mode, Precision p, const std::function<bool(const ConvGeometry&)>& declines = {}) {
-  UseStatsBackend backend(mode, declines);
+StatsRun run(StatsMode mode, Precision p, const std::function<bool(const ConvGeometry&)>& declines = {},
+             test::Prologue prologue = {}) {
+  UseStatsBackend backend(mode, declines, std::move(prologue));
   StatsRun out;
   out.r = run_blocks(p, p != Precision::fp32, kSpecs, kSample);
   out.calls = backend.calls();
@@ -96,6 +97,34 @@ std::vector<float> first_statistics(const std::vector<float>& buffers) {
   return picked;
 }
 
+// Two runs of the blocks, a against b: within fp32's rounding in fp32 (1e-5, the
+// running statistics 1e-6); in a narrow type, each rounding that moved moves what
+// follows: less than b's own distance from fp32.
+void expect_within_rounding(const ChainResults& a, const ChainResults& b, Precision p, const char* what) {
+  const double y = norm_relative_error(a.y, b.y), dx = norm_relative_error(a.dx, b.dx),
+               grads = norm_relative_error(a.grads, b.grads),
+               buffers = norm_relative_error(a.buffers, b.buffers);
+  std::printf("  %s %s: y %.1e dx %.1e grads %.1e buffers %.1e\n", precision_name(p), what, y, dx, grads,
+              buffers);
+  if (p == Precision::fp32) {
+    EXPECT_LT(y, 1e-5);
+    EXPECT_LT(dx, 1e-5);
+    EXPECT_LT(grads, 1e-5);
+    EXPECT_LT(buffers, 1e-6);
+    return;
+  }
+  const ChainResults exact = run_blocks(Precision::fp32, false, kSpecs, kSample);
+  const double ey = norm_relative_error(b.y, exact.y), edx = norm_relative_error(b.dx, exact.dx),
+               egrads = norm_relative_error(b.grads, exact.grads),
+               ebuffers = norm_relative_error(b.buffers, exact.buffers);
+  std::printf("  %s the second against fp32: y %.1e dx %.1e grads %.1e buffers %.1e\n", precision_name(p), ey,
+              edx, egrads, ebuffers);
+  EXPECT_LT(y, ey);
+  EXPECT_LT(dx, edx);
+  EXPECT_LT(grads, egrads);
+  EXPECT_LT(buffers, ebuffers + 1e-6);
+}
+
 // With the sums from the convolutions against without. Where the batch norm's input
 // is the same in both runs (first_statistics), its statistics differ by the sums'
 // rounding to fp32 (cuDNN's are fp32) and, in a narrow type, by the sums being of the
@@ -111,32 +140,23 @@ void expect_close(const StatsRun& with, const StatsRun& own, Precision p) {
                                           : 0.1 / 2048)
       << "the first batch norms' statistics";
   std::printf("  %s the first batch norms' running statistics: %.1e\n", precision_name(p), first);
-  const double y = norm_relative_error(a.y, b.y), dx = norm_relative_error(a.dx, b.dx),
-               grads = norm_relative_error(a.grads, b.grads),
-               buffers = norm_relative_error(a.buffers, b.buffers);
-  if (p == Precision::fp32) {
-    EXPECT_LT(y, 1e-5);
-    EXPECT_LT(dx, 1e-5);
-    EXPECT_LT(grads, 1e-5);
-    EXPECT_LT(buffers, 1e-6);
-  } else {
-    const ChainResults exact = run_blocks(Precision::fp32, false, kSpecs, kSample);
-    EXPECT_LT(y, norm_relative_error(b.y, exact.y));
-    EXPECT_LT(dx, norm_relative_error(b.dx, exact.dx));
-    EXPECT_LT(grads, norm_relative_error(b.grads, exact.grads));
-    EXPECT_LT(buffers, norm_relative_error(b.buffers, exact.buffers) + 1e-6);
-    std::printf("  %s own against fp32: y %.1e dx %.1e grads %.1e buffers %.1e\n", precision_name(p),
-                norm_relative_error(b.y, exact.y), norm_relative_error(b.dx, exact.dx),
-                norm_relative_error(b.grads, exact.grads), norm_relative_error(b.buffers, exact.buffers));
-  }
-  std::printf("  %s with the convolutions' sums against own: y %.1e dx %.1e grads %.1e buffers %.1e\n",
-              precision_name(p), y, dx, grads, buffers);
+  expect_within_rounding(a, b, p, "with the convolutions' sums against own");
 }
+
+// The branch's batch norms before a convolution (bn1 and bn2 of a bottleneck, bn1 of a
+// basic block): five a step in kSpecs.
+constexpr int kBeforeConvs = 5;
+// Their maps for the next convolution: 2C floats each (8, 8; 8, 8; 32 channels).
+constexpr std::int64_t kScaleShiftFloats = 2 * (8 + 8 + 8 + 8 + 32);
+
+// The passes that write a batch norm's rectified output r (forward's, or backward's
+// where the weights' gradient could not take the prologue).
+std::int64_t written_r(const ChainResults& r) { return runs(r, "BatchNorm2d::forward_relu"); }
 
 TEST(ConvolutionStatistics, BlocksTakeTheirBatchNormsSumsFromTheConvolutions) {
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
-    const StatsRun with = run(with_sums(), p), own = run(StatsMode::Hide, p);
+    const StatsRun with = run(with_sums(), p, {}, {false, {}}), own = run(StatsMode::Hide, p);
     EXPECT_EQ(own.calls.made + own.calls.declined, 0) << "forward_stats was asked where it was hidden";
     EXPECT_EQ(runs(own.r, "BatchNorm2d::stats_from_sums"), 0);
     EXPECT_EQ(runs(with.r, "BatchNorm2d::stats_from_sums"), with.calls.made)
@@ -181,22 +201,139 @@ TEST(ConvolutionStatistics, ADeclinedConvolutionsBatchNormSumsItself) {
   }
 }
 
-// What the blocks allocate in a training forward and backward with the sums from
-// their convolutions (ResBlock::kept_floats: besides the stages', one buffer of sums
-// a block) against what they plan, the same floats, as MemoryPlan's tests hold the
-// blocks without.
-TEST(ConvolutionStatistics, BlocksPlanWhatTheyAllocate) {
+// With the next convolution applying a batch norm and its relu on the way in (the
+// "scale-bias-relu -> conv -> genstats" forward and "scale-bias-relu -> wgrad"), the
+// branch's batch norms before a convolution write no r, forward or backward, against
+// the same blocks with the convolutions' sums alone. The map differs from the batch
+// norm's own pass in its rounding (x scale + shift against (x - mean) invstd gamma +
+// beta, fp32), and where the type is narrow r is rounded to it before the convolution
+// reads it (the host's stand-in: the convolution's own rounding of its input; cuDNN
+// reads it unrounded): within fp32's rounding, or less than the narrow type's own
+// distance from fp32.
+TEST(ConvolutionStatistics, TheNextConvolutionAppliesTheBatchNormOnItsWayIn) {
+  for (Precision p : precisions()) {
+    SCOPED_TRACE(precision_name(p));
+    const StatsRun fused = run(with_sums(), p), stats = run(with_sums(), p, {}, {false, {}});
+    EXPECT_EQ(stats.calls.prologues + stats.calls.prologues_declined + stats.calls.wgrads, 0)
+        << "a prologue was asked for where it was off";
+    EXPECT_GT(written_r(stats.r), 0);
+    if (on_gpu()) {
+      std::printf(
+          "  %s: cuDNN applied the batch norm in %d forwards (declined %d), %d weights' gradients "
+          "(declined %d)\n",
+          precision_name(p), fused.calls.prologues, fused.calls.prologues_declined, fused.calls.wgrads,
+          fused.calls.wgrads_declined);
+    } else {
+      EXPECT_EQ(fused.calls.prologues, kBeforeConvs * kSteps);
+      EXPECT_EQ(fused.calls.prologues_declined, 0);
+      EXPECT_EQ(fused.calls.wgrads, kBeforeConvs * kSteps);
+      EXPECT_EQ(fused.calls.wgrads_declined, 0);
+      EXPECT_EQ(fused.calls.made, kConvs * kSteps);
+      EXPECT_EQ(written_r(fused.r), 0) << "a batch norm wrote the r its next convolution reads on the way in";
+      EXPECT_EQ(written_r(stats.r), kBeforeConvs * kSteps);
+    }
+    expect_within_rounding(fused.r, stats.r, p, "applied on the way in against written");
+  }
+}
+
+// Where the kernels take the forward's prologue but decline the weights' gradient's
+// (here every 3x3's, as cuDNN may have no engine for a shape's "scale-bias-relu ->
+// wgrad"), the block writes that r in backward from the forward's statistics and runs
+// the plain weights' gradient on it: the same results as the prologue throughout,
+// within the two maps' rounding (fp32), and the mask of the batch norm's relu still
+// from its input.
+TEST(ConvolutionStatistics, ADeclinedWeightsGradientWritesTheInputInBackward) {
+  if (on_gpu())
+    GTEST_SKIP() << "the host's stand-in declines by choice; cuDNN declines what it has no engine for";
+  const auto three_by_three = [](const ConvGeometry& g) { return g.k == 3; };
+  for (Precision p : precisions()) {
+    SCOPED_TRACE(precision_name(p));
+    const StatsRun fused = run(StatsMode::Emulate, p),
+                   declined = run(StatsMode::Emulate, p, {}, {true, three_by_three});
+    const int per_step = 3;  // the 3x3 after bn1 in each bottleneck, the basic block's second
+    EXPECT_EQ(declined.calls.prologues, kBeforeConvs * kSteps);
+    EXPECT_EQ(declined.calls.wgrads_declined, per_step * kSteps);
+    EXPECT_EQ(declined.calls.wgrads, (kBeforeConvs - per_step) * kSteps);
+    EXPECT_EQ(written_r(declined.r), per_step * kSteps)
+        << "r written in backward for the declined ones alone";
+    const double y = norm_relative_error(declined.r.y, fused.r.y),
+                 dx = norm_relative_error(declined.r.dx, fused.r.dx),
+                 grads = norm_relative_error(declined.r.grads, fused.r.grads);
+    std::printf("  %s declined weights' gradients against the prologue's: y %.1e dx %.1e grads %.1e\n",
+                precision_name(p), y, dx, grads);
+    EXPECT_EQ(y, 0.0) << "the forward is the same";
+    EXPECT_LT(dx, p == Precision::fp32 ? 1e-5 : 1e-2);
+    EXPECT_LT(grads, p == Precision::fp32 ? 1e-5 : 1e-2);
+  }
+}
+
+// In eval the same stages take the batch norm's running statistics on the next
+// convolution's way in: the eval forward allocates nothing after a training step (no
+// r: the plan has none), and its output is the written path's within fp32's rounding.
+TEST(ConvolutionStatistics, EvalAppliesTheRunningStatisticsOnTheWayIn) {
   const test::RecordAllocations recording;
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
-    UseStatsBackend backend(with_sums());
-    test::BlockChain chain(p, p != Precision::fp32, kSpecs, kSample, nullptr);
-    const test::ChainMemory m = test::step_memory(chain);
-    std::printf("  %s: planned %lld floats, allocated %lld in %lld blocks\n", precision_name(p),
-                (long long)m.planned, (long long)m.allocated, (long long)m.blocks);
-    EXPECT_EQ(m.allocated, m.planned);
+    std::vector<float> eval_y[2];
+    for (bool prologue : {false, true}) {
+      UseStatsBackend backend(with_sums(), {}, {prologue, {}});
+      test::BlockChain chain(p, p != Precision::fp32, kSpecs, kSample, nullptr);
+      chain.step();
+      Kokkos::fence();
+      const test::LiveBlocks before = test::live_blocks();
+      const int prologues = backend.calls().prologues;
+      for (std::size_t i = 0; i < chain.blocks.size(); ++i)
+        chain.blocks[i]->layer->forward(i ? chain.acts[i - 1] : chain.x, chain.acts[i], false);
+      Kokkos::fence();
+      std::int64_t blocks = 0;
+      const std::int64_t allocated = test::allocated_since(before, &blocks);
+      eval_y[prologue] = test::to_host(chain.acts.back().data, chain.acts.back().numel());
+      if (prologue && !on_gpu()) {
+        EXPECT_EQ(allocated, 0) << "the eval forward allocated " << blocks << " blocks";
+        EXPECT_EQ(backend.calls().prologues - prologues, kBeforeConvs);
+      }
+    }
+    const double y = norm_relative_error(eval_y[1], eval_y[0]);
+    std::printf("  %s eval applied on the way in against written: y %.1e\n", precision_name(p), y);
+    EXPECT_LT(y, p == Precision::fp32 ? 1e-5 : p == Precision::bf16 ? 1e-2 : 2e-3);
+  }
+}
+
+// What the blocks allocate in a training forward and backward with the sums from
+// their convolutions (ResBlock::kept_floats: besides the stages', one buffer of sums
+// a block), with the batch norms before a convolution applied on its way in (no r,
+// the map's 2C floats) or not, against what they plan: the same floats, as
+// MemoryPlan's tests hold the blocks without. (The plan with the prologue is less
+// by the r it no longer writes.)
+TEST(ConvolutionStatistics, BlocksPlanWhatTheyAllocate) {
+  const test::RecordAllocations recording;
+  for (Precision p : precisions()) {
+    std::int64_t planned[2] = {0, 0};
+    for (bool prologue : {false, true}) {
+      SCOPED_TRACE(std::string(precision_name(p)) + (prologue ? " with the prologue" : " without"));
+      UseStatsBackend backend(with_sums(), {}, {prologue, {}});
+      test::BlockChain chain(p, p != Precision::fp32, kSpecs, kSample, nullptr);
+      const test::ChainMemory m = test::step_memory(chain);
+      std::printf("  %s%s: planned %lld floats, allocated %lld in %lld blocks\n", precision_name(p),
+                  prologue ? " with the prologue" : "", (long long)m.planned, (long long)m.allocated,
+                  (long long)m.blocks);
+      planned[prologue] = m.planned;
+      // cuDNN may decline a shape's prologue (forward or weights' gradient): that r is
+      // written then, beyond the plan, as much as the plan without the prologue holds.
+      const int declines = backend.calls().prologues_declined + backend.calls().wgrads_declined;
+      if (on_gpu() && prologue && declines > 0) {
+        std::printf("  %s: cuDNN declined %d prologues\n", precision_name(p), declines);
+        EXPECT_LE(m.allocated, planned[0] + kScaleShiftFloats);
+      } else {
+        EXPECT_EQ(m.allocated, m.planned);
+      }
+      if (!on_gpu()) {
+        EXPECT_GT(backend.calls().made, 0);
+        EXPECT_EQ(backend.calls().prologues > 0, prologue);
+      }
+    }
     if (!on_gpu()) {
-      EXPECT_GT(backend.calls().made, 0);
+      EXPECT_LT(planned[1], planned[0]) << precision_name(p);
     }
   }
 }

@@ -36,6 +36,15 @@ class ForwardingConvKernels : public ConvKernels {
   bool forward_stats(std::int64_t B, const float* x, const float* weight, float* y, float* sums) override {
     return inner_->forward_stats(B, x, weight, y, sums);
   }
+  bool has_forward_prologue() const override { return inner_->has_forward_prologue(); }
+  bool forward_stats_after(std::int64_t B, const float* x, const float* scale_shift, const float* weight,
+                           float* y, float* sums) override {
+    return inner_->forward_stats_after(B, x, scale_shift, weight, y, sums);
+  }
+  bool backward_weights_after(std::int64_t B, const float* x, const float* scale_shift, const float* dy,
+                              float* dweight, bool accumulate) override {
+    return inner_->backward_weights_after(B, x, scale_shift, dy, dweight, accumulate);
+  }
   std::int64_t held_bytes(std::int64_t B) const override { return inner_->held_bytes(B); }
 
  protected:

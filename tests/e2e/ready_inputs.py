@@ -14,6 +14,7 @@ usage: ready_inputs.py SOURCE_DIR MAKE_SYNTHETIC_IMAGES [--torch-python PY] -- L
 data/synthetic64 are)
 """
 import glob
+import json
 import os
 import re
 import subprocess
@@ -32,26 +33,29 @@ def fail(msg):
     sys.exit(1)
 
 
-def torchvision_count(python, depth, classes):
+def torchvision_counts(python, models):
+    """torchvision's parameter count of each model named (("resnet", depth, classes) or
+    ("vit_b_16",)), all in one process of the given python (importing torchvision is
+    most of its time); where it has none, the published counts. {model: (count, source)}."""
     if python:
-        code = (f"import torchvision; m = torchvision.models.resnet{depth}(num_classes={classes}); "
-                "print(sum(p.numel() for p in m.parameters()))")
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        code = ("import json, sys, torchvision; counts = []\n"
+                "for m in json.loads(sys.argv[1]):\n"
+                "    net = torchvision.models.vit_b_16() if m[0] == 'vit_b_16' else "
+                "getattr(torchvision.models, f'resnet{m[1]}')(num_classes=m[2])\n"
+                "    counts.append(sum(p.numel() for p in net.parameters()))\n"
+                "print(json.dumps(counts))")
+        p = subprocess.run([python, "-c", code, json.dumps(models)], capture_output=True, text=True, timeout=240)
         if p.returncode == 0:
-            return int(p.stdout.strip()), "torchvision"
-    if (depth, classes) not in PUBLISHED:
-        fail(f"no torchvision here and no published count for resnet{depth} of {classes} classes")
-    return PUBLISHED[(depth, classes)], "torchvision's published count"
-
-
-def vit_b16_count(python):
-    if python:
-        code = ("import torchvision; m = torchvision.models.vit_b_16(); "
-                "print(sum(p.numel() for p in m.parameters()))")
-        p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-        if p.returncode == 0:
-            return int(p.stdout.strip()), "torchvision"
-    return VIT_B16, "torchvision's published count"
+            return {tuple(m): (c, "torchvision") for m, c in zip(models, json.loads(p.stdout))}
+    counts = {}
+    for m in models:
+        if m[0] == "vit_b_16":
+            counts[tuple(m)] = (VIT_B16, "torchvision's published count")
+        elif (m[1], m[2]) in PUBLISHED:
+            counts[tuple(m)] = (PUBLISHED[(m[1], m[2])], "torchvision's published count")
+        else:
+            fail(f"no torchvision here and no published count for resnet{m[1]} of {m[2]} classes")
+    return counts
 
 
 def main():
@@ -70,7 +74,8 @@ def main():
     inputs = sorted(glob.glob(os.path.join(source, "inputs", "*.nml")))
     if len(inputs) < 8:
         fail(f"only {len(inputs)} inputs in {source}/inputs")
-    checked_resnets, checked_vit, checked_gpt2 = 0, False, False
+    checked_gpt2 = False
+    compared = []  # (name, its count, line so far, the torchvision model it equals)
     for path in inputs:
         name = os.path.basename(path)
         text = open(path).read()
@@ -104,11 +109,8 @@ def main():
             classes = re.findall(r"linear\(([0-9]+)\)", text)
             if len(classes) != 1:
                 fail(f"{name}: expected one linear(classes) layer, found {classes}")
-            want, source_of = torchvision_count(torch_python, int(depth.group(1)), int(classes[0]))
-            if int(total.group(1)) != want:
-                fail(f"{name}: {int(total.group(1)):,} parameters, {source_of}: {want:,}")
-            line += f" = {source_of} resnet{depth.group(1)}(num_classes={classes[0]})"
-            checked_resnets += 1
+            compared.append((name, int(total.group(1)), line, ("resnet", int(depth.group(1)), int(classes[0]))))
+            continue
         if name == "gpt2_124m.nml":  # GPT-2's published count, the vocabulary padded from 50257 to 50304
             want = GPT2_124M + (50304 - 50257) * 768
             if int(total.group(1)) != want:
@@ -116,18 +118,23 @@ def main():
             line += f" = GPT-2 124M's {GPT2_124M:,} with 47 more embedding rows"
             checked_gpt2 = True
         if name == "vit_b16.nml":  # torchvision's vit_b_16() at 1000 classes
-            want, source_of = vit_b16_count(torch_python)
-            if int(total.group(1)) != want:
-                fail(f"{name}: {int(total.group(1)):,} parameters, {source_of}: {want:,}")
-            line += f" = {source_of} vit_b_16()"
-            checked_vit = True
+            compared.append((name, int(total.group(1)), line, ("vit_b_16",)))
+            continue
         print(line, flush=True)
+    counts = torchvision_counts(torch_python, [list(m) for _, _, _, m in compared])
+    for name, count, line, model in compared:
+        want, source_of = counts[model]
+        if count != want:
+            fail(f"{name}: {count:,} parameters, {source_of}: {want:,}")
+        what = "vit_b_16()" if model[0] == "vit_b_16" else f"resnet{model[1]}(num_classes={model[2]})"
+        print(f"{line} = {source_of} {what}", flush=True)
     if not checked_gpt2:
         fail("gpt2_124m.nml was not compared with GPT-2's count")
-    if not checked_vit:
+    if not any(m[0] == "vit_b_16" for _, _, _, m in compared):
         fail("vit_b16.nml was not compared with torchvision")
-    if checked_resnets < 4:
-        fail(f"only {checked_resnets} ResNet inputs compared with torchvision")
+    resnets = sum(m[0] == "resnet" for _, _, _, m in compared)
+    if resnets < 4:
+        fail(f"only {resnets} ResNet inputs compared with torchvision")
     print(f"PASS: {len(inputs)} inputs")
 
 

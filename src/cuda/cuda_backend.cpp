@@ -662,9 +662,10 @@ bool CudnnConvKernels::forward_stats(std::int64_t B, const float* x, const float
 // holds its map (scale, then shift: in floats each). Declined as forward_stats is.
 bool CudnnConvKernels::forward_stats_after(std::int64_t B, const float* x, const float* scale_shift,
                                            const float* weight, float* y, float* sums) {
-  // (Where the weights' gradient's graph was declined, the forward's is not used
-  // either: backward would write r all the same, and every step.)
-  if (B == 0 || !has_forward_prologue() || after_declined_.count(B) || wgrad_declined_.count(B)) return false;
+  // (Where the weights' gradient's graph is declined, the forward's still runs: backward
+  // writes r then, as many passes as without the prologue, and a step captured at its
+  // second run at B finds every plan it needs made in the first.)
+  if (B == 0 || !has_forward_prologue() || after_declined_.count(B)) return false;
   const ConvShape s = shape(B);
   const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::B);
   const float* scale = scale_shift;

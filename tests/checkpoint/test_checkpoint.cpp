@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "../temp_dir.hpp"
 #include "comm/check.hpp"
 #include "io/checkpoint.hpp"
 #include "io/sampler.hpp"
@@ -81,8 +82,8 @@ std::vector<float> host(View1 v) {
 }
 
 TEST(Checkpoint, RoundTripAndChecksum) {
-  char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const ddp::test::TempDir tmp("/tmp/ddp_ckpt_");
+  const std::string& dir = tmp.path();
   Model model({"flatten", "linear(5)", "relu", "linear(3)"}, {2, 2}, 7);
   Config cfg;
   cfg.train.optimizer = "adamw";
@@ -148,8 +149,8 @@ TEST(Checkpoint, RoundTripAndChecksum) {
 // flat optimizer state in 1 Mi values and then the rest. Every value comes back to
 // its place, bit for bit.
 TEST(Checkpoint, DatasetsLargerThanAReadPieceRoundTrip) {
-  char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const ddp::test::TempDir tmp("/tmp/ddp_ckpt_");
+  const std::string& dir = tmp.path();
   Model model({"flatten", "linear(1100)"}, {40, 40}, 7);
   ASSERT_GT(std::size_t(1100 * 1600 * 4), 4 * (std::size_t(1) << 20));
   Config cfg;
@@ -178,8 +179,8 @@ TEST(Checkpoint, DatasetsLargerThanAReadPieceRoundTrip) {
 // and size, and leaves a checkpoint that loads; one whose directory went away ends
 // failed, with save_checkpoint's error text, and leaves no file.
 TEST(Checkpoint, BackgroundWriteEndsOrFailsWithItsLine) {
-  char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const ddp::test::TempDir tmp("/tmp/ddp_ckpt_");
+  const std::string& dir = tmp.path();
   Model model({"flatten", "linear(5)", "relu", "linear(3)"}, {2, 2}, 7);
   Config cfg;
   auto opt = make_optimizer(cfg.train, std::size_t(model.num_parameters()));
@@ -216,13 +217,12 @@ TEST(Checkpoint, BackgroundWriteEndsOrFailsWithItsLine) {
 
 // A fresh run directory and a small model with its optimizer, to save and load.
 struct SmallRun {
-  std::string dir;
+  ddp::test::TempDir tmp{"/tmp/ddp_ckpt_"};
+  std::string dir = tmp.path();
   Model model{{"flatten", "linear(5)", "relu", "linear(3)"}, {2, 2}, 7};
   Config cfg;
   std::unique_ptr<Optimizer> opt;
   explicit SmallRun(double momentum = 0.0) {
-    char tmpl[] = "/tmp/ddp_ckpt_XXXXXX";
-    dir = mkdtemp(tmpl);
     cfg.train.momentum = momentum;
     opt = make_optimizer(cfg.train, std::size_t(model.num_parameters()));
   }

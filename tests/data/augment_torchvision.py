@@ -17,7 +17,9 @@ against torchvision 0.14's functional transforms on fixed parameters:
 
 usage: augment_torchvision.py AUGMENT_PROBE
 """
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ import torchvision.transforms.functional as F
 
 probe = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="augment_tv_")
+atexit.register(shutil.rmtree, tmp, ignore_errors=True)
 rng = np.random.default_rng(2024)
 failures = []
 

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <string>
 
+#include "../temp_dir.hpp"
 #include "io/tensorboard_writer.hpp"
 #include "io/tfrecord.hpp"
 
@@ -24,13 +25,6 @@ std::string hex(const std::string& bytes) {
     out += digits[c & 15];
   }
   return out;
-}
-
-std::string temp_dir() {
-  char tmpl[] = "/tmp/ddp_tb_testXXXXXX";
-  const char* d = mkdtemp(tmpl);
-  EXPECT_NE(d, nullptr);
-  return d ? d : "";
 }
 
 }  // namespace
@@ -55,7 +49,8 @@ TEST(TfRecord, FramingMatchesTensorBoardsRecordWriter) {
 
 TEST(TensorBoardWriter, WritesFramedRecordsUnderRunDirTb) {
   if (!ddp::kTensorBoardBuilt) GTEST_SKIP() << "built without protobuf";
-  const std::string dir = temp_dir();
+  const ddp::test::TempDir tmp("/tmp/ddp_tb_test");
+  const std::string& dir = tmp.path();
   std::string path;
   {
     ddp::TensorBoardWriter tb(dir, true);
@@ -86,7 +81,8 @@ TEST(TensorBoardWriter, WritesFramedRecordsUnderRunDirTb) {
 
 TEST(TensorBoardWriter, AWriteFailureStopsWritingWithoutThrowing) {
   if (!ddp::kTensorBoardBuilt) GTEST_SKIP() << "built without protobuf";
-  const std::string dir = temp_dir();
+  const ddp::test::TempDir tmp("/tmp/ddp_tb_test");
+  const std::string& dir = tmp.path();
   // A file size limit makes write() fail with EFBIG, as a full disk makes it fail.
   rlimit old{};
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
@@ -108,7 +104,8 @@ TEST(TensorBoardWriter, AWriteFailureStopsWritingWithoutThrowing) {
 
 TEST(TensorBoardWriter, AnUncreatableDirectoryIsAWarning) {
   if (!ddp::kTensorBoardBuilt) GTEST_SKIP() << "built without protobuf";
-  const std::string dir = temp_dir();
+  const ddp::test::TempDir tmp("/tmp/ddp_tb_test");
+  const std::string& dir = tmp.path();
   std::FILE* f = std::fopen((dir + "/tb").c_str(), "w");  // a file where the directory goes
   ASSERT_NE(f, nullptr);
   std::fclose(f);
@@ -117,7 +114,8 @@ TEST(TensorBoardWriter, AnUncreatableDirectoryIsAWarning) {
 }
 
 TEST(TensorBoardWriter, DisabledWritesNothing) {
-  const std::string dir = temp_dir();
+  const ddp::test::TempDir tmp("/tmp/ddp_tb_test");
+  const std::string& dir = tmp.path();
   ddp::TensorBoardWriter tb(dir, false);
   EXPECT_FALSE(tb.active());
   tb.scalar("x", 1, 1.0);

@@ -20,6 +20,7 @@ CMAKE_OPTIONS_NOT_EXPOSED = {
     "CMAKE_BUILD_TYPE": "Spack's build_type variant (CMakePackage) sets it",
     "DDP_SANITIZE": "ASan/UBSan build for the project's own test job, not for installs",
     "DDP_PRECOMPILE_HEADERS": "compile time only (on in the host build, off in the CUDA build): the same binaries",
+    "DDP_LINK_GOLD": "link time only (gold where the compiler takes it, host build): programs that do the same",
     "DDP_GIT_REVISION": "--version asks git at build time; a `spack develop` checkout has one",
     "DDP_MODULE_PREREQ": "the project's own modulefile; Spack writes its modules (spack module tcl/lmod refresh)",
     "DDP_MODULEFILE_DIR": "same: where the project's own modulefile goes under the prefix",

@@ -296,6 +296,14 @@ bool CudnnConv::backward_filter_after(const ConvShape& s, const void* x, const v
                                                  call_detail(s, dtype_));
 }
 
+bool CudnnConv::backward_data_sums(const ConvShape& s, const void* w, const void* dy, void* dx, const void* a,
+                                   const float* scale, const float* bias, const float* mean, float* sum,
+                                   float* centred_sum) {
+  return graph_ && graph_->backward_data_sums(s, w, dy, dx, a, scale, bias, mean, sum, centred_sum,
+                                              "cuDNN conv backward data with scale-bias-relu's backward sums",
+                                              call_detail(s, dtype_));
+}
+
 void CudnnConv::backward_data(const ConvShape& s, const void* w, const void* dy, void* dx, float alpha,
                               float beta) {
   if (graph_ && graph_->run(ConvDirection::BackwardData, s, w, dy, dx, alpha, beta,

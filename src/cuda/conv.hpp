@@ -77,6 +77,13 @@ class CudnnConv {
   // run nothing, where forward_stats would be, or where cuDNN has no engine for it.
   bool backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw, const float* scale,
                              const float* bias);
+  // dx (N, C, H, W) = conv^T(dy, w) where a * scale + bias > 0, else 0, and the sums of
+  // dx and of dx (a - mean) over (N, H, W) (C each, fp32), in one cuDNN graph
+  // (CudnnGraphConv::backward_data_sums): false, having run nothing, where forward_stats
+  // would be, or where cuDNN has no engine for it. a as x; scale, bias, mean (C) fp32.
+  bool backward_data_sums(const ConvShape& s, const void* w, const void* dy, void* dx, const void* a,
+                          const float* scale, const float* bias, const float* mean, float* sum,
+                          float* centred_sum);
 
   std::size_t workspace_bytes() const { return workspace_bytes_; }
   // fp32 on TF32 tensor cores (train.tf32: cuDNN's default math on fp32, which takes

@@ -60,9 +60,15 @@ void set_pair(const Desc& d, cudnnBackendAttributeName_t name, int a, int b) {
 // (in backward, dx is the X tensor, dw the W tensor and dy the Y tensor); where it has
 // a prologue (a forward with statistics, a backward filter), the prologue's per-channel
 // scale and bias and its three virtual results (never in memory); in a forward with
-// statistics, their sum and sum of squares.
+// statistics, their sum and sum of squares. A backward data with the batch norm's
+// relu and sums in its epilogue: X the masked gradient it writes, the scale and bias of
+// the batch norm's map, the sums of X and of X (a - mean) in kSum and kSqsum, the
+// convolution's own result (virtual), the batch norm's input a and mean, and the
+// virtual a scale, + bias, a - mean, the masked gradient in fp32 and it times (a - mean).
 constexpr std::int64_t kX = 1, kW = 2, kY = 3, kScale = 4, kBias = 5, kSum = 6, kSqsum = 7;
 constexpr std::int64_t kScaled = 8, kBiased = 9, kRectified = 10;
+constexpr std::int64_t kConvResult = 11, kBnInput = 12, kMean = 13, kCentred = 14, kProduct = 15,
+                       kMasked = 16;
 
 // Whether d finalized: a descriptor cuDNN refuses declines the convolution to the
 // legacy path rather than ending the run.
@@ -266,27 +272,77 @@ Desc variant_pack(const std::vector<const void*>& operands, const std::vector<st
   return pack;
 }
 
-// An element-wise operation of the prologue: out = in (op) b (b null for relu), in
-// fp32. Its pointwise descriptor goes into `keep`. Null where cuDNN refuses either.
-Desc pointwise(cudnnPointwiseMode_t mode, const Desc& in, const Desc* b, const Desc& out,
-               std::deque<Desc>& keep) {
+// A pointwise descriptor of `mode`, in fp32; null where cuDNN refuses it.
+Desc pointwise_mode(cudnnPointwiseMode_t mode) {
   Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
   set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
   set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
-  if (mode == CUDNN_POINTWISE_RELU_FWD) {  // set as cudnn-frontend sets them: max(x, 0)
+  if (mode == CUDNN_POINTWISE_RELU_FWD || mode == CUDNN_POINTWISE_RELU_BWD) {
+    // set as cudnn-frontend sets them: max(x, 0), and its gradient
     const double lower = 0.0, upper = std::numeric_limits<float>::max(), slope = 0.0;
     set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, CUDNN_TYPE_DOUBLE, 1, &lower);
     set(pw, CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, CUDNN_TYPE_DOUBLE, 1, &upper);
     set(pw, CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP_SLOPE, CUDNN_TYPE_DOUBLE, 1, &slope);
   }
-  if (!finalized(pw)) return Desc();
+  return finalized(pw) ? std::move(pw) : Desc();
+}
+
+// An element-wise operation of a prologue or epilogue: out = in (op) b (b null for relu
+// and identity), in fp32. Its pointwise descriptor goes into `keep`. Null where cuDNN
+// refuses either.
+Desc pointwise(cudnnPointwiseMode_t mode, const Desc& in, const Desc* b, const Desc& out,
+               std::deque<Desc>& keep) {
+  Desc pw = pointwise_mode(mode);
+  if (!pw.get()) return Desc();
   Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
   set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
   set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, in);
   if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
   set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
   keep.push_back(std::move(pw));
+  return finalized(op) ? std::move(op) : Desc();
+}
+
+// The relu's backward of an epilogue: dx = dy where x > 0, else 0, in fp32. Its
+// pointwise descriptor goes into `keep`. Null where cuDNN refuses either.
+Desc relu_backward(const Desc& dy, const Desc& x, const Desc& dx, std::deque<Desc>& keep) {
+  Desc pw = pointwise_mode(CUDNN_POINTWISE_RELU_BWD);
+  if (!pw.get()) return Desc();
+  Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dy);
+  set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, dx);
+  keep.push_back(std::move(pw));
+  return finalized(op) ? std::move(op) : Desc();
+}
+
+// An epilogue's sum: out (1, C, 1, 1) = the sum of in over (N, H, W), fp32; asked to
+// be deterministic where the rules want it (a cuDNN without the attribute keeps its
+// own way, and the engines' notes still say whether they sum with atomics). Its
+// reduction descriptor goes into `keep`. Null where cuDNN refuses either.
+Desc channel_sum(const Desc& in, const Desc& out, bool deterministic, std::deque<Desc>& keep) {
+  Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+  const cudnnReduceTensorOp_t op_type = CUDNN_REDUCE_TENSOR_ADD;
+  const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+  set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &op_type);
+  set(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &precision);
+#if CUDNN_VERSION >= 91100  // (the attribute's first release)
+  if (deterministic) {
+    const bool yes = true;
+    (void)cudnnBackendSetAttribute(red.get(), CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC, CUDNN_TYPE_BOOLEAN, 1,
+                                   &yes);
+  }
+#else
+  (void)deterministic;
+#endif
+  if (!finalized(red)) return Desc();
+  Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, in);
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, out);
+  set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
+  keep.push_back(std::move(red));
   return finalized(op) ? std::move(op) : Desc();
 }
 
@@ -352,10 +408,14 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
                                            const std::vector<const void*>& operands, float alpha, float beta,
                                            Fusion fusion) {
   const int align[3] = {alignment(operands[0]), alignment(operands[1]), alignment(operands[2])};  // X, W, Y
-  int channel_align = 16;  // the per-channel arrays' (scale, bias, sum, sum of squares)
+  int channel_align = 16;  // the per-channel arrays' (scale, bias, sum, sum of squares, mean)
   for (std::size_t i = 3; i < operands.size(); ++i)
-    if (operands[i]) channel_align = std::min(channel_align, alignment(operands[i]));
-  const Key key{int(d), s.key(), alpha, beta, align[0], align[1], align[2], int(fusion), channel_align};
+    if (operands[i] && std::int64_t(i) + 1 != kBnInput)
+      channel_align = std::min(channel_align, alignment(operands[i]));
+  // the batch norm's input, in a backward data with its sums
+  const int input_align = std::int64_t(operands.size()) >= kBnInput ? alignment(operands[kBnInput - 1]) : 16;
+  const Key key{int(d),   s.key(),  alpha,       beta,          align[0],
+                align[1], align[2], int(fusion), channel_align, input_align};
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
   // A fused graph's engines are compiled at run time, as its plan is made: not while
@@ -392,7 +452,15 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
   const bool narrow_prologue = fusion == Fusion::NarrowPrologueAndStats || fusion == Fusion::NarrowPrologue,
              prologue = narrow_prologue || fusion == Fusion::PrologueAndStats || fusion == Fusion::Prologue,
              stats = fusion == Fusion::Stats || fusion == Fusion::PrologueAndStats ||
-                     fusion == Fusion::NarrowPrologueAndStats;
+                     fusion == Fusion::NarrowPrologueAndStats,
+             drelu_sums = fusion == Fusion::DreluSums;
+  // A backward data with the relu and sums in its epilogue: the convolution's result
+  // is virtual, fp32; the epilogue writes X from it.
+  if (built && drelu_sums) {
+    const Desc& result = g.emplace_back(tensor(kConvResult, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    built = result.get() != nullptr;
+    conv_x = &result;
+  }
   if (built && prologue) {
     const DType channel_type = narrow_prologue ? dtype_ : DType::F32;
     const Desc& scale = g.emplace_back(tensor(kScale, channel_type, 1, s.c, 1, 1, true, channel_align));
@@ -424,6 +492,42 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
     set(op, o.beta, CUDNN_TYPE_FLOAT, 1, &beta);
     built = finalized(op);
     ops.push_back(op.get());
+  }
+
+  // The epilogue of a backward data (DreluSums): the batch norm's map applied to its
+  // input a again (x scale + bias, fp32, as the forward's prologue applied it), the
+  // convolution's result through that relu's mask (fp32, virtual), written into X in
+  // the I/O type, and per channel its sums and those of it times (a - mean), fp32 (what
+  // the batch norm's backward needs), of the fp32 values before X's rounding.
+  if (built && drelu_sums) {
+    const Desc& a = g.emplace_back(tensor(kBnInput, dtype_, s.n, s.c, s.h, s.w, nhwc_, input_align));
+    const Desc& scale = g.emplace_back(tensor(kScale, DType::F32, 1, s.c, 1, 1, true, channel_align));
+    const Desc& bias = g.emplace_back(tensor(kBias, DType::F32, 1, s.c, 1, 1, true, channel_align));
+    const Desc& mean = g.emplace_back(tensor(kMean, DType::F32, 1, s.c, 1, 1, true, channel_align));
+    const Desc& sum = g.emplace_back(tensor(kSum, DType::F32, 1, s.c, 1, 1, true, channel_align));
+    const Desc& centred_sum = g.emplace_back(tensor(kSqsum, DType::F32, 1, s.c, 1, 1, true, channel_align));
+    const Desc& scaled = g.emplace_back(tensor(kScaled, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& biased = g.emplace_back(tensor(kBiased, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& centred = g.emplace_back(tensor(kCentred, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& product = g.emplace_back(tensor(kProduct, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    const Desc& masked = g.emplace_back(tensor(kMasked, DType::F32, s.n, s.c, s.h, s.w, nhwc_, 16, true));
+    p->uids.insert(p->uids.end(), {kScale, kBias, kSum, kSqsum, kBnInput, kMean});
+    built = a.get() && scale.get() && bias.get() && mean.get() && sum.get() && centred_sum.get() &&
+            scaled.get() && biased.get() && centred.get() && product.get() && masked.get();
+    if (built) {
+      const Desc& mul = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, a, &scale, scaled, g));
+      const Desc& add = g.emplace_back(pointwise(CUDNN_POINTWISE_ADD, scaled, &bias, biased, g));
+      const Desc& drelu = g.emplace_back(relu_backward(*conv_x, biased, masked, g));
+      const Desc& out = g.emplace_back(pointwise(CUDNN_POINTWISE_IDENTITY, masked, nullptr, x, g));
+      const Desc& sub = g.emplace_back(pointwise(CUDNN_POINTWISE_SUB, a, &mean, centred, g));
+      const Desc& times = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, masked, &centred, product, g));
+      const Desc& sum_masked = g.emplace_back(channel_sum(masked, sum, deterministic_, g));
+      const Desc& sum_product = g.emplace_back(channel_sum(product, centred_sum, deterministic_, g));
+      built = mul.get() && add.get() && drelu.get() && out.get() && sub.get() && times.get() &&
+              sum_masked.get() && sum_product.get();
+      ops.insert(ops.end(), {mul.get(), add.get(), drelu.get(), out.get(), sub.get(), times.get(),
+                             sum_masked.get(), sum_product.get()});
+    }
   }
 
   // The statistics (an epilogue of the forward): y's sum and sum of squares over
@@ -557,6 +661,7 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
                     ? " after scale-bias-relu (narrow), with statistics"
                 : fusion == Fusion::Prologue       ? " after scale-bias-relu (fp32)"
                 : fusion == Fusion::NarrowPrologue ? " after scale-bias-relu (narrow)"
+                : fusion == Fusion::DreluSums      ? " with scale-bias-relu's backward and its sums"
                                                    : "",
                 s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h);
   if (candidates.empty()) {
@@ -631,6 +736,21 @@ bool CudnnGraphConv::backward_filter_after(const ConvShape& s, const void* x, co
   const char* narrow_bias = narrow_scale + std::size_t(s.c) * dtype_size(dtype_);
   return execute(ConvDirection::BackwardFilter, s, {x, dw, dy, narrow_scale, narrow_bias}, 1.0f, 0.0f,
                  Fusion::NarrowPrologue, label, detail);
+}
+
+bool CudnnGraphConv::backward_data_sums(const ConvShape& s, const void* w, const void* dy, void* dx,
+                                        const void* a, const float* scale, const float* bias,
+                                        const float* mean, float* sum, float* centred_sum, const char* label,
+                                        const std::string& detail) {
+  if (dtype_ == DType::F32 || !nhwc_ || !scale || !bias || !mean || !sum || !centred_sum) return false;
+  // Zeroed first, as forward_stats's: the sums are not documented to be written rather than added to.
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(float) * std::size_t(s.c), stream_));
+  CUDA_CHECK(cudaMemsetAsync(centred_sum, 0, sizeof(float) * std::size_t(s.c), stream_));
+  // The graph's operands by unique id: X (dx, its output), W, Y (dy), scale, bias, the
+  // two sums, four intermediates (none in memory), a, mean.
+  return execute(ConvDirection::BackwardData, s,
+                 {dx, w, dy, scale, bias, sum, centred_sum, nullptr, nullptr, nullptr, nullptr, a, mean},
+                 1.0f, 0.0f, Fusion::DreluSums, label, detail);
 }
 
 const void* CudnnGraphConv::narrowed(const float* scale, const float* bias, int C) {

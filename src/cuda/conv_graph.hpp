@@ -90,6 +90,22 @@ class CudnnGraphConv {
   bool backward_filter_after(const ConvShape& s, const void* x, const void* dy, void* dw, const float* scale,
                              const float* bias, const char* label, const std::string& detail);
 
+  // The backward data of a convolution whose input was relu(a * scale + bias) (forward_stats's
+  // first form), taken back through that relu, with the sums the batch norm before it needs
+  // (bf16/fp16 channels-last; elsewhere false at once):
+  //   dx = conv^T(w, dy) where a * scale + bias > 0, else 0    (written, I/O type)
+  //   sum (C) = the sum of dx over (N, H, W), centred_sum (C) = that of dx (a - mean), fp32,
+  //   of dx's fp32 values before it is rounded to the I/O type
+  // in one cuDNN graph: the generic runtime fusion's backward data with an epilogue of
+  // element-wise operations and two sums (cuDNN's "dgrad -> drelu -> dbn", which its
+  // DgradDreluBNBwdWeight engine has for fp16 alone). a, the batch norm's input, in the
+  // I/O type; scale, bias, mean (C) fp32. False where cuDNN offers no allowed engine (a
+  // strided convolution's, for one: sm_90's fusions have none), or while the step is
+  // captured before its plan is made.
+  bool backward_data_sums(const ConvShape& s, const void* w, const void* dy, void* dx, const void* a,
+                          const float* scale, const float* bias, const float* mean, float* sum,
+                          float* centred_sum, const char* label, const std::string& detail);
+
   // fp32 on TF32 tensor cores or not (CudnnConv::set_tf32); the plans are chosen again.
   void set_tf32(bool on);
 
@@ -103,15 +119,24 @@ class CudnnGraphConv {
  private:
   // Stats: a forward's statistics; Prologue: x rectified from x scale + bias on the way
   // in (a forward's or a backward filter's); Narrow...: scale and bias in the I/O type,
-  // else fp32.
-  enum class Fusion { None, Stats, PrologueAndStats, NarrowPrologueAndStats, Prologue, NarrowPrologue };
+  // else fp32; DreluSums: a backward data's epilogue (backward_data_sums).
+  enum class Fusion {
+    None,
+    Stats,
+    PrologueAndStats,
+    NarrowPrologueAndStats,
+    Prologue,
+    NarrowPrologue,
+    DreluSums
+  };
   // scale and bias narrowed to the I/O type (C each, one after the other) in a buffer of
   // this object's; null while the step is captured and the buffer would have to grow.
   const void* narrowed(const float* scale, const float* bias, int C);
-  // direction, shape, alpha, beta, the X, W and Y operands' alignments, the fusion and
-  // the per-channel arrays' alignment
-  using Key = std::tuple<int, decltype(ConvShape().key()), float, float, int, int, int, int, int>;
-  // operands: X, W, Y, then (a fusion's) scale, bias, sum, sum of squares
+  // direction, shape, alpha, beta, the X, W and Y operands' alignments, the fusion, the
+  // per-channel arrays' alignment and the batch norm input's (DreluSums; else 16)
+  using Key = std::tuple<int, decltype(ConvShape().key()), float, float, int, int, int, int, int, int>;
+  // operands: X, W, Y, then (a fusion's) scale, bias, sum, sum of squares; DreluSums's by
+  // unique id (conv_graph.cpp), a and mean at 12 and 13
   Plan* plan(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands, float alpha,
              float beta, Fusion fusion);
   bool execute(ConvDirection d, const ConvShape& s, const std::vector<const void*>& operands, float alpha,

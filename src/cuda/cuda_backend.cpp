@@ -140,6 +140,16 @@ bool convolution_prologue() {
   return on;
 }
 
+// DDP_CUDNN_DGRAD_SUMS=0: with the prologue, the data gradient of such a convolution is
+// written as without it, and the batch norm before it makes its own pass for its
+// backward's sums. Unset or 1: the data gradient comes through that batch norm's relu,
+// with those sums, in the convolution's epilogue (cuDNN's "dgrad -> drelu -> dbn" in its
+// generic runtime fusion), where cuDNN has an engine for it.
+bool convolution_backward_sums() {
+  static const bool on = env_flag("DDP_CUDNN_DGRAD_SUMS", /*unset=*/true);
+  return on;
+}
+
 // DDP_CUDNN_HEURISTICS=B: the graph API's heuristics in mode B (slower to choose, a
 // model of the device) instead of INSTANT (PyTorch's default). Any other value is an
 // input error at start-up (the compute line reads it), so that a misspelt one does not
@@ -229,6 +239,13 @@ class CudnnConvKernels final : public ConvKernels {
                            float* y, float* sums) override;
   bool backward_weights_after(std::int64_t B, const float* x, const float* scale_shift, const float* dy,
                               float* dweight, bool accumulate) override;
+  // The data gradient through the batch norm's relu with its sums, written as it is into
+  // the layer's narrow channels-last dx.
+  bool has_backward_data_sums() const override {
+    return has_forward_prologue() && convolution_backward_sums();
+  }
+  bool backward_data_sums(std::int64_t B, const float* dy, const float* weight, const float* x,
+                          const float* scale_shift, const float* mean, float* dx, float* sums) override;
 
  private:
   ConvShape shape(std::int64_t B) const;
@@ -260,6 +277,7 @@ class CudnnConvKernels final : public ConvKernels {
   std::set<std::int64_t> stats_declined_;  // batch sizes forward_stats found no graph for
   std::set<std::int64_t> after_declined_;  // and forward_stats_after
   std::set<std::int64_t> wgrad_declined_;  // and backward_weights_after
+  std::set<std::int64_t> dgrad_declined_;  // and backward_data_sums
 };
 
 class CudaBackend final : public ComputeBackend {
@@ -711,6 +729,44 @@ bool CudnnConvKernels::backward_weights_after(std::int64_t B, const float* x, co
            c.backward_filter_after(s, x, dy_op, dw_op, scale, shift);
          }});
   if (dy_op != dy) dy_narrowed_ = dy;
+  return true;
+}
+
+// backward_data's dx (written) through the mask x scale_shift[c] + scale_shift[in + c] > 0,
+// and the sums of dx and of dx (x - mean) per channel into sums and sums + in, in one
+// cuDNN graph. x and dx as has_forward_prologue has them (the layer's narrow
+// channels-last tensors, as they are). Declined as forward_stats is: then the caller
+// runs backward_data, and dy's copy for it is made again.
+bool CudnnConvKernels::backward_data_sums(std::int64_t B, const float* dy, const float* weight,
+                                          const float* x, const float* scale_shift, const float* mean,
+                                          float* dx, float* sums) {
+  // (declined at once: dy's copy, if any, stays there for backward_data)
+  if (B == 0 || !has_backward_data_sums() || dgrad_declined_.count(B)) return false;
+  const bool reuse_dy = dy_narrowed_ == dy;
+  dy_narrowed_ = nullptr;
+  const ConvShape s = shape(B);
+  const std::int64_t hw_out = g_.ho() * g_.wo();
+  Scratch& scratch = backend_.scratch();
+  // Right after backward weights on the same dy, slot B still holds its copy.
+  const void* dy_op = reuse_dy ? scratch.get(Scratch::B, std::size_t(B * g_.out * hw_out) * dtype_size(io_))
+                               : operand(dy, out_type_, out_ == Layout::nhwc, B, g_.out, hw_out, Scratch::B);
+  const void* w_op = operand(weight, DType::F32, false, g_.out, g_.in, g_.k * g_.k, Scratch::A);
+  const float* scale = scale_shift;
+  const float* shift = scale_shift + g_.in;
+  float* sum = sums;
+  float* centred_sum = sums + g_.in;
+  CudnnConv& c = conv();
+  if (!c.backward_data_sums(s, w_op, dy_op, dx, x, scale, shift, mean, sum, centred_sum)) {
+    if (!capturing(backend_.stream())) dgrad_declined_.insert(B);
+    if (dy_op != dy) dy_narrowed_ = dy;  // slot B still holds dy's copy for backward_data
+    return false;
+  }
+  kernel_trace::count_library_call();
+  if (kernel_trace::recording())
+    kernel_trace::record({"conv2d bwd_data+bn", g_.forward_flops(B),
+                          [&c, s, w_op, dy_op, dx, x, scale, shift, mean, sum, centred_sum] {
+                            c.backward_data_sums(s, w_op, dy_op, dx, x, scale, shift, mean, sum, centred_sum);
+                          }});
   return true;
 }
 

@@ -149,6 +149,21 @@ class ConvKernels {
                                       const float* /*dy*/, float* /*dweight*/, bool /*accumulate*/) {
     return false;
   }
+  // The data gradient on the same input, taken back through that batch norm's relu, with
+  // the sums its backward needs, in the same pass (cuDNN's "dgrad -> drelu -> dbn" as its
+  // runtime fusion has it: the mask and the sums in the convolution's epilogue): dx =
+  // conv_transpose(dy, weight) where x * scale + shift > 0, else 0, written (not added),
+  // of the input side's layout and type; sums (2 * in floats): each channel's sum of dx
+  // over (B, h, w), then its sum of dx (x - mean), mean that batch norm's (in floats,
+  // fp32). Where has_backward_data_sums() (with has_forward_prologue()); it may still
+  // decline a shape: false, and what dx and sums hold is not to be read (the caller runs
+  // backward_data and the batch norm its own sums).
+  virtual bool has_backward_data_sums() const { return false; }
+  virtual bool backward_data_sums(std::int64_t /*B*/, const float* /*dy*/, const float* /*weight*/,
+                                  const float* /*x*/, const float* /*scale_shift*/, const float* /*mean*/,
+                                  float* /*dx*/, float* /*sums*/) {
+    return false;
+  }
   // The bytes the library's kernels hold of their own for calls at batch B on the
   // configured sides (oneDNN: its copies of operands in the layouts and types it
   // wants, its scratchpads), for the start-up memory plan; 0 where unknown before

@@ -400,6 +400,69 @@ void BatchNorm2d::backward_unwritten(const Tensor& x, const Tensor& dy, Tensor& 
   backward_passes<true, true, true>(x, dy, dx);
 }
 
+namespace {
+// The means of dy and dy xhat (C each) from backward's sums over all ranks.
+void means_from_sums(Kokkos::View<double*> sums, Kokkos::View<float*> mdy, Kokkos::View<float*> mdyx,
+                     std::int64_t C, float inv_n) {
+  Kokkos::parallel_for(
+      "BatchNorm2d::backward_means", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        mdy(c) = static_cast<float>(sums(c)) * inv_n;
+        mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
+      });
+}
+}  // namespace
+
+BatchNormBackwardThen BatchNorm2d::backward_then(bool means_here) const {
+  return {dweight_,
+          dbias_,
+          !overwrite_gradients(),
+          means_here ? mean_dy_ : Kokkos::View<float*>(),
+          means_here ? mean_dy_xhat_ : Kokkos::View<float*>(),
+          1.0f / static_cast<float>(count_)};
+}
+
+void BatchNorm2d::backward_means_over_ranks(float inv_n) {
+  if (!comm_) return;  // the sums' pass wrote the means
+  allreduce(sums_, 2 * c_);
+  means_from_sums(sums_, mean_dy_, mean_dy_xhat_, c_, inv_n);
+}
+
+void BatchNorm2d::backward_from_sums(const Tensor& x, const Tensor& g, const float* sums, Tensor& dx) {
+  DDP_REQUIRE(fused_relu_ && !library_forward_ && normalised_by_batch_,
+              "batchnorm2d: backward from given sums after a fused relu's training forward only");
+  const bool narrow = x.type != Precision::fp32, narrow_g = g.type != Precision::fp32;
+  DDP_REQUIRE(narrow || !narrow_g, "batchnorm2d: a narrow output gradient for an fp32 input");
+  if (!narrow) return backward_apply<false, false>(x, g, sums, dx);
+  if (!narrow_g) return backward_apply<true, false>(x, g, sums, dx);
+  backward_apply<true, true>(x, g, sums, dx);
+}
+
+// backward_passes' second pass, without a relu (g is masked already), after its sums
+// from the given ones: sum g, then sum g xhat = invstd sum g (x - mean).
+template <bool Narrow, bool NarrowG>
+void BatchNorm2d::backward_apply(const Tensor& x, const Tensor& g, const float* given, Tensor& dx) {
+  DDP_REQUIRE(g.layout == x.layout, "batchnorm2d output gradient in another layout than its input");
+  const std::int64_t B = x.batch(), C = c_, hw = hw_;
+  auto sums = sums_;
+  auto invstd = invstd_;
+  const BatchNormBackwardThen then = backward_then(!comm_ && needs_input_grad());
+  // (the parameter gradients from this rank's sums; the means where no all-reduce comes first)
+  Kokkos::parallel_for(
+      "BatchNorm2d::backward_from_sums", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
+        sums(c) = double(given[c]);
+        sums(C + c) = double(given[C + c]) * double(invstd(c));
+        then(c, sums(c), sums(C + c));
+      });
+  if (!needs_input_grad()) return;
+  resize(dx, B, sample_, "BatchNorm2d::dx", x.layout, x.type);
+  auto mdy = mean_dy_, mdyx = mean_dy_xhat_;
+  backward_means_over_ranks(then.inv_n);
+  const OutputGrad<false> unmasked{affine()};
+  map_elements("BatchNorm2d::backward", x.layout, B, C, hw,
+               BatchNormInputGrad<false>{unmasked, {mdy.data()}, {mdyx.data()}}, elements<Narrow>(dx),
+               elements<Narrow>(x), elements<NarrowG>(g));
+}
+
 void BatchNorm2d::scale_shift(float* to) const {
   const std::int64_t C = c_;
   const auto mean = mean_, invstd = invstd_, gamma = gamma_, beta = beta_;
@@ -425,13 +488,7 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& dy, Tensor& dx,
   const auto dyv = elements<NarrowDy>(dy);
   const OutputGrad<Relu> g{affine()};
   auto sums = sums_;
-  const bool means_here = !comm_ && normalised_by_batch_ && needs_input_grad();
-  const BatchNormBackwardThen then{dweight_,
-                                   dbias_,
-                                   !overwrite_gradients(),
-                                   means_here ? mean_dy_ : Kokkos::View<float*>(),
-                                   means_here ? mean_dy_xhat_ : Kokkos::View<float*>(),
-                                   1.0f / static_cast<float>(count_)};
+  const BatchNormBackwardThen then = backward_then(!comm_ && normalised_by_batch_ && needs_input_grad());
   reserve_partial(x.layout, B);
   const BatchNormGradTerm<Relu> dy1{g};
   const BatchNormGradXhatTerm<Relu> dy_xhat{g};
@@ -456,15 +513,7 @@ void BatchNorm2d::backward_passes(const Tensor& x, const Tensor& dy, Tensor& dx,
     return;
   }
   auto mdy = mean_dy_, mdyx = mean_dy_xhat_;
-  if (comm_) {
-    allreduce(sums_, 2 * C);
-    const float inv_n = then.inv_n;
-    Kokkos::parallel_for(
-        "BatchNorm2d::backward_means", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-          mdy(c) = static_cast<float>(sums(c)) * inv_n;
-          mdyx(c) = static_cast<float>(sums(C + c)) * inv_n;
-        });
-  }
+  backward_means_over_ranks(then.inv_n);
   map_elements("BatchNorm2d::backward", x.layout, B, C, hw,
                BatchNormInputGrad<Relu>{g, {mdy.data()}, {mdyx.data()}}, dxv, xv, dyv, y...);
 }

@@ -19,7 +19,8 @@
 
 namespace ddp {
 
-struct BatchNormStats;  // batchnorm.cpp
+struct BatchNormStats;         // batchnorm.cpp
+struct BatchNormBackwardThen;  // batchnorm.cpp
 
 // The per-channel map of a batch norm's last forward, y = (x - mean) invstd gamma +
 // beta, for a kernel that applies it in a pass of its own (ResBlock's output). K:
@@ -73,6 +74,16 @@ class BatchNorm2d : public Layer {
   // after it applied both on its way in): dy through the mask bn(x) > 0, computed again
   // from x, as under DDP_BN_RELU_MASK=input.
   void backward_unwritten(const Tensor& x, const Tensor& dy, Tensor& dx);
+  // That backward where the convolution after it took its output's gradient through the
+  // relu's mask and summed it in the same pass (Conv2d::backward_after with its sums): g
+  // the masked gradient, sums (2C floats) each channel's sum of g over this rank's batch,
+  // then of g (x - mean); synchronised, they are all-reduced as its own are. One pass,
+  // over x and g, for dx.
+  void backward_from_sums(const Tensor& x, const Tensor& g, const float* sums, Tensor& dx);
+  // The batch's mean of the last training forward (C floats of the device's memory).
+  const float* batch_mean() const { return mean_.data(); }
+  // Whether the last forward normalised by the batch's statistics (training).
+  bool normalised_by_batch() const { return normalised_by_batch_; }
   BatchNormAffine affine() const {
     return {{mean_.data()}, {invstd_.data()}, {gamma_.data()}, {beta_.data()}};
   }
@@ -123,11 +134,19 @@ class BatchNorm2d : public Layer {
   void normalise(const Tensor& x, Tensor& y);
   template <bool Relu, bool Narrow, bool NarrowDy, class... Y>
   void backward_passes(const Tensor& x, const Tensor& dy, Tensor& dx, Y... y);
+  template <bool Narrow, bool NarrowG>
+  void backward_apply(const Tensor& x, const Tensor& g, const float* sums, Tensor& dx);
 
  private:
   // Sum `sums` (n doubles, default memory space) over the ranks, when synchronised.
   void allreduce(Kokkos::View<double*> sums, std::size_t n);
   void reserve_partial(Layout layout, std::int64_t B);
+  // Synchronised, backward's sums (2C, this rank's in sums_) all-reduced and the means of
+  // dy and dy xhat from them (1/N of them); else nothing (the means are there already).
+  void backward_means_over_ranks(float inv_n);
+  // What backward does per channel with its sums (this rank's parameter gradients, and
+  // the means where means_here: no all-reduce first).
+  BatchNormBackwardThen backward_then(bool means_here) const;
   // The per-channel map from the batch's sums to the statistics (mean_, invstd_, the
   // affine parameters, the running update) for count_ values a channel.
   BatchNormStats batch_stats() const;

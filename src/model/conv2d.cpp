@@ -160,9 +160,10 @@ void Conv2d::backward(const Tensor& x_given, const Tensor& /*y*/, const Tensor& 
 }
 
 bool Conv2d::backward_after(const Tensor& x_given, const float* scale_shift, const Tensor& dy_given,
-                            Tensor& dx) {
+                            Tensor& dx, InputGradSums* sums) {
   DDP_REQUIRE(dy_given.layout == out_layout_ && dy_given.type == out_type_,
               "conv2d output gradient in another layout or type than the model set");
+  if (sums) sums->written = false;
   if (!takes_prologue()) return false;
   const std::int64_t B = x_given.batch();
   const Tensor& x = for_kernels(x_given, x_wide_, "Conv2d::x_wide");
@@ -170,6 +171,19 @@ bool Conv2d::backward_after(const Tensor& x_given, const float* scale_shift, con
   if (!kernels_->backward_weights_after(B, x.data.data(), scale_shift, dy.data.data(), dweight_,
                                         !overwrite_gradients()))
     return false;
+  if (sums && needs_input_grad() && !accumulate_dx_ && kernels_->has_backward_data_sums()) {
+    // dx written by the kernels (through dx_wide_ where they take fp32 and dx is narrow)
+    resize(dx, B, in_sample_, "Conv2d::dx", in_layout_, in_type_);
+    const bool narrow_dx = narrow_dx_from_wide();
+    if (narrow_dx) resize(dx_wide_, B, in_sample_, "Conv2d::dx_wide", in_layout_);
+    Tensor& to = narrow_dx ? dx_wide_ : dx;
+    if (kernels_->backward_data_sums(B, dy.data.data(), weight_, x.data.data(), scale_shift, sums->mean,
+                                     to.data.data(), sums->sums)) {
+      if (narrow_dx) convert_type(dx_wide_, dx, in_type_, "Conv2d::dx");
+      sums->written = true;
+      return true;
+    }
+  }
   backward_input(B, dy, dx);
   return true;
 }

@@ -47,7 +47,16 @@ class Conv2d : public Layer {
   // backward on the input forward_after rectified on the way in, from the same x and
   // map: whether the kernels took the weights' gradient so (else nothing ran, and the
   // caller writes the rectified input and runs backward).
-  bool backward_after(const Tensor& x, const float* scale_shift, const Tensor& dy, Tensor& dx);
+  // With `sums`, the input gradient too is taken through that batch norm's relu, with
+  // the sums of its backward, where the kernels can (ConvKernels::backward_data_sums,
+  // its mean given): dx written masked and sums->written set, else dx as backward writes it.
+  struct InputGradSums {
+    const float* mean = nullptr;  // the batch norm's (in floats)
+    float* sums = nullptr;        // 2 * in floats: of dx, then of dx (x - mean)
+    bool written = false;
+  };
+  bool backward_after(const Tensor& x, const float* scale_shift, const Tensor& dy, Tensor& dx,
+                      InputGradSums* sums = nullptr);
   // The backend plans its kernels for the new precision (model/precision.hpp says
   // how each backend runs bf16 and fp16).
   void set_precision(Precision p) override;

@@ -432,6 +432,8 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     const Tensor& bn_out = fused_ && k + 1 < stages_.size() ? st.r : st.a;
     if (library_output_ && k + 1 == stages_.size())
       st.bn->backward_add_relu(st.a, y, dy, st.da, g);
+    else if (st.deferred && st.grad_summed)
+      st.bn->backward_from_sums(st.a, *grad, conv_sums_.data(), st.da);
     else if (st.deferred)
       st.bn->backward_unwritten(st.a, *grad, st.da);
     else
@@ -444,8 +446,16 @@ void ResBlock::backward(const Tensor& x_given, const Tensor& y_given, const Tens
     }
     Stage& before = stages_[k - 1];
     // Where the forward applied before's batch norm on the way in, its weights'
-    // gradient does too, unless the kernels decline: then r is written for it.
-    if (!before.deferred || !st.conv->backward_after(before.a, before.scale_shift.data(), st.da, before.dr)) {
+    // gradient does too, unless the kernels decline: then r is written for it. Its
+    // input gradient then comes through that batch norm's relu, with the sums of its
+    // backward, where the kernels can (into conv_sums_, which backward does not
+    // otherwise use): the batch norm's backward is then one pass.
+    Conv2d::InputGradSums grad_sums{before.bn->batch_mean(), conv_sums_.data()};
+    const bool ask_sums = before.deferred && before.bn->normalised_by_batch();
+    const bool after = before.deferred && st.conv->backward_after(before.a, before.scale_shift.data(), st.da,
+                                                                  before.dr, ask_sums ? &grad_sums : nullptr);
+    before.grad_summed = after && grad_sums.written;
+    if (!after) {
       if (before.deferred) before.bn->normalise_taken(before.a, before.r);
       st.conv->backward(before.r, st.a, st.da, before.dr);
     }

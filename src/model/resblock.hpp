@@ -125,9 +125,10 @@ class ResBlock : public Layer {
     std::unique_ptr<Conv2d> conv;
     std::unique_ptr<BatchNorm2d> bn;
     Tensor a, b, r;
-    Tensor da, dr;          // gradients of a and of r (then of b, in place)
-    bool deferred = false;  // the last forward left the batch norm and relu to the next convolution
-    View1 scale_shift;      // the batch norm's map for it (BatchNorm2d::scale_shift), 2C floats
+    Tensor da, dr;             // gradients of a and of r (then of b, in place)
+    bool deferred = false;     // the last forward left the batch norm and relu to the next convolution
+    bool grad_summed = false;  // and the last backward's dr came masked, with its sums, in conv_sums_
+    View1 scale_shift;         // the batch norm's map for it (BatchNorm2d::scale_shift), 2C floats
   };
 
   Kind kind_;

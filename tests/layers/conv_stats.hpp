@@ -11,7 +11,11 @@
 // "scale-bias-relu -> conv -> genstats" and "scale-bias-relu -> wgrad"), the input
 // rectified on the host into a vector of the test's, unless Prologue::on is off;
 // they decline forward_stats_after where they decline forward_stats, and
-// backward_weights_after where Prologue::wgrad_declines says so.
+// backward_weights_after where Prologue::wgrad_declines says so. The data gradient of
+// such a convolution comes through that batch norm's relu with its backward's sums
+// (ConvKernels::backward_data_sums: cuDNN's dgrad with its epilogue's mask and sums),
+// the mask and sums taken on the host after the process's backward_data, unless
+// Prologue::dgrad is off; declined where Prologue::dgrad_declines says so.
 // Layers made while a UseStatsBackend lives take these kernels; they must be gone
 // before it is.
 
@@ -19,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/check.hpp"
@@ -33,11 +38,17 @@ struct StatsCalls {
   int declined = 0;  // forward_stats calls that did not
   int prologues = 0, prologues_declined = 0;  // forward_stats_after calls that wrote y and the sums, did not
   int wgrads = 0, wgrads_declined = 0;        // backward_weights_after calls that wrote dweight, did not
+  int dgrads = 0, dgrads_declined = 0;        // backward_data_sums calls that wrote dx and the sums, did not
 };
 
 struct Prologue {
-  bool on = true;
-  std::function<bool(const ConvGeometry&)> wgrad_declines;
+  using Declines = std::function<bool(const ConvGeometry&)>;
+  Prologue(bool on_ = true, Declines wgrad = {}, bool dgrad_ = true, Declines dgrad_declined = {})
+      : on(on_), wgrad_declines(std::move(wgrad)), dgrad(dgrad_), dgrad_declines(std::move(dgrad_declined)) {}
+  bool on;
+  Declines wgrad_declines;
+  bool dgrad;
+  Declines dgrad_declines;
 };
 
 // The index of element (b, c, p) of a (B, C, P) tensor of `layout` (a blocked one's
@@ -53,14 +64,16 @@ inline std::int64_t element_at(Layout layout, std::int64_t b, std::int64_t c, st
 class StatsConv final : public ForwardingConvKernels {
  public:
   StatsConv(std::unique_ptr<ConvKernels> inner, const ConvGeometry& g, StatsMode mode, StatsCalls& calls,
-            bool declines, bool prologue, bool wgrad_declines)
+            bool declines, bool prologue, bool wgrad_declines, bool dgrad, bool dgrad_declines)
       : ForwardingConvKernels(std::move(inner)),
         g_(g),
         mode_(mode),
         calls_(calls),
         declines_(declines),
         prologue_(prologue),
-        wgrad_declines_(wgrad_declines) {}
+        wgrad_declines_(wgrad_declines),
+        dgrad_(dgrad),
+        dgrad_declines_(dgrad_declines) {}
 
   void configure(Precision precision, bool fused_relu, ConvSide in, ConvSide out) override {
     fused_relu_ = fused_relu;
@@ -118,6 +131,23 @@ class StatsConv final : public ForwardingConvKernels {
     ++(made ? calls_.wgrads : calls_.wgrads_declined);
     return made;
   }
+  bool has_backward_data_sums() const override {
+    if (mode_ == StatsMode::Pass) return prologue_ && dgrad_ && inner_->has_backward_data_sums();
+    return dgrad_ && has_forward_prologue();
+  }
+  bool backward_data_sums(std::int64_t B, const float* dy, const float* weight, const float* x,
+                          const float* scale_shift, const float* mean, float* dx, float* sums) override {
+    bool made = false;
+    if (mode_ == StatsMode::Pass) {
+      made = inner_->backward_data_sums(B, dy, weight, x, scale_shift, mean, dx, sums);
+    } else if (mode_ == StatsMode::Emulate && B > 0 && !dgrad_declines_) {
+      inner_->backward_data(B, dy, weight, dx, false);
+      masked_sums(B, x, scale_shift, mean, dx, sums);
+      made = true;
+    }
+    ++(made ? calls_.dgrads : calls_.dgrads_declined);
+    return made;
+  }
 
  private:
   // relu(x scale + shift) per channel, of x's size and layout (zero in a blocked
@@ -137,6 +167,29 @@ class StatsConv final : public ForwardingConvKernels {
           r[std::size_t(at)] = v > 0.0f ? v : 0.0f;
         }
     return r;
+  }
+
+  // dx (fp32, the input side's layout) through the mask x scale + shift > 0, and its
+  // channels' sums, then those of dx (x - mean), in double, stored as floats, on the host.
+  void masked_sums(std::int64_t B, const float* x, const float* scale_shift, const float* mean, float* dx,
+                   float* sums) const {
+    DDP_REQUIRE(!compute_backend().device_memory() && in_.type == Precision::fp32,
+                "the emulated data gradient's sums read an fp32 input on the host");
+    Kokkos::fence();
+    const std::int64_t C = g_.in, P = g_.h * g_.w;
+    std::vector<double> sum(std::size_t(C), 0.0), centred(std::size_t(C), 0.0);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t c = 0; c < C; ++c)
+        for (std::int64_t p = 0; p < P; ++p) {
+          const std::int64_t at = element_at(in_.layout, b, c, p, C, P);
+          if (!(x[at] * scale_shift[c] + scale_shift[C + c] > 0.0f)) dx[at] = 0.0f;
+          sum[std::size_t(c)] += dx[at];
+          centred[std::size_t(c)] += double(dx[at]) * (double(x[at]) - mean[c]);
+        }
+    for (std::int64_t c = 0; c < C; ++c) {
+      sums[c] = float(sum[std::size_t(c)]);
+      sums[C + c] = float(centred[std::size_t(c)]);
+    }
   }
 
   // The channels' sums of y (fp32, in the configured output layout) and of y^2, in
@@ -166,6 +219,8 @@ class StatsConv final : public ForwardingConvKernels {
   bool declines_;
   bool prologue_;
   bool wgrad_declines_;
+  bool dgrad_;
+  bool dgrad_declines_;
   bool fused_relu_ = false;
   ConvSide in_, out_;
 };
@@ -180,7 +235,9 @@ class StatsBackend final : public ForwardingBackend {
         prologue_(std::move(prologue)) {}
   std::unique_ptr<ConvKernels> make_conv(const ConvGeometry& g) override {
     return std::make_unique<StatsConv>(inner_.make_conv(g), g, mode_, calls, declines_ && declines_(g),
-                                       prologue_.on, prologue_.wgrad_declines && prologue_.wgrad_declines(g));
+                                       prologue_.on, prologue_.wgrad_declines && prologue_.wgrad_declines(g),
+                                       prologue_.dgrad,
+                                       prologue_.dgrad_declines && prologue_.dgrad_declines(g));
   }
   StatsCalls calls;
 

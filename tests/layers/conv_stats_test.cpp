@@ -231,8 +231,70 @@ TEST(ConvolutionStatistics, TheNextConvolutionAppliesTheBatchNormOnItsWayIn) {
       EXPECT_EQ(fused.calls.made, kConvs * kSteps);
       EXPECT_EQ(written_r(fused.r), 0) << "a batch norm wrote the r its next convolution reads on the way in";
       EXPECT_EQ(written_r(stats.r), kBeforeConvs * kSteps);
+      EXPECT_EQ(fused.calls.dgrads, kBeforeConvs * kSteps);
+      EXPECT_EQ(runs(fused.r, "BatchNorm2d::backward_from_sums"), kBeforeConvs * kSteps);
     }
     expect_within_rounding(fused.r, stats.r, p, "applied on the way in against written");
+  }
+}
+
+// The batch norms' backward passes for their sums: one a batch norm that sums itself
+// (each followed by its rows' pass, not counted).
+std::int64_t own_backward_sums(const ChainResults& r) { return runs(r, "BatchNorm2d::backward_sums"); }
+
+// With the prologue, the next convolution's data gradient comes through the batch
+// norm's relu with the sums of its backward ("dgrad -> drelu -> dbn"): those batch
+// norms make no pass for their sums, and the rest of their backward is one pass over x
+// and the gradient. Against the same blocks whose batch norms sum themselves: the
+// relu's mask from the map (x scale + shift) against the batch norm's own floats, and
+// the sums of the gradient before it is rounded to a narrow type (the host's stand-in
+// and cuDNN alike) or after: within fp32's rounding, or less than the narrow type's
+// own distance from fp32.
+TEST(ConvolutionStatistics, TheDataGradientBringsTheBatchNormsSums) {
+  for (Precision p : precisions()) {
+    SCOPED_TRACE(precision_name(p));
+    const StatsRun summed = run(with_sums(), p), own = run(with_sums(), p, {}, {true, {}, false});
+    EXPECT_EQ(own.calls.dgrads + own.calls.dgrads_declined, 0) << "asked for where it was off";
+    EXPECT_EQ(runs(own.r, "BatchNorm2d::backward_from_sums"), 0);
+    EXPECT_EQ(runs(summed.r, "BatchNorm2d::backward_from_sums"), summed.calls.dgrads)
+        << "a batch norm did not take the sums its next convolution's data gradient wrote";
+    if (on_gpu()) {
+      std::printf("  %s: cuDNN wrote the data gradient's sums in %d calls, declined %d\n", precision_name(p),
+                  summed.calls.dgrads, summed.calls.dgrads_declined);
+    } else {
+      EXPECT_EQ(summed.calls.dgrads, kBeforeConvs * kSteps);
+      EXPECT_EQ(summed.calls.dgrads_declined, 0);
+      EXPECT_EQ(own_backward_sums(own.r) - own_backward_sums(summed.r), kBeforeConvs * kSteps)
+          << "the batch norms before a convolution still summed their gradient themselves";
+    }
+    expect_within_rounding(summed.r, own.r, p, "sums from the data gradient against own");
+  }
+}
+
+// Where the kernels decline a data gradient's sums (here every 3x3's, as cuDNN's
+// runtime fusion declines a strided one), that convolution writes its data gradient as
+// without them and the batch norm before it sums itself; the rest take the sums.
+TEST(ConvolutionStatistics, ADeclinedDataGradientsBatchNormSumsItself) {
+  if (on_gpu())
+    GTEST_SKIP() << "the host's stand-in declines by choice; cuDNN declines what it has no engine for";
+  const auto three_by_three = [](const ConvGeometry& g) { return g.k == 3; };
+  for (Precision p : precisions()) {
+    SCOPED_TRACE(precision_name(p));
+    const StatsRun summed = run(StatsMode::Emulate, p),
+                   declined = run(StatsMode::Emulate, p, {}, {true, {}, true, three_by_three});
+    const int per_step = 3;  // the 3x3 after bn1 in each bottleneck, the basic block's second
+    EXPECT_EQ(declined.calls.dgrads_declined, per_step * kSteps);
+    EXPECT_EQ(declined.calls.dgrads, (kBeforeConvs - per_step) * kSteps);
+    EXPECT_EQ(runs(declined.r, "BatchNorm2d::backward_from_sums"), (kBeforeConvs - per_step) * kSteps);
+    EXPECT_EQ(own_backward_sums(declined.r) - own_backward_sums(summed.r), per_step * kSteps);
+    const double y = norm_relative_error(declined.r.y, summed.r.y),
+                 dx = norm_relative_error(declined.r.dx, summed.r.dx),
+                 grads = norm_relative_error(declined.r.grads, summed.r.grads);
+    std::printf("  %s declined data gradients' sums against taken: y %.1e dx %.1e grads %.1e\n",
+                precision_name(p), y, dx, grads);
+    EXPECT_EQ(y, 0.0) << "the forward is the same";
+    EXPECT_LT(dx, p == Precision::fp32 ? 1e-5 : 1e-2);
+    EXPECT_LT(grads, p == Precision::fp32 ? 1e-5 : 1e-2);
   }
 }
 

@@ -45,6 +45,11 @@ class ForwardingConvKernels : public ConvKernels {
                               float* dweight, bool accumulate) override {
     return inner_->backward_weights_after(B, x, scale_shift, dy, dweight, accumulate);
   }
+  bool has_backward_data_sums() const override { return inner_->has_backward_data_sums(); }
+  bool backward_data_sums(std::int64_t B, const float* dy, const float* weight, const float* x,
+                          const float* scale_shift, const float* mean, float* dx, float* sums) override {
+    return inner_->backward_data_sums(B, dy, weight, x, scale_shift, mean, dx, sums);
+  }
   std::int64_t held_bytes(std::int64_t B) const override { return inner_->held_bytes(B); }
 
  protected:

@@ -19,8 +19,10 @@ using test::to_host;
 
 // conv_sums: the rank's model on a backend whose convolutions write the sums of their
 // output (conv_stats.hpp), which the residual block's batch norms then all-reduce
-// instead of their own; the one-rank answer takes its own. Whether it did: into *made.
-void expect_ranks_equal_one_big_batch(bool conv_sums, int* made = nullptr) {
+// instead of their own, and the data gradient after bn1 brings that batch norm's backward
+// sums, which it all-reduces likewise; the one-rank answer takes its own. Whether they
+// did: into *made and *dgrads.
+void expect_ranks_equal_one_big_batch(bool conv_sums, int* made = nullptr, int* dgrads = nullptr) {
   std::unique_ptr<Communicator> comm = make_compute_communicator(MPI_COMM_WORLD);
   const int W = comm->size(), r = comm->rank();
   const std::int64_t B = 3;
@@ -68,6 +70,7 @@ void expect_ranks_equal_one_big_batch(bool conv_sums, int* made = nullptr) {
     std::cout << "  " << W << " ranks vs 1" << (conv_sums ? ", the block's sums from its convolutions" : "")
               << ": max abs difference " << worst << "\n";
   if (made) *made = stats ? stats->calls().made : 0;
+  if (dgrads) *dgrads = stats ? stats->calls().dgrads : 0;
 
   // Without a communicator the same layers normalise per rank: the outputs differ.
   if (W > 1 && !conv_sums) {
@@ -83,13 +86,15 @@ void expect_ranks_equal_one_big_batch(bool conv_sums, int* made = nullptr) {
 TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatch) { expect_ranks_equal_one_big_batch(false); }
 
 // The residual block's batch norms on its convolutions' sums (ConvKernels::
-// forward_stats), all-reduced with the count: the same one big batch. In the CPU
-// build, whose oneDNN has no such pass, the sums of the test's stand-in.
+// forward_stats), all-reduced with the count, and bn1's backward on the sums conv2's
+// data gradient wrote (ConvKernels::backward_data_sums): the same one big batch. In the
+// CPU build, whose oneDNN has no such pass, the sums of the test's stand-in.
 TEST(SyncBatchNorm, RanksTogetherEqualOneBigBatchOnTheConvolutionsSums) {
   if (compute_backend().device_memory()) GTEST_SKIP() << "the stand-in sums on the host";
-  int made = 0;
-  expect_ranks_equal_one_big_batch(true, &made);
+  int made = 0, dgrads = 0;
+  expect_ranks_equal_one_big_batch(true, &made, &dgrads);
   EXPECT_EQ(made, 2) << "the block's two convolutions did not write the sums";
+  EXPECT_EQ(dgrads, 1) << "conv2's data gradient did not bring bn1's backward sums";
 }
 
 }  // namespace

@@ -623,6 +623,84 @@ void test_conv_wgrad_after(cudaStream_t stream) {
   }
 }
 
+// The data gradient through the batch norm's relu with its backward's sums
+// (CudnnConv::backward_data_sums, the graph API's "dgrad -> drelu -> dbn" epilogue), bf16
+// channels-last, on the same shapes: dx against the double loop's conv^T(dy, w) where
+// x scale + bias > 0 (the mask taken in fp32 as here; 1e-2, as the convolutions above),
+// the sums of it and of it times (x - mean) within 1e-2; dx and the sums hold NaN
+// before each call; a second run on new buffers gives the same bits (a deterministic
+// engine) or stays within bf16's rounding (another). Engines as test_conv_stats takes
+// them: where none runs, a failure on Ampere and Hopper, a report elsewhere.
+void test_conv_dgrad_sums(cudaStream_t stream) {
+  using ddp::cuda::DType;
+  using ddp::cuda::transpose_image;
+  FusedGraphs f(stream);
+  int id = 0;
+  for (const auto& s : f.shapes) {
+    const int hw = s.h * s.w, pq = s.out_h() * s.out_w(), rs = s.r * s.s;
+    std::vector<float> x = random_vector(std::size_t(s.n) * s.c * hw, 1800 + id);
+    std::vector<float> w = random_vector(std::size_t(s.k) * s.c * rs, 1900 + id);
+    std::vector<float> dy = random_vector(std::size_t(s.n) * s.k * pq, 2000 + id);
+    std::vector<float> scale, bias, mean = random_vector(std::size_t(s.c), 2100 + id);
+    FusedGraphs::map(s.c, 2200 + id, &scale, &bias);
+    for (std::vector<float>* v : {&x, &w, &dy})
+      for (float& e : *v) e = ddp::round_bf16(e);
+    const ConvRef ref = conv_ref(s, x, w, dy);
+    std::vector<double> dx_ref(ref.dx.size()), sum_ref(s.c, 0.0), centred_ref(s.c, 0.0);
+    for (int n = 0; n < s.n; ++n)
+      for (int c = 0; c < s.c; ++c)
+        for (int i = 0; i < hw; ++i) {
+          const std::size_t e = (std::size_t(n) * s.c + c) * hw + i;
+          const double g = x[e] * scale[c] + bias[c] > 0.0f ? ref.dx[e] : 0.0;
+          dx_ref[e] = g;
+          sum_ref[c] += g;
+          centred_ref[c] += g * (double(x[e]) - mean[c]);
+        }
+    DeviceBuffer<float> x32(x), w32(w), dy32(dy), dscale(scale), dbias(bias), dmean(mean);
+    DeviceBuffer<std::uint16_t> x16(x.size()), w16(w.size()), dy16(dy.size());
+    transpose_image(x32.ptr, DType::F32, x16.ptr, DType::BF16, true, s.n, s.c, hw, nullptr, false, false,
+                    stream);
+    transpose_image(w32.ptr, DType::F32, w16.ptr, DType::BF16, true, s.k, s.c, rs, nullptr, false, false,
+                    stream);
+    transpose_image(dy32.ptr, DType::F32, dy16.ptr, DType::BF16, true, s.n, s.k, pq, nullptr, false, false,
+                    stream);
+    const std::string tag = " bf16 nhwc shape " + std::to_string(id);
+    // One run on new buffers: dx (as fp32 NCHW), the sums; false where no engine ran.
+    struct Out {
+      std::vector<float> dx, sum, centred;
+    };
+    auto run = [&](ddp::cuda::CudnnConv& c, Out* out) {
+      DeviceBuffer<std::uint16_t> dx16(x.size());
+      DeviceBuffer<float> dx(x.size()), sum(s.c), centred(s.c);
+      poison(stream, dx16);
+      for (const DeviceBuffer<float>* o : {&sum, &centred}) poison(stream, *o);
+      if (!c.backward_data_sums(s, w16.ptr, dy16.ptr, dx16.ptr, x16.ptr, dscale.ptr, dbias.ptr, dmean.ptr,
+                                sum.ptr, centred.ptr))
+        return false;
+      transpose_image(dx16.ptr, DType::BF16, dx.ptr, DType::F32, false, s.n, s.c, hw, nullptr, false, false,
+                      stream);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      *out = {dx.download(), sum.download(), centred.download()};
+      return true;
+    };
+    Out first, again;
+    ddp::cuda::CudnnConv* used = f.first_that_runs(run, &first, "dgrad with drelu and sums" + tag);
+    if (used) {
+      check(("cuDNN graph dgrad with drelu and sums: dx" + tag).c_str(), rel_err(first.dx, dx_ref), 1e-2);
+      check(("cuDNN graph dgrad with drelu and sums: sum" + tag).c_str(), rel_err(first.sum, sum_ref), 1e-2);
+      check(("cuDNN graph dgrad with drelu and sums: centred sum" + tag).c_str(),
+            rel_err(first.centred, centred_ref), 1e-2);
+      const bool twice = run(*used, &again);
+      const bool same = twice && (used == &f.any ? rel_err(again.dx, first.dx) <= 1e-2
+                                                 : again.dx == first.dx && again.sum == first.sum &&
+                                                       again.centred == first.centred);
+      check(("cuDNN graph dgrad with drelu and sums: the plan again on new buffers" + tag).c_str(),
+            same ? 0.0 : 1.0, 0);
+    }
+    ++id;
+  }
+}
+
 // n values on the device as a tensor of fp32 or bf16 elements holds them (bf16: the
 // values must be bf16's already), read back as floats.
 struct DeviceValues {
@@ -812,6 +890,7 @@ int main(int argc, char** argv) {
   }
   test_conv_stats(compute);
   test_conv_wgrad_after(compute);
+  test_conv_dgrad_sums(compute);
   test_conv_accumulate(compute);
   test_transpose_image(compute);
   test_graph_capture(compute, ddp::Precision::fp32);

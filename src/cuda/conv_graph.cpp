@@ -453,7 +453,8 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
              prologue = narrow_prologue || fusion == Fusion::PrologueAndStats || fusion == Fusion::Prologue,
              stats = fusion == Fusion::Stats || fusion == Fusion::PrologueAndStats ||
                      fusion == Fusion::NarrowPrologueAndStats,
-             drelu_sums = fusion == Fusion::DreluSums;
+             drelu_sums = fusion == Fusion::DreluSums || fusion == Fusion::DreluSumsOfWritten,
+             sums_of_written = fusion == Fusion::DreluSumsOfWritten;
   // A backward data with the relu and sums in its epilogue: the convolution's result
   // is virtual, fp32; the epilogue writes X from it.
   if (built && drelu_sums) {
@@ -498,7 +499,8 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
   // input a again (x scale + bias, fp32, as the forward's prologue applied it), the
   // convolution's result through that relu's mask (fp32, virtual), written into X in
   // the I/O type, and per channel its sums and those of it times (a - mean), fp32 (what
-  // the batch norm's backward needs), of the fp32 values before X's rounding.
+  // the batch norm's backward needs), of the fp32 values before X's rounding; or
+  // (DreluSumsOfWritten) the mask's result X itself, and the sums read from it.
   if (built && drelu_sums) {
     const Desc& a = g.emplace_back(tensor(kBnInput, dtype_, s.n, s.c, s.h, s.w, nhwc_, input_align));
     const Desc& scale = g.emplace_back(tensor(kScale, DType::F32, 1, s.c, 1, 1, true, channel_align));
@@ -517,16 +519,21 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
     if (built) {
       const Desc& mul = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, a, &scale, scaled, g));
       const Desc& add = g.emplace_back(pointwise(CUDNN_POINTWISE_ADD, scaled, &bias, biased, g));
-      const Desc& drelu = g.emplace_back(relu_backward(*conv_x, biased, masked, g));
-      const Desc& out = g.emplace_back(pointwise(CUDNN_POINTWISE_IDENTITY, masked, nullptr, x, g));
+      const Desc& grad = sums_of_written ? x : masked;  // what the sums read
+      const Desc& drelu = g.emplace_back(relu_backward(*conv_x, biased, grad, g));
       const Desc& sub = g.emplace_back(pointwise(CUDNN_POINTWISE_SUB, a, &mean, centred, g));
-      const Desc& times = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, masked, &centred, product, g));
-      const Desc& sum_masked = g.emplace_back(channel_sum(masked, sum, deterministic_, g));
+      const Desc& times = g.emplace_back(pointwise(CUDNN_POINTWISE_MUL, grad, &centred, product, g));
+      const Desc& sum_grad = g.emplace_back(channel_sum(grad, sum, deterministic_, g));
       const Desc& sum_product = g.emplace_back(channel_sum(product, centred_sum, deterministic_, g));
-      built = mul.get() && add.get() && drelu.get() && out.get() && sub.get() && times.get() &&
-              sum_masked.get() && sum_product.get();
-      ops.insert(ops.end(), {mul.get(), add.get(), drelu.get(), out.get(), sub.get(), times.get(),
-                             sum_masked.get(), sum_product.get()});
+      built = mul.get() && add.get() && drelu.get() && sub.get() && times.get() && sum_grad.get() &&
+              sum_product.get();
+      ops.insert(ops.end(), {mul.get(), add.get(), drelu.get(), sub.get(), times.get(), sum_grad.get(),
+                             sum_product.get()});
+      if (built && !sums_of_written) {  // X written from the fp32 values
+        const Desc& out = g.emplace_back(pointwise(CUDNN_POINTWISE_IDENTITY, masked, nullptr, x, g));
+        built = out.get() != nullptr;
+        ops.push_back(out.get());
+      }
     }
   }
 
@@ -662,7 +669,9 @@ CudnnGraphConv::Plan* CudnnGraphConv::plan(ConvDirection d, const ConvShape& s,
                 : fusion == Fusion::Prologue       ? " after scale-bias-relu (fp32)"
                 : fusion == Fusion::NarrowPrologue ? " after scale-bias-relu (narrow)"
                 : fusion == Fusion::DreluSums      ? " with scale-bias-relu's backward and its sums"
-                                                   : "",
+                : fusion == Fusion::DreluSumsOfWritten
+                    ? " with scale-bias-relu's backward and its sums (of the written gradient)"
+                    : "",
                 s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad_h, s.stride_h);
   if (candidates.empty()) {
     declined_reason_ =
@@ -748,9 +757,16 @@ bool CudnnGraphConv::backward_data_sums(const ConvShape& s, const void* w, const
   CUDA_CHECK(cudaMemsetAsync(centred_sum, 0, sizeof(float) * std::size_t(s.c), stream_));
   // The graph's operands by unique id: X (dx, its output), W, Y (dy), scale, bias, the
   // two sums, four intermediates (none in memory), a, mean.
-  return execute(ConvDirection::BackwardData, s,
-                 {dx, w, dy, scale, bias, sum, centred_sum, nullptr, nullptr, nullptr, nullptr, a, mean},
-                 1.0f, 0.0f, Fusion::DreluSums, label, detail);
+  const std::vector<const void*> operands = {dx,      w,       dy,      scale,   bias, sum, centred_sum,
+                                             nullptr, nullptr, nullptr, nullptr, a,    mean};
+  if (execute(ConvDirection::BackwardData, s, operands, 1.0f, 0.0f, Fusion::DreluSums, label, detail))
+    return true;
+  // The same sums of the gradient as written, where cuDNN takes that form and not the
+  // first (zeroed again: a plan that failed its first run may have added to them).
+  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(float) * std::size_t(s.c), stream_));
+  CUDA_CHECK(cudaMemsetAsync(centred_sum, 0, sizeof(float) * std::size_t(s.c), stream_));
+  return execute(ConvDirection::BackwardData, s, operands, 1.0f, 0.0f, Fusion::DreluSumsOfWritten, label,
+                 detail);
 }
 
 const void* CudnnGraphConv::narrowed(const float* scale, const float* bias, int C) {

@@ -95,7 +95,8 @@ class CudnnGraphConv {
   // (bf16/fp16 channels-last; elsewhere false at once):
   //   dx = conv^T(w, dy) where a * scale + bias > 0, else 0    (written, I/O type)
   //   sum (C) = the sum of dx over (N, H, W), centred_sum (C) = that of dx (a - mean), fp32,
-  //   of dx's fp32 values before it is rounded to the I/O type
+  //   of dx's fp32 values before it is rounded to the I/O type (or, where cuDNN takes
+  //   only that form of the graph, of dx as written: possibly rounded)
   // in one cuDNN graph: the generic runtime fusion's backward data with an epilogue of
   // element-wise operations and two sums (cuDNN's "dgrad -> drelu -> dbn", which its
   // DgradDreluBNBwdWeight engine has for fp16 alone). a, the batch norm's input, in the
@@ -119,7 +120,8 @@ class CudnnGraphConv {
  private:
   // Stats: a forward's statistics; Prologue: x rectified from x scale + bias on the way
   // in (a forward's or a backward filter's); Narrow...: scale and bias in the I/O type,
-  // else fp32; DreluSums: a backward data's epilogue (backward_data_sums).
+  // else fp32; DreluSums: a backward data's epilogue (backward_data_sums), its sums of the
+  // fp32 gradient, or of the gradient as written (DreluSumsOfWritten, its second form).
   enum class Fusion {
     None,
     Stats,
@@ -127,7 +129,8 @@ class CudnnGraphConv {
     NarrowPrologueAndStats,
     Prologue,
     NarrowPrologue,
-    DreluSums
+    DreluSums,
+    DreluSumsOfWritten
   };
   // scale and bias narrowed to the I/O type (C each, one after the other) in a buffer of
   // this object's; null while the step is captured and the buffer would have to grow.

@@ -153,6 +153,23 @@ constexpr std::int64_t kScaleShiftFloats = 2 * (8 + 8 + 8 + 8 + 32);
 // where the weights' gradient could not take the prologue).
 std::int64_t written_r(const ChainResults& r) { return runs(r, "BatchNorm2d::forward_relu"); }
 
+// The stand-in's choice of shapes to decline, as cuDNN declines one it has no engine
+// for: every 3x3 convolution.
+bool three_by_three(const ConvGeometry& g) { return g.k == 3; }
+
+// A run where the kernels declined some fused calls against one where they took them:
+// the same forward, and backward within the fused and plain paths' rounding (fp32) or
+// within 1e-2 (a narrow type).
+void expect_declined_close(const ChainResults& declined, const ChainResults& taken, Precision p,
+                           const char* what) {
+  const double y = norm_relative_error(declined.y, taken.y), dx = norm_relative_error(declined.dx, taken.dx),
+               grads = norm_relative_error(declined.grads, taken.grads);
+  std::printf("  %s %s: y %.1e dx %.1e grads %.1e\n", precision_name(p), what, y, dx, grads);
+  EXPECT_EQ(y, 0.0) << "the forward is the same";
+  EXPECT_LT(dx, p == Precision::fp32 ? 1e-5 : 1e-2);
+  EXPECT_LT(grads, p == Precision::fp32 ? 1e-5 : 1e-2);
+}
+
 TEST(ConvolutionStatistics, BlocksTakeTheirBatchNormsSumsFromTheConvolutions) {
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
@@ -188,7 +205,6 @@ TEST(ConvolutionStatistics, BlocksTakeTheirBatchNormsSumsFromTheConvolutions) {
 TEST(ConvolutionStatistics, ADeclinedConvolutionsBatchNormSumsItself) {
   if (on_gpu())
     GTEST_SKIP() << "the host's stand-in declines by choice; cuDNN declines what it has no engine for";
-  const auto three_by_three = [](const ConvGeometry& g) { return g.k == 3; };
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
     const StatsRun with = run(StatsMode::Emulate, p, three_by_three), own = run(StatsMode::Hide, p);
@@ -277,7 +293,6 @@ TEST(ConvolutionStatistics, TheDataGradientBringsTheBatchNormsSums) {
 TEST(ConvolutionStatistics, ADeclinedDataGradientsBatchNormSumsItself) {
   if (on_gpu())
     GTEST_SKIP() << "the host's stand-in declines by choice; cuDNN declines what it has no engine for";
-  const auto three_by_three = [](const ConvGeometry& g) { return g.k == 3; };
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
     const StatsRun summed = run(StatsMode::Emulate, p),
@@ -287,14 +302,7 @@ TEST(ConvolutionStatistics, ADeclinedDataGradientsBatchNormSumsItself) {
     EXPECT_EQ(declined.calls.dgrads, (kBeforeConvs - per_step) * kSteps);
     EXPECT_EQ(runs(declined.r, "BatchNorm2d::backward_from_sums"), (kBeforeConvs - per_step) * kSteps);
     EXPECT_EQ(own_backward_sums(declined.r) - own_backward_sums(summed.r), per_step * kSteps);
-    const double y = norm_relative_error(declined.r.y, summed.r.y),
-                 dx = norm_relative_error(declined.r.dx, summed.r.dx),
-                 grads = norm_relative_error(declined.r.grads, summed.r.grads);
-    std::printf("  %s declined data gradients' sums against taken: y %.1e dx %.1e grads %.1e\n",
-                precision_name(p), y, dx, grads);
-    EXPECT_EQ(y, 0.0) << "the forward is the same";
-    EXPECT_LT(dx, p == Precision::fp32 ? 1e-5 : 1e-2);
-    EXPECT_LT(grads, p == Precision::fp32 ? 1e-5 : 1e-2);
+    expect_declined_close(declined.r, summed.r, p, "declined data gradients' sums against taken");
   }
 }
 
@@ -307,7 +315,6 @@ TEST(ConvolutionStatistics, ADeclinedDataGradientsBatchNormSumsItself) {
 TEST(ConvolutionStatistics, ADeclinedWeightsGradientWritesTheInputInBackward) {
   if (on_gpu())
     GTEST_SKIP() << "the host's stand-in declines by choice; cuDNN declines what it has no engine for";
-  const auto three_by_three = [](const ConvGeometry& g) { return g.k == 3; };
   for (Precision p : precisions()) {
     SCOPED_TRACE(precision_name(p));
     const StatsRun fused = run(StatsMode::Emulate, p),
@@ -318,14 +325,7 @@ TEST(ConvolutionStatistics, ADeclinedWeightsGradientWritesTheInputInBackward) {
     EXPECT_EQ(declined.calls.wgrads, (kBeforeConvs - per_step) * kSteps);
     EXPECT_EQ(written_r(declined.r), per_step * kSteps)
         << "r written in backward for the declined ones alone";
-    const double y = norm_relative_error(declined.r.y, fused.r.y),
-                 dx = norm_relative_error(declined.r.dx, fused.r.dx),
-                 grads = norm_relative_error(declined.r.grads, fused.r.grads);
-    std::printf("  %s declined weights' gradients against the prologue's: y %.1e dx %.1e grads %.1e\n",
-                precision_name(p), y, dx, grads);
-    EXPECT_EQ(y, 0.0) << "the forward is the same";
-    EXPECT_LT(dx, p == Precision::fp32 ? 1e-5 : 1e-2);
-    EXPECT_LT(grads, p == Precision::fp32 ? 1e-5 : 1e-2);
+    expect_declined_close(declined.r, fused.r, p, "declined weights' gradients against the prologue's");
   }
 }
 

@@ -366,6 +366,34 @@ class CudaBackend final : public ComputeBackend {
                             }});
   }
 
+  // Operands and results stored narrow (a transformer block's inner activations) are
+  // cuBLAS's bf16/fp16 operands and C as they lie: no narrowing copy, and a narrow C
+  // written by the GEMM itself (fp32 accumulation, rounded once). The fp32 ones (the
+  // weights, an fp32 dy) narrowed as gemm's are.
+  bool gemm_takes_stored() const override { return true; }
+  void gemm_stored(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                   const void* b, int ldb, float beta, void* c, int ldc, Precision precision,
+                   GemmStored stored) override {
+    if (m == 0 || n == 0) return;
+    const DType t = dtype_of(precision), c_type = stored.c != Precision::fp32 ? t : DType::F32;
+    const std::size_t a_size = std::size_t(matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
+                      b_size = std::size_t(matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
+    const void* a_op = stored.a != Precision::fp32
+                           ? a
+                           : operand(static_cast<const float*>(a), a_size, precision, Scratch::A);
+    const void* b_op = stored.b != Precision::fp32
+                           ? b
+                           : operand(static_cast<const float*>(b), b_size, precision, Scratch::B);
+    gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t, c_type);
+    kernel_trace::count_library_call();
+    if (kernel_trace::recording())
+      kernel_trace::record(
+          {std::string("gemm ") + precision_name(precision) + " stored " + std::to_string(m) + "x" +
+               std::to_string(n) + "x" + std::to_string(k),
+           2.0 * m * n * k,
+           [=] { gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t, c_type); }});
+  }
+
   // Flash attention's kernels (cuda/flash_attention.cu) where this GPU runs them: bf16,
   // sm_80 or later (DDP_TEST_COMPUTE_CAPABILITY's too), the head size's shared memory.
   // In a benchmark's record, forward as its 2 products' flops, backward as its 5.

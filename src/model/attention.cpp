@@ -7,6 +7,7 @@
 #include "comm/check.hpp"
 #include "model/backend.hpp"
 #include "model/column_sums.hpp"
+#include "model/elements.hpp"
 #include "model/exp_fast.hpp"
 #include "model/gemm.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
@@ -14,10 +15,11 @@
 namespace ddp {
 
 namespace {
-void require_plain(const Tensor& t, const char* what) {
-  DDP_REQUIRE(t.type == Precision::fp32 && t.layout == Layout::nchw,
+// t in nchw of the type planned for it (set_types).
+void require_planned(const Tensor& t, Precision type, const char* what) {
+  DDP_REQUIRE(t.type == type && t.layout == Layout::nchw,
               "attention: " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
-                            << ", not fp32 in nchw");
+                            << ", not " << precision_name(type) << " in nchw");
 }
 
 // v holds at least n floats: a new (uninitialised) buffer where it is smaller.
@@ -25,26 +27,50 @@ void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
 }
 
-// out (N, n) += bias (n), row by row.
-void add_bias(const char* label, float* out, const float* bias, std::int64_t N, std::int64_t n) {
+// out (N, n) += bias (n), row by row; out's elements through an accessor (elements.hpp).
+template <class Out>
+void add_bias_to(const char* label, const Out& out, const float* bias, std::int64_t N, std::int64_t n) {
   const Rows2 rows = rows_range(N, n);
   Kokkos::parallel_for(
-      label, rows, KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) { out[r * n + j] += bias[j]; });
+      label, rows,
+      KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) { out.set(r * n + j, out(r * n + j) + bias[j]); });
+}
+void add_bias(const char* label, float* out, const float* bias, std::int64_t N, std::int64_t n) {
+  add_bias_to(label, Fp32Elements<float>{out}, bias, N, n);
+}
+// y's, fp32 or narrow.
+void add_bias(const char* label, Tensor& y, const float* bias, std::int64_t N, std::int64_t n) {
+  if (y.type == Precision::fp32)
+    add_bias_to(label, elements<false>(y), bias, N, n);
+  else
+    add_bias_to(label, elements<true>(y), bias, N, n);
 }
 
 // db (n) += (or =, without `add`) the column sums of g (N, n), in double by
 // column_sums: the same bits on any device and thread count. (Not the GEMV ones^T g:
 // oneDNN's splits its sum between its threads, and gave other bits on 2 threads than
-// on 1.) partial: grown to the (K, n) partial sums.
-void bias_grads(const float* g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
-                bool add) {
+// on 1.) partial: grown to the (K, n) partial sums. g's elements through an accessor.
+template <class G>
+void bias_grads_of(const G& g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
+                   bool add) {
   float* const out[1] = {db};
   column_sums<1>(
       "Attention::bias_grad_stretches", "Attention::bias_grads", N, n, partial,
       KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
-        return Kokkos::Array<double, 1>{double(g[r * n + j])};
+        return Kokkos::Array<double, 1>{double(g(r * n + j))};
       },
       out, add);
+}
+void bias_grads(const float* g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
+                bool add) {
+  bias_grads_of(Fp32Elements<const float>{g}, N, n, partial, db, add);
+}
+void bias_grads(const Tensor& g, std::int64_t N, std::int64_t n, Kokkos::View<double*>& partial, float* db,
+                bool add) {
+  if (g.type == Precision::fp32)
+    bias_grads_of(elements<false>(g), N, n, partial, db, add);
+  else
+    bias_grads_of(elements<true>(g), N, n, partial, db, add);
 }
 
 // The two passes that make a row's probabilities, softmax_rows's and
@@ -245,7 +271,9 @@ void Attention::scratch_floats(std::int64_t B, SlotFloats& most) const {
   raise(ScratchSlot::attention_do, N * d);
   raise(ScratchSlot::attention_dqkv, 3 * N * d);
   raise(ScratchSlot::attention_ds, ds);
-  raise(ScratchSlot::narrow_dy, std::max(narrow(N * d), needs_input_grad() ? narrow(3 * N * d) : 0));
+  // dy's copy (none of a narrow dy: read as it is), then dqkv's
+  raise(ScratchSlot::narrow_dy, std::max(out_type_ == Precision::fp32 ? narrow(N * d) : 0,
+                                         needs_input_grad() ? narrow(3 * N * d) : 0));
   if (fused) return;
   if (!keep) raise(ScratchSlot::attention_block_scores, nh * rows_ * T_);
   raise(ScratchSlot::narrow_qkv, narrow(3 * N * d));
@@ -260,7 +288,7 @@ bool Attention::runs_fused() const {
 // x: (B, T, d) -> y: (B, T, d). The GEMMs of the projections over the N = B T rows;
 // those of the heads per sample (and block), on the heads' columns in place.
 void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  require_plain(x, "the input");
+  require_planned(x, in_type_, "the input");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = runs_fused(), keep = !fused && rows_ == 0;
   ran_fused_ = fused;
@@ -272,12 +300,13 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
     scratch.hold(p_, ScratchSlot::attention_block_scores, nh * rows_ * T, "Attention::block_scores");
   if (!keep) reserve(stats_, B * nh * T * 2, "Attention::stats");
   reserve(o_, N * d, "Attention::o");
-  resize(y, B, sample_, "Attention::y");
+  resize(y, B, sample_, "Attention::y", Layout::nchw, out_type_);
   const Precision prec = precision();
   float *qkv = qkv_.data(), *p = p_.data(), *o = o_.data();
 
   // qkv (N, 3d) = x (N, d) W_in^T (d, 3d) + b_in
-  gemm(false, true, N, d3, d, 1.0f, x.data.data(), d, in_weight_, d, 0.0f, qkv, d3, prec);
+  gemm_stored(false, true, N, d3, d, 1.0f, x.data.data(), d, in_weight_, d, 0.0f, qkv, d3, prec,
+              {x.type, Precision::fp32, Precision::fp32});
   add_bias("Attention::forward_in_bias", qkv, in_bias_, N, d3);
   // The heads' products read qkv three times (Q, K, V) and more on the block path:
   // narrowed once (the fused kernels read it as it is).
@@ -308,15 +337,16 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
       }
   }
   // y (N, d) = O (N, d) W_out^T (d, d) + b_out
-  gemm(false, true, N, d, d, 1.0f, o, d, out_weight_, d, 0.0f, y.data.data(), d, prec);
-  add_bias("Attention::forward_out_bias", y.data.data(), out_bias_, N, d);
+  gemm_stored(false, true, N, d, d, 1.0f, o, d, out_weight_, d, 0.0f, y.data.data(), d, prec,
+              {Precision::fp32, Precision::fp32, y.type});
+  add_bias("Attention::forward_out_bias", y, out_bias_, N, d);
 }
 
 // dy: (B, T, d) -> dx: (B, T, d), from forward's qkv_, o_ and p_ or stats_ (left as
 // they are, so backward may run again). The parameter gradients += (or =, while
 // overwrite_gradients() is on); the biases' as column sums in double (column_sums).
 void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  require_plain(dy, "the output gradient");
+  require_planned(dy, out_type_, "the output gradient");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = ran_fused_, keep = !fused && rows_ == 0;  // forward's path: its buffers
   SharedScratch scratch;  // the process's shared slots (tensor.hpp), let go on return
@@ -337,13 +367,18 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   float *p = p_.data(), *dO = do_.data(), *dqkv = dqkv_.data(), *ds = ds_.data();
 
   // db_out (d) += sum over the N rows of dy (N, d)
-  bias_grads(dyp, N, d, partial_, dout_bias_, add);
+  bias_grads(dy, N, d, partial_, dout_bias_, add);
   {
-    const NarrowedOnce dy_once(ScratchSlot::narrow_dy, dyp, N * d, prec, "Attention::dy_narrow");
+    // Read by two products: narrowed once (a narrow dy is read as it is).
+    std::optional<NarrowedOnce> dy_once;
+    if (dy.type == Precision::fp32)
+      dy_once.emplace(ScratchSlot::narrow_dy, dyp, N * d, prec, "Attention::dy_narrow");
     // dW_out (d, d) += dy^T (d, N) O (N, d)
-    gemm(true, false, d, d, N, 1.0f, dyp, d, o, d, beta, dout_weight_, d, prec);
+    gemm_stored(true, false, d, d, N, 1.0f, dyp, d, o, d, beta, dout_weight_, d, prec,
+                {dy.type, Precision::fp32, Precision::fp32});
     // dO (N, d) = dy (N, d) W_out (d, d)
-    gemm(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec);
+    gemm_stored(false, false, N, d, d, 1.0f, dyp, d, out_weight_, d, 0.0f, dO, d, prec,
+                {dy.type, Precision::fp32, Precision::fp32});
   }
   // The heads' products read qkv and dO (and dS) more than once: narrowed once each.
   std::optional<NarrowedOnce> qkv_once, do_once;
@@ -412,11 +447,13 @@ void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   if (needs_input_grad())
     dqkv_once.emplace(ScratchSlot::narrow_dy, dqkv, N * d3, prec, "Attention::dqkv_narrow");
   // dW_in (3d, d) += dqkv^T (3d, N) x (N, d)
-  gemm(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec);
+  gemm_stored(true, false, d3, d, N, 1.0f, dqkv, d3, xp, d, beta, din_weight_, d, prec,
+              {Precision::fp32, x.type, Precision::fp32});
   if (!needs_input_grad()) return;
-  resize(dx, B, sample_, "Attention::dx");
+  resize(dx, B, sample_, "Attention::dx", Layout::nchw, in_type_);
   // dx (N, d) = dqkv (N, 3d) W_in (3d, d)
-  gemm(false, false, N, d, d3, 1.0f, dqkv, d3, in_weight_, d, 0.0f, dx.data.data(), d, prec);
+  gemm_stored(false, false, N, d, d3, 1.0f, dqkv, d3, in_weight_, d, 0.0f, dx.data.data(), d, prec,
+              {Precision::fp32, Precision::fp32, in_type_});
 }
 
 }  // namespace ddp

@@ -53,8 +53,11 @@
 // own in an order fixed by the shapes: the same bits every run, on any number of
 // ranks. Not on any number of oneDNN threads (DDP_DNNL_THREADS; 1 by default): with
 // oneDNN capped at AVX2 its sgemm split sums between 2 threads, 414 of the 147,712
-// floats of one step of attention(4, causal) at (64, 64) in other bits. fp32 NCHW
-// activations (never planned narrow); the GEMM operands in the layer's precision.
+// floats of one step of attention(4, causal) at (64, 64) in other bits. NCHW
+// activations, fp32 but where a transformer block keeps its inner activations narrow
+// (set_types): x and dx, y and dy of that type, read and written by the projections'
+// GEMMs as they are; qkv, O and the scores stay fp32. The GEMM operands in the layer's
+// precision.
 
 #include "model/layer.hpp"
 
@@ -82,12 +85,19 @@ class Attention : public Layer {
   void scratch_floats(std::int64_t batch, SlotFloats& most) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // The types of x and dx (in), of y and dy (out): fp32 (the default), or the narrow
+  // type of the layer's precision.
+  void set_types(Precision in, Precision out) {
+    in_type_ = in;
+    out_type_ = out;
+  }
 
  private:
   void scores(const float* qkv, std::int64_t b, std::int64_t i0, std::int64_t m, std::int64_t n, float* s,
               std::int64_t samples = 1) const;
   std::int64_t heads_;  // nh
   bool causal_;
+  Precision in_type_ = Precision::fp32, out_type_ = Precision::fp32;  // set_types
   std::int64_t block_;                   // the option: kAutoBlock, 0 (keep) or rows
   bool fused_;                           // the option: the backend's fused kernels where it has them
   bool ran_fused_ = false;               // whether the last forward ran them (backward follows it)

@@ -245,6 +245,14 @@ class ComputeBackend {
   // A and B are taken at `precision`, products accumulate in fp32, C stays fp32.
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     const float* b, int ldb, float beta, float* c, int ldc, Precision precision) = 0;
+  // gemm on operands and a result stored narrow where `stored` says (model/gemm.hpp's
+  // GemmStored), where gemm_takes_stored(): the GPU build's cuBLAS reads and writes
+  // bf16/fp16 itself. Elsewhere model/gemm.cpp widens and narrows around gemm.
+  virtual bool gemm_takes_stored() const { return false; }
+  virtual void gemm_stored(bool /*trans_a*/, bool /*trans_b*/, int /*m*/, int /*n*/, int /*k*/,
+                           float /*alpha*/, const void* /*a*/, int /*lda*/, const void* /*b*/, int /*ldb*/,
+                           float /*beta*/, void* /*c*/, int /*ldc*/, Precision /*precision*/,
+                           GemmStored /*stored*/) {}
   // `batch` such GEMMs at once: C_i = alpha op(A_i) op(B_i) + beta C_i with
   // A_i = a + i stride_a, B_i = b + i stride_b, C_i = c + i stride_c (floats), the
   // C_i apart: attention's per-head products, whose heads are columns of one matrix.

@@ -1,6 +1,7 @@
 #include "model/gelu.hpp"
 
 #include "comm/check.hpp"
+#include "model/elements.hpp"
 #include "model/exp_fast.hpp"
 
 namespace ddp {
@@ -35,44 +36,57 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh_grad(float x) {
   return s + 2.0f * x * s * (1.0f - s) * kSqrt2OverPi * (1.0f + 3.0f * kKappa * x2);
 }
 
-void require_fp32(const Tensor& t, const char* what) {
-  DDP_REQUIRE(t.type == Precision::fp32,
-              "gelu: " << what << " is " << precision_name(t.type) << ", not fp32");
-}
-}  // namespace
-
-// x: (B, sample...) -> y: (B, sample...) = gelu(x), in x's layout
-void Gelu::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  require_fp32(x, "the input");
-  resize_like(y, x, "Gelu::y");
-  ConstView1 xv = x.data;
-  View1 yv = y.data;
-  if (tanh_)
+// The passes on elements of one kind (elements.hpp): fp32, or narrow where a
+// transformer block keeps its inner activations so (x, y, dy and dx of one type).
+template <bool Narrow>
+void forward_pass(const Tensor& x, Tensor& y, bool tanh) {
+  const auto xe = elements<Narrow>(x);
+  const auto ye = elements<Narrow>(y);
+  if (tanh)
     Kokkos::parallel_for(
         "Gelu::forward_tanh", Range(0, x.storage_numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { yv(i) = gelu_tanh(xv(i)); });
+        KOKKOS_LAMBDA(std::int64_t i) { ye.set(i, gelu_tanh(xe(i))); });
   else
     Kokkos::parallel_for(
         "Gelu::forward", Range(0, x.storage_numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { yv(i) = gelu_exact(xv(i)); });
+        KOKKOS_LAMBDA(std::int64_t i) { ye.set(i, gelu_exact(xe(i))); });
 }
 
-// dy: (B, sample...) -> dx: (B, sample...) = dy gelu'(x)
-void Gelu::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  if (!needs_input_grad()) return;
-  require_fp32(dy, "the output gradient");
-  DDP_REQUIRE(dy.layout == x.layout, "gelu: the output gradient in another layout than the input");
-  resize_like(dx, x, "Gelu::dx");
-  ConstView1 xv = x.data, dyv = dy.data;
-  View1 dxv = dx.data;
-  if (tanh_)
+template <bool Narrow>
+void backward_pass(const Tensor& x, const Tensor& dy, Tensor& dx, bool tanh) {
+  const auto xe = elements<Narrow>(x), dye = elements<Narrow>(dy);
+  const auto dxe = elements<Narrow>(dx);
+  if (tanh)
     Kokkos::parallel_for(
         "Gelu::backward_tanh", Range(0, x.storage_numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * gelu_tanh_grad(xv(i)); });
+        KOKKOS_LAMBDA(std::int64_t i) { dxe.set(i, dye(i) * gelu_tanh_grad(xe(i))); });
   else
     Kokkos::parallel_for(
         "Gelu::backward", Range(0, x.storage_numel()),
-        KOKKOS_LAMBDA(std::int64_t i) { dxv(i) = dyv(i) * gelu_exact_grad(xv(i)); });
+        KOKKOS_LAMBDA(std::int64_t i) { dxe.set(i, dye(i) * gelu_exact_grad(xe(i))); });
+}
+}  // namespace
+
+// x: (B, sample...) -> y: (B, sample...) = gelu(x), in x's layout and type
+void Gelu::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  resize_like(y, x, "Gelu::y");
+  if (x.type == Precision::fp32)
+    forward_pass<false>(x, y, tanh_);
+  else
+    forward_pass<true>(x, y, tanh_);
+}
+
+// dy: (B, sample...) -> dx: (B, sample...) = dy gelu'(x), in x's type
+void Gelu::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+  if (!needs_input_grad()) return;
+  DDP_REQUIRE(dy.layout == x.layout, "gelu: the output gradient in another layout than the input");
+  DDP_REQUIRE(dy.type == x.type, "gelu: the output gradient is " << precision_name(dy.type) << ", the input "
+                                                                 << precision_name(x.type));
+  resize_like(dx, x, "Gelu::dx");
+  if (x.type == Precision::fp32)
+    backward_pass<false>(x, dy, dx, tanh_);
+  else
+    backward_pass<true>(x, dy, dx, tanh_);
 }
 
 }  // namespace ddp

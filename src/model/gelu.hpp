@@ -2,8 +2,10 @@
 // gelu[(tanh)]: PyTorch's nn.GELU. Exact (the default, approximate='none'):
 // y = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)); with `tanh` (approximate='tanh', GPT-2's):
 // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any input shape, any layout
-// (gelu(0) = 0: a blocked layout's padding channels stay zero); y is x's shape and
-// layout. Backward reads x, as PyTorch's GeluBackward does.
+// (gelu(0) = 0: a blocked layout's padding channels stay zero); y is x's shape,
+// layout and type (fp32, or narrow inside a transformer block: TransformerBlock::
+// set_types; computed in fp32 and rounded once), dx that of x and dy. Backward reads
+// x, as PyTorch's GeluBackward does.
 
 #include "model/layer.hpp"
 

@@ -23,6 +23,26 @@ void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
                   std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta, float* c,
                   int ldc, std::int64_t stride_c, int batch, Precision precision = Precision::fp32);
 
+// How a GEMM's operands and result lie in memory (Tensor::type): fp32, or narrow, two
+// elements to a float, as a narrow tensor holds them (model/elements.hpp). A narrow
+// operand is of the GEMM's operand type (its precision) and is read as it is, no
+// copy narrowing it first; a narrow C is written rounded to that type, with beta 0
+// (it is not read). Leading dimensions count elements of each one's type. The
+// transformer blocks keep their inner activations so where the model keeps
+// activations narrow (TransformerBlock::set_types), as PyTorch's AMP does.
+struct GemmStored {
+  Precision a = Precision::fp32, b = Precision::fp32, c = Precision::fp32;
+  bool narrow() const { return a != Precision::fp32 || b != Precision::fp32 || c != Precision::fp32; }
+};
+
+// gemm on operands and a result stored as `stored` says. Where the backend reads and
+// writes narrow ones itself (cuBLAS: ComputeBackend::gemm_stored), one call on them;
+// elsewhere (the host) the narrow ones widened into fp32 scratch first (exact: a
+// narrow value is a float), C narrowed from it after.
+void gemm_stored(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                 const void* b, int ldb, float beta, void* c, int ldc, Precision precision,
+                 GemmStored stored);
+
 // The steps between a batch's operands, in floats: A, B and C.
 struct GemmSteps {
   std::int64_t a, b, c;

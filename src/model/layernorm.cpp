@@ -4,6 +4,7 @@
 
 #include "comm/check.hpp"
 #include "model/column_sums.hpp"
+#include "model/elements.hpp"
 #include "model/planes.hpp"  // for_each_team_thread
 
 namespace ddp {
@@ -72,22 +73,31 @@ std::int64_t LayerNorm::kept_floats(std::int64_t batch) const {
 // the first. The row sums by lane_sum: in a fixed order, vectorised on the host.
 void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   require_plain(x, "the input");
-  const std::int64_t d = d_, rows = x.numel() / d;
+  const std::int64_t rows = x.numel() / d_;
   if (static_cast<std::int64_t>(mean_.extent(0)) < rows) {  // grown only: a smaller batch uses a prefix
     mean_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::mean"), rows);
     mean_lo_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::mean_lo"), rows);
     rstd_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::rstd"), rows);
   }
-  resize(y, x.batch(), sample_, "LayerNorm::y");
+  resize(y, x.batch(), sample_, "LayerNorm::y", Layout::nchw, out_type_);
+  if (out_type_ == Precision::fp32)
+    forward_rows<false>(x, y);
+  else
+    forward_rows<true>(x, y);
+}
+
+template <bool Narrow>
+void LayerNorm::forward_rows(const Tensor& x, Tensor& y) {
+  const std::int64_t d = d_, rows = x.numel() / d;
   const float* xp = x.data.data();
-  float* yp = y.data.data();
+  const auto ye = elements<Narrow>(y);
   const float *w = weight_, *b = bias_;
   View1 mean = mean_, mean_lo = mean_lo_, rstd = rstd_;
   const double eps = eps_;
   for_each_team_thread(
       "LayerNorm::forward", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
         const float* xr = xp + r * d;
-        float* yr = yp + r * d;
+        const std::int64_t y0 = r * d;
         const double mu = lane_sum(team, d, [&](std::int64_t j) { return double(xr[j]); }) / double(d);
         const double sq = lane_sum(team, d, [&](std::int64_t j) {
           const double c = xr[j] - mu;
@@ -95,8 +105,9 @@ void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
         });
         const float hi = static_cast<float>(mu), lo = static_cast<float>(mu - double(hi)),
                     rs = static_cast<float>(1.0 / sqrt(sq / double(d) + eps));
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d),
-                             [&](std::int64_t j) { yr[j] = centred(xr[j], hi, lo) * rs * w[j] + b[j]; });
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j) {
+          ye.set(y0 + j, centred(xr[j], hi, lo) * rs * w[j] + b[j]);
+        });
         Kokkos::single(Kokkos::PerThread(team), [&] {
           mean(r) = hi;
           mean_lo(r) = lo;
@@ -111,16 +122,28 @@ void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // The row sums in double as forward's; the parameter sums in double by column_sums:
 // the same bits on any device and thread count for the same rows.
 void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  require_plain(dy, "the output gradient");
+  DDP_REQUIRE(dy.type == out_type_ && dy.layout == Layout::nchw,
+              "layernorm: the output gradient is " << precision_name(dy.type) << " in "
+                                                   << layout_name(dy.layout) << ", not "
+                                                   << precision_name(out_type_) << " in nchw");
+  if (out_type_ == Precision::fp32)
+    backward_rows<false>(x, dy, dx);
+  else
+    backward_rows<true>(x, dy, dx);
+}
+
+template <bool Narrow>
+void LayerNorm::backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const std::int64_t d = d_, rows = x.numel() / d;
-  const float *xp = x.data.data(), *dyp = dy.data.data(), *w = weight_;
+  const float *xp = x.data.data(), *w = weight_;
+  const auto dye = elements<Narrow>(dy);
   const View1 mean = mean_, mean_lo = mean_lo_, rstd = rstd_;
 
   float* const grads[2] = {dweight_, dbias_};
   column_sums<2>(
       "LayerNorm::backward_param_sums", "LayerNorm::backward_param_grads", rows, d, partial_,
       KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
-        const float g = dyp[r * d + j], xhat = centred(xp[r * d + j], mean(r), mean_lo(r)) * rstd(r);
+        const float g = dye(r * d + j), xhat = centred(xp[r * d + j], mean(r), mean_lo(r)) * rstd(r);
         return Kokkos::Array<double, 2>{double(g) * xhat, double(g)};
       },
       grads, !overwrite_gradients());
@@ -130,17 +153,18 @@ void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
   float* dxp = dx.data.data();
   for_each_team_thread(
       "LayerNorm::backward", rows, KOKKOS_LAMBDA(const ElementTeam::member_type& team, std::int64_t r) {
-        const float *xr = xp + r * d, *dyr = dyp + r * d;
+        const float* xr = xp + r * d;
+        const std::int64_t dy0 = r * d;
         float* dxr = dxp + r * d;
         const float hi = mean(r), lo = mean_lo(r), rs = rstd(r);
-        const double sg = lane_sum(team, d, [&](std::int64_t j) { return double(dyr[j] * w[j]); }),
+        const double sg = lane_sum(team, d, [&](std::int64_t j) { return double(dye(dy0 + j) * w[j]); }),
                      sgx = lane_sum(team, d, [&](std::int64_t j) {
-                       return double(dyr[j] * w[j]) * (centred(xr[j], hi, lo) * rs);
+                       return double(dye(dy0 + j) * w[j]) * (centred(xr[j], hi, lo) * rs);
                      });
         const float mg = static_cast<float>(sg / double(d)), mgx = static_cast<float>(sgx / double(d));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j) {
           const float xhat = centred(xr[j], hi, lo) * rs;
-          dxr[j] = rs * (dyr[j] * w[j] - mg - xhat * mgx);
+          dxr[j] = rs * (dye(dy0 + j) * w[j] - mg - xhat * mgx);
         });
       });
 }

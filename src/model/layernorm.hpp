@@ -5,8 +5,10 @@
 // y = (x - mean) / sqrt(var + eps) weight + bias, eps 1e-5 by default (GPT-2's; ViT
 // uses 1e-6). Parameters weight (d), ones, and bias (d), zeros, in PyTorch's names.
 // The statistics in double per row. Parameter gradients are sums over the rows in an
-// order fixed by the row count alone, so a run repeats bit for bit. fp32 and NCHW
-// (its inputs are never planned narrow or blocked).
+// order fixed by the row count alone, so a run repeats bit for bit. NCHW; x and dx
+// fp32; y and dy fp32 too but inside a transformer block that keeps its inner
+// activations narrow (set_output_type), where they are of that type (computed in fp32,
+// y rounded once).
 
 #include "model/layer.hpp"
 
@@ -24,9 +26,18 @@ class LayerNorm : public Layer {
   std::int64_t kept_floats(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // The type of y and dy: fp32 (the default) or a narrow one.
+  void set_output_type(Precision type) { out_type_ = type; }
+  // The passes, y and dy narrow (Narrow) or fp32. Public only because CUDA's extended
+  // lambdas may not live in private members.
+  template <bool Narrow>
+  void forward_rows(const Tensor& x, Tensor& y);
+  template <bool Narrow>
+  void backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx);
 
  private:
   float eps_;
+  Precision out_type_ = Precision::fp32;
   std::int64_t d_ = 0;
   Shape sample_;              // (d) or (T, d)
   float* weight_ = nullptr;   // (d)

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "comm/check.hpp"
+#include "model/elements.hpp"
 #include "model/gemm.hpp"
 #include "model/select.hpp"
 
@@ -55,16 +56,34 @@ void Linear::init(Rng& rng) {
   if (has_bias_) fill_uniform(bias_, out_, -bound, bound, bias_key);
 }
 
+void Linear::set_types(Precision in, Precision out) {
+  DDP_REQUIRE(!fused_relu_ || (in == Precision::fp32 && out == Precision::fp32),
+              "linear: narrow activations with a fused relu");
+  in_type_ = in;
+  out_type_ = out;
+}
+
 // x: (B, [T,] in) -> y: (B, [T,] out); the GEMM over its N = B (or B T) rows.
 void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+  DDP_REQUIRE(x.type == in_type_,
+              "linear: the input is " << precision_name(x.type) << ", planned " << precision_name(in_type_));
   const std::int64_t N = x.numel() / in_, in = in_, out = out_;
-  resize(y, x.batch(), out_sample_, "Linear::y");
+  resize(y, x.batch(), out_sample_, "Linear::y", Layout::nchw, out_type_);
   // y (N, out) = x (N, in) W^T (in, out)
-  gemm(false, true, N, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out, precision());
-  float* yp = y.data.data();
+  gemm_stored(false, true, N, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out,
+              precision(), {x.type, Precision::fp32, out_type_});
   const float* bias = bias_;
   // (row, feature) indices: no integer division per element.
   const Rows2 rows = rows_range(N, out);
+  if (out_type_ != Precision::fp32) {
+    if (!bias) return;
+    const auto ye = elements<true>(y);
+    Kokkos::parallel_for(
+        "Linear::forward_bias_narrow", rows,
+        KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { ye.set(b * out + j, ye(b * out + j) + bias[j]); });
+    return;
+  }
+  float* yp = y.data.data();
   if (fused_relu_ && !bias) {
     Kokkos::parallel_for(
         "Linear::forward_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
@@ -90,14 +109,17 @@ std::int64_t Linear::kept_floats(std::int64_t batch) const {
 }
 
 void Linear::scratch_floats(std::int64_t batch, SlotFloats& most) const {
-  if (!needs_input_grad()) return;
+  if (!needs_input_grad() || out_type_ != Precision::fp32) return;  // a narrow dy is read as it is
   std::int64_t& m = most[std::size_t(ScratchSlot::narrow_dy)];
   m = std::max(m, compute_backend().narrow_copy_floats(batch * shape_numel(out_sample_), precision()));
 }
 
 void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  DDP_REQUIRE(dy.type == out_type_, "linear: the output gradient is " << precision_name(dy.type)
+                                                                      << ", planned "
+                                                                      << precision_name(out_type_));
   const std::int64_t N = x.numel() / in_, in = in_, out = out_;  // rows, as forward's
-  const bool add = !overwrite_gradients();
+  const bool add = !overwrite_gradients(), narrow_dy = dy.type != Precision::fp32;
   if (fused_relu_) {  // dy is the relu's to mask: no layer reads it after this one
     ConstView1 yv = y.data;
     View1 dyv = dy.data;
@@ -105,30 +127,31 @@ void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
         "Linear::relu_backward", Range(0, N * out),
         KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
   }
-  // Read by two products where dx is wanted: narrowed once.
+  // Read by two products where dx is wanted: narrowed once (a narrow dy is read as it is).
   std::optional<NarrowedOnce> dy_once;
-  if (needs_input_grad())
+  if (needs_input_grad() && !narrow_dy)
     dy_once.emplace(ScratchSlot::narrow_dy, dy.data.data(), N * out, precision(), "Linear::dy_narrow");
   // dW (out, in) += (or =) dy^T (out, N) x (N, in)
-  gemm(true, false, out, in, N, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f, dweight_, in,
-       precision());
+  gemm_stored(true, false, out, in, N, 1.0f, dy.data.data(), out, x.data.data(), in, add ? 1.0f : 0.0f,
+              dweight_, in, precision(), {dy.type, x.type, Precision::fp32});
   // db (1, out) += (or =) ones^T (1, N) dy (N, out): a GEMV streams dy's rows once. A
   // sum per feature down dy's column ran scalar and strided on the host, 3% of the
   // MLP's 2-rank training time (perf, AVX2 EPYC). In fp32 whatever the precision: a
-  // bias gradient was never rounded.
+  // bias gradient was never rounded. A narrow dy at its own type, with ones (exact in
+  // it): each product is dy's value, the sums fp32 as before.
   if (has_bias_) {
     if (ones_.extent(0) < std::size_t(N)) {  // grown only: a smaller batch uses a prefix
       ones_ = View1("Linear::ones", std::size_t(N));
       Kokkos::deep_copy(ones_, 1.0f);
     }
-    gemm(false, false, 1, out, N, 1.0f, ones_.data(), std::max<std::int64_t>(N, 1), dy.data.data(), out,
-         add ? 1.0f : 0.0f, dbias_, out);
+    gemm_stored(false, false, 1, out, N, 1.0f, ones_.data(), std::max<std::int64_t>(N, 1), dy.data.data(),
+                out, add ? 1.0f : 0.0f, dbias_, out, dy.type, {Precision::fp32, dy.type, Precision::fp32});
   }
   if (!needs_input_grad()) return;
-  resize(dx, x.batch(), in_sample_, "Linear::dx");
+  resize(dx, x.batch(), in_sample_, "Linear::dx", Layout::nchw, in_type_);
   // dx (N, in) = dy (N, out) W (out, in)
-  gemm(false, false, N, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
-       precision());
+  gemm_stored(false, false, N, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
+              precision(), {dy.type, Precision::fp32, in_type_});
 }
 
 }  // namespace ddp

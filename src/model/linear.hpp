@@ -29,6 +29,12 @@ class Linear : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   void fuse_relu() { fused_relu_ = true; }
+  // The types of x and dx (in) and of y and dy (out): fp32, or the narrow type of the
+  // layer's precision where a transformer block keeps its inner activations so
+  // (TransformerBlock::set_types). The GEMMs read and write them as they are
+  // (gemm_stored); a narrow y takes its bias rounded a second time (after the GEMM's
+  // result). Not with a fused relu.
+  void set_types(Precision in, Precision out);
   bool tied() const { return tied_; }
   std::int64_t in_features() const { return in_; }
   std::int64_t out_features() const { return out_; }
@@ -37,6 +43,7 @@ class Linear : public Layer {
 
  private:
   bool fused_relu_ = false;
+  Precision in_type_ = Precision::fp32, out_type_ = Precision::fp32;  // set_types
   std::int64_t in_ = 0;
   std::int64_t out_;
   bool has_bias_, tied_;

@@ -14,6 +14,7 @@
 #include "model/linear.hpp"
 #include "model/pool.hpp"
 #include "model/resblock.hpp"
+#include "model/transformer_block.hpp"
 
 namespace ddp {
 
@@ -233,8 +234,8 @@ void Model::plan_layouts() {
   }
   layouts_ = out;
   types_ = plan_types();
-  // Residual blocks keep their activations inside in the narrow type wherever the
-  // model keeps any so.
+  // Residual blocks (and transformer blocks) keep their activations inside in the
+  // narrow type wherever the model keeps any so.
   const Precision inside = narrow_activations() ? precision_ : Precision::fp32;
   for (std::size_t i = 0; i < n; ++i) {
     const Layout in = i > 0 ? out[i - 1] : Layout::nchw;
@@ -248,6 +249,8 @@ void Model::plan_layouts() {
       block->set_layouts(in, native_out[i], out[i]);
       block->set_types(in_type, inside, types_[i]);
     }
+    // Transformer blocks likewise, their residual stream fp32 (as AMP's).
+    if (auto* block = dynamic_cast<TransformerBlock*>(layers_[i].get())) block->set_types(inside);
   }
 }
 
@@ -408,13 +411,21 @@ void Model::reseed_dropout(std::uint64_t seed) {
 
 std::string Model::summary() const {
   // Columns as wide as their longest entry; "layout" only when some output is blocked
-  // or narrow.
+  // or narrow, or some transformer block keeps its inner activations narrow.
+  const auto layout_text = [&](std::size_t i) -> std::string {
+    const auto* block = dynamic_cast<const TransformerBlock*>(layers_[i].get());
+    const Precision inside = block ? block->inside_type() : Precision::fp32;
+    if (layouts_[i] == Layout::nchw && types_[i] == Precision::fp32 && inside == Precision::fp32) return {};
+    return std::string(layout_name(layouts_[i])) +
+           (types_[i] != Precision::fp32 ? std::string(" ") + precision_name(types_[i]) : "") +
+           (inside != Precision::fp32 ? std::string(", ") + precision_name(inside) + " inside" : "");
+  };
   std::size_t w_layer = 5, w_out = shape_str(input_shape()).size(), w_params = 10;
   bool blocked = false;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     w_layer = std::max(w_layer, specs_[i].size());
     w_out = std::max(w_out, shape_str(shapes_[i + 1]).size());
-    blocked = blocked || layouts_[i] != Layout::nchw || types_[i] != Precision::fp32;
+    blocked = blocked || !layout_text(i).empty();
   }
   w_layer += 2;
   w_out += 2;
@@ -426,9 +437,8 @@ std::string Model::summary() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     os << std::setw(4) << i << std::setw(w_layer) << specs_[i] << std::setw(w_out)
        << shape_str(shapes_[i + 1]);
-    if (layouts_[i] != Layout::nchw || types_[i] != Precision::fp32)
-      os << std::setw(w_params) << layer_params_[i] << layout_name(layouts_[i])
-         << (types_[i] != Precision::fp32 ? std::string(" ") + precision_name(types_[i]) : "");
+    if (const std::string text = layout_text(i); !text.empty())
+      os << std::setw(w_params) << layer_params_[i] << text;
     else
       os << layer_params_[i];
     os << "\n";

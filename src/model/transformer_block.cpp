@@ -95,6 +95,18 @@ void TransformerBlock::set_precision(Precision p) {
   if (proj_) proj_->set_precision(p);
 }
 
+void TransformerBlock::set_types(Precision inside) {
+  DDP_REQUIRE(
+      inside == Precision::fp32 || inside == precision(),
+      "transformer_block: " << precision_name(inside) << " activations at " << precision_name(precision()));
+  inside_ = inside;
+  ln1_->set_output_type(inside);
+  attn_->set_types(inside, Precision::fp32);
+  ln2_->set_output_type(inside);
+  if (fc_) fc_->set_types(inside, inside);
+  if (proj_) proj_->set_types(inside, Precision::fp32);
+}
+
 void TransformerBlock::set_overwrite_gradients(bool on) {
   Layer::set_overwrite_gradients(on);
   for (const Part& p : parts())
@@ -102,20 +114,24 @@ void TransformerBlock::set_overwrite_gradients(bool on) {
 }
 
 // Kept: a, r and c (N d each), f and g (N mlp d each) and what the parts keep. The
-// shared slots: h, m and the gradients between the parts, and the parts' own.
+// shared slots: h, m and the gradients between the parts, and the parts' own. The
+// inner ones (a, c, f, g, their gradients) in floats of the inside type.
 std::int64_t TransformerBlock::kept_floats(std::int64_t batch) const {
   const std::int64_t N = batch * sample_[0], d = sample_[1];
-  std::int64_t floats = 3 * N * d + 2 * N * mlp_ratio_ * d;
+  const auto in = [&](std::int64_t n) { return inside_ == Precision::fp32 ? n : (n + 1) / 2; };
+  std::int64_t floats = N * d + 2 * in(N * d) + 2 * in(N * mlp_ratio_ * d);
   for (const Part& p : parts()) floats += p.layer->kept_floats(batch);
   return floats + gelu_->kept_floats(batch);
 }
 
 void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) const {
-  const std::int64_t N = batch * sample_[0], d = sample_[1], wide = N * mlp_ratio_ * d;
+  const std::int64_t N = batch * sample_[0], d = sample_[1];
+  const auto in = [&](std::int64_t n) { return inside_ == Precision::fp32 ? n : (n + 1) / 2; };
+  const std::int64_t wide = in(N * mlp_ratio_ * d);
   const std::pair<ScratchSlot, std::int64_t> mine[] = {
-      {ScratchSlot::block_h, N * d},  {ScratchSlot::block_m, N * d},  {ScratchSlot::block_dg, wide},
-      {ScratchSlot::block_df, wide},  {ScratchSlot::block_dc, N * d}, {ScratchSlot::block_dr, N * d},
-      {ScratchSlot::block_da, N * d}, {ScratchSlot::block_dx1, N * d}};
+      {ScratchSlot::block_h, N * d},      {ScratchSlot::block_m, N * d},      {ScratchSlot::block_dg, wide},
+      {ScratchSlot::block_df, wide},      {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d},
+      {ScratchSlot::block_da, in(N * d)}, {ScratchSlot::block_dx1, N * d}};
   for (const auto& [slot, floats] : mine) most[std::size_t(slot)] = std::max(most[std::size_t(slot)], floats);
   for (const Part& p : parts()) p.layer->scratch_floats(batch, most);
 }
@@ -140,12 +156,13 @@ void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
 // dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's.
 void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   SharedScratch scratch;  // the gradients between the parts: the process's shared slots
-  scratch.hold(dg_.data, ScratchSlot::block_dg, g_.storage_numel(), "TransformerBlock::dg");
-  scratch.hold(df_.data, ScratchSlot::block_df, f_.storage_numel(), "TransformerBlock::df");
-  scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_numel(), "TransformerBlock::dc");
-  scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_numel(), "TransformerBlock::dr");
-  scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_numel(), "TransformerBlock::da");
-  scratch.hold(dx1_.data, ScratchSlot::block_dx1, x.storage_numel(), "TransformerBlock::dx1");
+  // Each gradient of its activation's type: as many floats.
+  scratch.hold(dg_.data, ScratchSlot::block_dg, g_.storage_floats(), "TransformerBlock::dg");
+  scratch.hold(df_.data, ScratchSlot::block_df, f_.storage_floats(), "TransformerBlock::df");
+  scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_floats(), "TransformerBlock::dc");
+  scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_floats(), "TransformerBlock::dr");
+  scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_floats(), "TransformerBlock::da");
+  scratch.hold(dx1_.data, ScratchSlot::block_dx1, x.storage_floats(), "TransformerBlock::dx1");
   proj_->backward(g_, m_, dy, dg_);
   gelu_->backward(f_, g_, dg_, df_);
   fc_->backward(c_, f_, df_, dc_);

@@ -44,6 +44,16 @@ class TransformerBlock : public Layer {
   void scratch_floats(std::int64_t batch, SlotFloats& most) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // The type of the activations inside (`inside`: fp32, or the narrow type of the
+  // block's precision where the model keeps activations narrow, as the GPU's bf16 and
+  // fp16 do), as PyTorch's AMP keeps them: the layer norms' outputs a and c, the MLP's
+  // f and g, and their gradients, written and read in that type (the GEMMs read and
+  // write them as they are: gemm_stored); the residual stream x, r, y, its gradients
+  // and the outputs the sums take (h, m) fp32, as AMP's sums of an fp32 and a bf16
+  // tensor are. In GPT-2 124M those are 10 of the 14 d-wide rows a token's block
+  // writes in forward (f and g are 4 d each), so half the bytes there.
+  void set_types(Precision inside);
+  Precision inside_type() const { return inside_; }
 
  private:
   struct Part {
@@ -53,7 +63,8 @@ class TransformerBlock : public Layer {
   std::vector<Part> parts() const;
 
   std::int64_t mlp_ratio_;
-  Shape sample_;  // (T, d)
+  Precision inside_ = Precision::fp32;  // set_types
+  Shape sample_;                        // (T, d)
   std::unique_ptr<LayerNorm> ln1_, ln2_;
   std::unique_ptr<Attention> attn_;
   std::unique_ptr<Linear> fc_, proj_;

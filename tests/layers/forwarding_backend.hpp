@@ -69,6 +69,12 @@ class ForwardingBackend : public ComputeBackend {
             const float* b, int ldb, float beta, float* c, int ldc, Precision p) override {
     inner_.gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, p);
   }
+  bool gemm_takes_stored() const override { return inner_.gemm_takes_stored(); }
+  void gemm_stored(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                   const void* b, int ldb, float beta, void* c, int ldc, Precision p,
+                   GemmStored stored) override {
+    inner_.gemm_stored(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, p, stored);
+  }
   void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
                     float* c, int ldc, std::int64_t stride_c, int batch, Precision p) override {

@@ -28,6 +28,7 @@
 #include "model/batchnorm.hpp"
 #include "model/conv2d.hpp"
 #include "model/elements.hpp"
+#include "model/gemm.hpp"
 #include "model/model.hpp"
 #include "model/planes.hpp"
 #include "model/pool.hpp"
@@ -176,6 +177,52 @@ std::pair<Tensor, Tensor> narrow_and_wide(std::int64_t B, const Shape& sample, L
   convert_type(given, narrow, type, "test::narrow");
   convert_type(narrow, wide, Precision::fp32, "test::wide");
   return {narrow, wide};
+}
+
+// gemm_stored (model/gemm.hpp) at precision p: C (m, n) = A (m, k) B^T with A narrow, B
+// fp32 or narrow, C narrow inside a wider matrix (ldc = n + 3, its tail columns
+// holding 7) or fp32, against gemm on the widened values with C's fp32 result rounded
+// to p after. Where the backend widens and narrows around its own gemm (the host), bit
+// for bit; where it reads and writes them itself (cuBLAS: another kernel for a narrow
+// C, whose sums may go in another order), each element within one rounding of p of
+// the reference's and fp32 results within 1e-6. The tail columns stay 7 either way.
+TEST(GemmStored, NarrowOperandsAndResultsAsTheirWidenedValues) {
+  const std::int64_t m = 37, n = 19, k = 45, ldc = n + 3;
+  const bool exact = !compute_backend().gemm_takes_stored();
+  for (Precision p : {Precision::bf16, Precision::fp16})
+    for (bool narrow_b : {false, true})
+      for (bool narrow_c : {false, true}) {
+        SCOPED_TRACE(std::string(precision_name(p)) + (narrow_b ? ", B narrow" : ", B fp32") +
+                     (narrow_c ? ", C narrow" : ", C fp32"));
+        const auto [a, a_wide] = narrow_and_wide(m, {k}, Layout::nchw, p, 71);
+        const auto [b, b_wide] = narrow_and_wide(n, {k}, Layout::nchw, p, 72);
+        Tensor ref, c_given, c;
+        resize(ref, m, {n}, "test::reference");
+        gemm(false, true, int(m), int(n), int(k), 1.0f, a_wide.data.data(), int(k), b_wide.data.data(),
+             int(k), 0.0f, ref.data.data(), int(n), p);
+        resize(c_given, m, {ldc}, "test::c_given");
+        Kokkos::deep_copy(c_given.data, 7.0f);
+        convert_type(c_given, c, narrow_c ? p : Precision::fp32, "test::c");
+        gemm_stored(false, true, int(m), int(n), int(k), 1.0f, a.data.data(), int(k),
+                    (narrow_b ? b : b_wide).data.data(), int(k), 0.0f, c.data.data(), int(ldc), p,
+                    {p, narrow_b ? p : Precision::fp32, narrow_c ? p : Precision::fp32});
+        Tensor got, rounded_narrow, rounded;
+        convert_type(c, got, Precision::fp32, "test::got");
+        convert_type(ref, rounded_narrow, narrow_c ? p : Precision::fp32, "test::rounded_narrow");
+        convert_type(rounded_narrow, rounded, Precision::fp32, "test::rounded");
+        const std::vector<float> g = to_host(got.data, m * ldc), r = to_host(rounded.data, m * n);
+        const double ulp = narrow_c ? (p == Precision::bf16 ? 1.0 / 128 : 1.0 / 1024) : 1e-6;
+        std::int64_t off = 0, tail_written = 0;
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t j = 0; j < n; ++j) {
+            const float got_v = g[i * ldc + j], want = r[i * n + j];
+            if (exact ? got_v != want : std::fabs(got_v - want) > ulp * std::fabs(want) + 1e-30) ++off;
+          }
+          for (std::int64_t j = n; j < ldc; ++j) tail_written += g[i * ldc + j] != 7.0f;
+        }
+        EXPECT_EQ(off, 0) << "of " << m * n << (exact ? " not the reference's bits" : " beyond one rounding");
+        EXPECT_EQ(tail_written, 0) << "elements past C's columns written";
+      }
 }
 
 // A tensor of n elements of `type` holding small integers (exact in every type), and
@@ -875,6 +922,57 @@ TEST(NarrowElements, ModelKeepsItsActivationsNarrowFromConvolutionToPool) {
   for (std::size_t i = 0; i < 4; ++i)
     EXPECT_EQ(with_pool.types[i], pool_keeps ? Precision::bf16 : Precision::fp32) << i << " " << pooled[i];
   EXPECT_EQ(with_pool.types[4], Precision::bf16) << "the blocks hand on narrow";
+}
+
+// Transformer blocks keeping their inner activations narrow where the model keeps
+// activations so (TransformerBlock::set_types, the GPU's bf16 and fp16 plan): GPT-2's
+// pre-norm blocks (tanh GELU, causal) and ViT's (exact GELU), two in a row, then a
+// layer norm and a head. The layer norms' outputs and the MLP's are stored rounded,
+// and their gradients; the residual stream stays fp32, so every layer's output does.
+// bf16 kept narrow within twice the distance from fp32 that bf16 operands alone give
+// (a, c and g are GEMM operands, rounded to bf16 there anyway; f and the gradients
+// are the roundings added), fp16 within bf16 operands' distance; the activations
+// planned smaller by what the inner ones no longer take.
+TEST(NarrowElements, TransformerBlocksKeepTheirInnerActivationsNarrow) {
+  const std::vector<std::vector<std::string>> models = {
+      {"transformer_block(4, causal, tanh)", "transformer_block(4, causal, tanh)", "layernorm", "linear(5)"},
+      {"transformer_block(4, eps=1e-6)", "transformer_block(4, eps=1e-6)", "layernorm", "linear(5)"}};
+  const Shape sample = {12, 32};
+  for (const auto& specs : models) {
+    SCOPED_TRACE(specs.front());
+    const ModelResults exact = run_model(Precision::fp32, false, specs, sample),
+                       bf16 = run_model(Precision::bf16, false, specs, sample),
+                       bf16_narrow = run_model(Precision::bf16, true, specs, sample),
+                       fp16_narrow = run_model(Precision::fp16, true, specs, sample);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(bf16_narrow.types[i], Precision::fp32) << i;
+      EXPECT_EQ(fp16_narrow.types[i], Precision::fp32) << i;
+    }
+    // Each block's a and c (N d each, N = B T), f and g (4 N d each), halved; its
+    // gradients between the parts (dc, da, dg, df) halved in the shared slots, which
+    // the blocks share. Where the backend keeps narrow copies of GEMM operands (a
+    // GPU's), more: the MLP's dy is narrow already, so no copy of it is made.
+    const std::int64_t N = 4 * sample[0], d = sample[1], saved = 2 * 10 * N * d / 2 + 10 * N * d / 2;
+    if (compute_backend().narrow_copy_floats(N * d, Precision::bf16) == 0)
+      EXPECT_EQ(bf16.activation_floats - bf16_narrow.activation_floats, saved);
+    else
+      EXPECT_GE(bf16.activation_floats - bf16_narrow.activation_floats, saved);
+    const Distance by_operands{norm_relative_error(bf16.y, exact.y), 0.0,
+                               norm_relative_error(bf16.grads, exact.grads)},
+        bf16_off{norm_relative_error(bf16_narrow.y, exact.y), 0.0,
+                 norm_relative_error(bf16_narrow.grads, exact.grads)},
+        fp16_off{norm_relative_error(fp16_narrow.y, exact.y), 0.0,
+                 norm_relative_error(fp16_narrow.grads, exact.grads)};
+    std::printf(
+        "%s ...: from fp32, bf16 operands y %.1e grads %.1e; bf16 narrow %.1e %.1e; fp16 narrow %.1e %.1e\n",
+        specs.front().c_str(), by_operands.y, by_operands.grads, bf16_off.y, bf16_off.grads, fp16_off.y,
+        fp16_off.grads);
+    EXPECT_LT(bf16_off.y, 2 * by_operands.y);
+    EXPECT_LT(bf16_off.grads, 2 * by_operands.grads);
+    EXPECT_LT(fp16_off.y, by_operands.y);
+    EXPECT_LT(fp16_off.grads, by_operands.grads);
+    EXPECT_GT(norm_relative_error(bf16_narrow.grads, bf16.grads), 0.0) << "nothing was narrowed";
+  }
 }
 
 }  // namespace

@@ -584,7 +584,8 @@ TEST(MemoryPlan, LayersAllocateWhatTheyPlan) {
 // layers, what layers keep, each shared slot once at the largest any layer asks; no
 // buffer for a relu fused into its linear, flatten, nor the first trained layer's
 // input gradient) against what a training forward and backward allocate from fresh
-// slots: the same floats, as above. A transformer with a fused relu, flatten and dropout; ResNets with the
+// slots: the same floats, as above. A transformer with a fused relu, flatten and dropout (at bf16 with its
+// blocks' inner activations narrow too); ResNets with the
 // model's blocked layouts (their padding channels: the stem's 3 and 8 of the second), its fused passes or
 // not, and at bf16 with narrow activations, which the host's convolutions take as fp32 copies (the GPU's
 // narrow path, widened); a residual block reordering its x and y at its edges (an average pool before it,
@@ -600,17 +601,18 @@ TEST(MemoryPlan, AModelAllocatesWhatItPlans) {
       "bottleneck(8, stride=2)",          "resblock(32)", "globalavgpool", "flatten",    "linear(10)"};
   const std::vector<std::string> edges = {"conv2d(8, 3, pad=1)",    "relu",    "avgpool(2)", "resblock(8)",
                                           "resblock(24, stride=2)", "flatten", "linear(10)"};
-  const Case cases[] = {
-      {{"linear(64)", "relu", "transformer_block(4, causal)", "transformer_block(4, causal, block=16)",
-        "layernorm", "flatten", "dropout(0.1)", "linear(10)"},
-       {128, 32},
-       true,
-       false},
-      {resnet, {3, 16, 16}, true, false},
-      {resnet, {3, 16, 16}, false, false},
-      {resnet, {3, 16, 16}, true, true},
-      {edges, {3, 16, 16}, true, false},
-      {edges, {3, 16, 16}, true, true}};
+  const std::vector<std::string> transformer = {"linear(64)",
+                                                "relu",
+                                                "transformer_block(4, causal)",
+                                                "transformer_block(4, causal, block=16)",
+                                                "layernorm",
+                                                "flatten",
+                                                "dropout(0.1)",
+                                                "linear(10)"};
+  const Case cases[] = {{transformer, {128, 32}, true, false}, {transformer, {128, 32}, true, true},
+                        {resnet, {3, 16, 16}, true, false},    {resnet, {3, 16, 16}, false, false},
+                        {resnet, {3, 16, 16}, true, true},     {edges, {3, 16, 16}, true, false},
+                        {edges, {3, 16, 16}, true, true}};
   const RecordAllocations recording;
   for (const Case& c : cases)
     for (Precision p : {Precision::fp32, Precision::bf16}) {

@@ -127,13 +127,27 @@ void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
                                                    << layout_name(dy.layout) << ", not "
                                                    << precision_name(out_type_) << " in nchw");
   if (out_type_ == Precision::fp32)
-    backward_rows<false>(x, dy, dx);
+    backward_rows<false, false>(x, dy, nullptr, dx);
   else
-    backward_rows<true>(x, dy, dx);
+    backward_rows<true, false>(x, dy, nullptr, dx);
 }
 
-template <bool Narrow>
-void LayerNorm::backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx) {
+void LayerNorm::backward_adding(const Tensor& x, const Tensor& dy, const Tensor& residual, Tensor& dx) {
+  DDP_REQUIRE(dy.type == out_type_ && dy.layout == Layout::nchw,
+              "layernorm: the output gradient is " << precision_name(dy.type) << " in "
+                                                   << layout_name(dy.layout) << ", not "
+                                                   << precision_name(out_type_) << " in nchw");
+  require_plain(residual, "the residual added to dx");
+  DDP_REQUIRE(residual.numel() == x.numel() && residual.data.data() != dx.data.data(),
+              "layernorm: the residual added to dx is not x's shape, or is dx itself");
+  if (out_type_ == Precision::fp32)
+    backward_rows<false, true>(x, dy, residual.data.data(), dx);
+  else
+    backward_rows<true, true>(x, dy, residual.data.data(), dx);
+}
+
+template <bool Narrow, bool Adding>
+void LayerNorm::backward_rows(const Tensor& x, const Tensor& dy, const float* residual, Tensor& dx) {
   const std::int64_t d = d_, rows = x.numel() / d;
   const float *xp = x.data.data(), *w = weight_;
   const auto dye = elements<Narrow>(dy);
@@ -156,6 +170,7 @@ void LayerNorm::backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx) {
         const float* xr = xp + r * d;
         const std::int64_t dy0 = r * d;
         float* dxr = dxp + r * d;
+        const float* res = residual + (Adding ? r * d : 0);
         const float hi = mean(r), lo = mean_lo(r), rs = rstd(r);
         const double sg = lane_sum(team, d, [&](std::int64_t j) { return double(dye(dy0 + j) * w[j]); }),
                      sgx = lane_sum(team, d, [&](std::int64_t j) {
@@ -163,8 +178,11 @@ void LayerNorm::backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx) {
                      });
         const float mg = static_cast<float>(sg / double(d)), mgx = static_cast<float>(sgx / double(d));
         Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](std::int64_t j) {
-          const float xhat = centred(xr[j], hi, lo) * rs;
-          dxr[j] = rs * (dye(dy0 + j) * w[j] - mg - xhat * mgx);
+          const float xhat = centred(xr[j], hi, lo) * rs, g = rs * (dye(dy0 + j) * w[j] - mg - xhat * mgx);
+          if constexpr (Adding)
+            dxr[j] = res[j] + g;
+          else
+            dxr[j] = g;
         });
       });
 }

@@ -26,14 +26,20 @@ class LayerNorm : public Layer {
   std::int64_t kept_floats(std::int64_t batch) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
+  // backward with dx written as `residual` plus the layer's input gradient, in the same
+  // pass: a pre-norm block's residual sum (TransformerBlock: dr = dy + ln_2's, dx = dr +
+  // ln_1's), which then takes no pass nor buffer of its own. residual: fp32, x's shape,
+  // not dx's buffer. The same bits as the sum taken after, but where the compiler fuses
+  // the last multiply and the add (an FMA).
+  void backward_adding(const Tensor& x, const Tensor& dy, const Tensor& residual, Tensor& dx);
   // The type of y and dy: fp32 (the default) or a narrow one.
   void set_output_type(Precision type) { out_type_ = type; }
-  // The passes, y and dy narrow (Narrow) or fp32. Public only because CUDA's extended
-  // lambdas may not live in private members.
+  // The passes, y and dy narrow (Narrow) or fp32; dx with a residual added (Adding).
+  // Public only because CUDA's extended lambdas may not live in private members.
   template <bool Narrow>
   void forward_rows(const Tensor& x, Tensor& y);
-  template <bool Narrow>
-  void backward_rows(const Tensor& x, const Tensor& dy, Tensor& dx);
+  template <bool Narrow, bool Adding>
+  void backward_rows(const Tensor& x, const Tensor& dy, const float* residual, Tensor& dx);
 
  private:
   float eps_;

@@ -120,7 +120,6 @@ enum class ScratchSlot {
   block_dc,
   block_dr,
   block_da,
-  block_dx1,
   block_h,
   block_m,
   // Attention's: backward's gradients, the block path's scores

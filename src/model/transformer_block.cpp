@@ -129,9 +129,9 @@ void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) cons
   const auto in = [&](std::int64_t n) { return inside_ == Precision::fp32 ? n : (n + 1) / 2; };
   const std::int64_t wide = in(N * mlp_ratio_ * d);
   const std::pair<ScratchSlot, std::int64_t> mine[] = {
-      {ScratchSlot::block_h, N * d},      {ScratchSlot::block_m, N * d},      {ScratchSlot::block_dg, wide},
-      {ScratchSlot::block_df, wide},      {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d},
-      {ScratchSlot::block_da, in(N * d)}, {ScratchSlot::block_dx1, N * d}};
+      {ScratchSlot::block_h, N * d},     {ScratchSlot::block_m, N * d},      {ScratchSlot::block_dg, wide},
+      {ScratchSlot::block_df, wide},     {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d},
+      {ScratchSlot::block_da, in(N * d)}};
   for (const auto& [slot, floats] : mine) most[std::size_t(slot)] = std::max(most[std::size_t(slot)], floats);
   for (const Part& p : parts()) p.layer->scratch_floats(batch, most);
 }
@@ -153,7 +153,8 @@ void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
   add(r_, m_, y, "TransformerBlock::residual_2");
 }
 
-// dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's.
+// dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's, each
+// added by the layer norm's backward as it writes its input gradient.
 void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   SharedScratch scratch;  // the gradients between the parts: the process's shared slots
   // Each gradient of its activation's type: as many floats.
@@ -162,17 +163,16 @@ void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tens
   scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_floats(), "TransformerBlock::dc");
   scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_floats(), "TransformerBlock::dr");
   scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_floats(), "TransformerBlock::da");
-  scratch.hold(dx1_.data, ScratchSlot::block_dx1, x.storage_floats(), "TransformerBlock::dx1");
   proj_->backward(g_, m_, dy, dg_);
   gelu_->backward(f_, g_, dg_, df_);
   fc_->backward(c_, f_, df_, dc_);
-  ln2_->backward(r_, c_, dc_, dr_);
-  add(dy, dr_, dr_, "TransformerBlock::residual_2_backward");
+  ln2_->backward_adding(r_, dc_, dy, dr_);  // dr = dy + ln_2's input gradient
   attn_->backward(a_, h_, dr_, da_);
   ln1_->set_needs_input_grad(needs_input_grad());
-  ln1_->backward(x, a_, da_, dx1_);
-  if (!needs_input_grad()) return;
-  add(dr_, dx1_, dx, "TransformerBlock::residual_1_backward");
+  if (needs_input_grad())
+    ln1_->backward_adding(x, da_, dr_, dx);  // dx = dr + ln_1's
+  else
+    ln1_->backward(x, a_, da_, dx);  // the parameters' gradients only
 }
 
 }  // namespace ddp

@@ -74,9 +74,9 @@ class TransformerBlock : public Layer {
   // only the sums take (the attention's and proj's backward read not their outputs),
   // are in shared slots during forward (tensor.hpp) and empty after it.
   Tensor a_, h_, r_, c_, f_, g_, m_;
-  // Backward's gradients: w.r.t. g, f, c, r (ln_2's part, then the sum), a, x (ln_1's
-  // part); their buffers backward's shared slots (tensor.hpp), empty outside backward.
-  Tensor dg_, df_, dc_, dr_, da_, dx1_;
+  // Backward's gradients: w.r.t. g, f, c, r (ln_2's part plus dy), a; their buffers
+  // backward's shared slots (tensor.hpp), empty outside backward.
+  Tensor dg_, df_, dc_, dr_, da_;
 };
 
 }  // namespace ddp

@@ -15,13 +15,6 @@
 namespace ddp {
 
 namespace {
-// t in nchw of the type planned for it (set_types).
-void require_planned(const Tensor& t, Precision type, const char* what) {
-  DDP_REQUIRE(t.type == type && t.layout == Layout::nchw,
-              "attention: " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
-                            << ", not " << precision_name(type) << " in nchw");
-}
-
 // v holds at least n floats: a new (uninitialised) buffer where it is smaller.
 void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
@@ -288,7 +281,7 @@ bool Attention::runs_fused() const {
 // x: (B, T, d) -> y: (B, T, d). The GEMMs of the projections over the N = B T rows;
 // those of the heads per sample (and block), on the heads' columns in place.
 void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  require_planned(x, in_type_, "the input");
+  require_nchw(x, in_type_, "attention", "the input");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = runs_fused(), keep = !fused && rows_ == 0;
   ran_fused_ = fused;
@@ -346,7 +339,7 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
 // they are, so backward may run again). The parameter gradients += (or =, while
 // overwrite_gradients() is on); the biases' as column sums in double (column_sums).
 void Attention::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  require_planned(dy, out_type_, "the output gradient");
+  require_nchw(dy, out_type_, "attention", "the output gradient");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = ran_fused_, keep = !fused && rows_ == 0;  // forward's path: its buffers
   SharedScratch scratch;  // the process's shared slots (tensor.hpp), let go on return

@@ -22,11 +22,6 @@ using Kokkos::Experimental::sqrt;
 // takes the rest.
 KOKKOS_INLINE_FUNCTION float centred(float x, float hi, float lo) { return (x - hi) - lo; }
 
-void require_plain(const Tensor& t, const char* what) {
-  DDP_REQUIRE(t.type == Precision::fp32 && t.layout == Layout::nchw,
-              "layernorm: " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
-                            << ", not fp32 in nchw");
-}
 }  // namespace
 
 Shape LayerNorm::output_shape(const Shape& in_sample) {
@@ -72,7 +67,7 @@ std::int64_t LayerNorm::kept_floats(std::int64_t batch) const {
 // the row (a GPU warp reads it coalesced); the row's three passes hit the cache after
 // the first. The row sums by lane_sum: in a fixed order, vectorised on the host.
 void LayerNorm::forward(const Tensor& x, Tensor& y, bool /*training*/) {
-  require_plain(x, "the input");
+  require_nchw(x, Precision::fp32, "layernorm", "the input");
   const std::int64_t rows = x.numel() / d_;
   if (static_cast<std::int64_t>(mean_.extent(0)) < rows) {  // grown only: a smaller batch uses a prefix
     mean_ = View1(Kokkos::view_alloc(Kokkos::WithoutInitializing, "LayerNorm::mean"), rows);
@@ -122,10 +117,7 @@ void LayerNorm::forward_rows(const Tensor& x, Tensor& y) {
 // The row sums in double as forward's; the parameter sums in double by column_sums:
 // the same bits on any device and thread count for the same rows.
 void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
-  DDP_REQUIRE(dy.type == out_type_ && dy.layout == Layout::nchw,
-              "layernorm: the output gradient is " << precision_name(dy.type) << " in "
-                                                   << layout_name(dy.layout) << ", not "
-                                                   << precision_name(out_type_) << " in nchw");
+  require_nchw(dy, out_type_, "layernorm", "the output gradient");
   if (out_type_ == Precision::fp32)
     backward_rows<false, false>(x, dy, nullptr, dx);
   else
@@ -133,11 +125,8 @@ void LayerNorm::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy,
 }
 
 void LayerNorm::backward_adding(const Tensor& x, const Tensor& dy, const Tensor& residual, Tensor& dx) {
-  DDP_REQUIRE(dy.type == out_type_ && dy.layout == Layout::nchw,
-              "layernorm: the output gradient is " << precision_name(dy.type) << " in "
-                                                   << layout_name(dy.layout) << ", not "
-                                                   << precision_name(out_type_) << " in nchw");
-  require_plain(residual, "the residual added to dx");
+  require_nchw(dy, out_type_, "layernorm", "the output gradient");
+  require_nchw(residual, Precision::fp32, "layernorm", "the residual added to dx");
   DDP_REQUIRE(residual.numel() == x.numel() && residual.data.data() != dx.data.data(),
               "layernorm: the residual added to dx is not x's shape, or is dx itself");
   if (out_type_ == Precision::fp32)

@@ -10,6 +10,12 @@
 
 namespace ddp {
 
+void require_nchw(const Tensor& t, Precision type, const char* layer, const char* what) {
+  DDP_REQUIRE(t.type == type && t.layout == Layout::nchw,
+              layer << ": " << what << " is " << precision_name(t.type) << " in " << layout_name(t.layout)
+                    << ", not " << precision_name(type) << " in nchw");
+}
+
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;

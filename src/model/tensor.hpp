@@ -76,6 +76,10 @@ struct Tensor {
   }
 };
 
+// Ends the run with one line (DDP_REQUIRE) where t is not of `type` in nchw, naming the
+// layer and the tensor: "attention: the input is bf16 in nchw, not fp32 in nchw".
+void require_nchw(const Tensor& t, Precision type, const char* layer, const char* what);
+
 // The floats a (batch, sample...) tensor in `layout` of `type` takes (storage_floats):
 // what the start-up memory plan counts for a buffer that is not there yet.
 std::int64_t planned_floats(std::int64_t batch, const Shape& sample, Layout layout, Precision type);

@@ -137,8 +137,7 @@ void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) cons
 }
 
 void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
-  DDP_REQUIRE(x.type == Precision::fp32 && x.layout == Layout::nchw,
-              "transformer_block: the input is not fp32 in nchw");
+  require_nchw(x, Precision::fp32, "transformer_block", "the input");
   // The sublayers' outputs that only a sum takes (h, m): the process's shared slots.
   SharedScratch scratch;
   scratch.hold(h_.data, ScratchSlot::block_h, x.storage_numel(), "TransformerBlock::h");

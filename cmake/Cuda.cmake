@@ -84,6 +84,6 @@ target_compile_options(ddp_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
 target_compile_definitions(ddp_cuda PUBLIC DDP_WITH_CUDA_GLUE=1 OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
 # ddp_core supplies ddp::fatal and the MPI bootstrap; LINK_ONLY keeps its Kokkos
 # compile flags away from the glue's sources.
-target_link_libraries(ddp_cuda PUBLIC MPI::MPI_C CUDA::cudart CUDA::cublas ddp::cudnn ddp::nccl
+target_link_libraries(ddp_cuda PUBLIC MPI::MPI_C CUDA::cudart CUDA::cublas CUDA::cublasLt ddp::cudnn ddp::nccl
                                       $<LINK_ONLY:ddp_core>)
 set_target_properties(ddp_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)

@@ -197,6 +197,8 @@ const char* kind_of(const std::string& label) {
   if (has("conv forward")) return "convolution forward";
   if (has("conv backward data")) return "convolution backward data";
   if (has("conv backward filter")) return "convolution backward filter";
+  // the pass after a GEMM where its epilogue is not the library's (model/gemm.cpp)
+  if (has("gemm_epilogue::")) return "element-wise";
   if (has("gemm")) return "GEMM";
   if (has("BatchNorm2d::")) return "batch norm";
   if (has("Pool::")) return "pooling";

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/batch_norm.hpp"
@@ -16,6 +17,7 @@
 #include "cuda/dtype.hpp"
 #include "cuda/flash_attention.hpp"
 #include "cuda/gemm.hpp"
+#include "cuda/gemm_lt.hpp"
 #include "model/kernel_trace.hpp"
 
 namespace ddp::cuda {
@@ -282,7 +284,7 @@ class CudnnConvKernels final : public ConvKernels {
 
 class CudaBackend final : public ComputeBackend {
  public:
-  explicit CudaBackend(cudaStream_t stream) : stream_(stream), gemm_(stream), scratch_(stream) {
+  explicit CudaBackend(cudaStream_t stream) : stream_(stream), gemm_(stream), lt_(stream), scratch_(stream) {
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp prop{};
@@ -335,6 +337,7 @@ class CudaBackend final : public ComputeBackend {
       return "the GPU (" + gpu_ + ") has no TF32 tensor cores (compute capability 8.0, Ampere, or newer)";
     tf32_ = allow;
     gemm_.set_tf32(allow);
+    lt_.set_tf32(allow);
     for (auto& c : convs_[int(DType::F32)])
       if (c) c->set_tf32(allow);
     return {};
@@ -366,6 +369,20 @@ class CudaBackend final : public ComputeBackend {
                             }});
   }
 
+  // A GEMM's operands as cuBLAS takes them: a narrow one as it lies, an fp32 one
+  // narrowed as gemm's are (operand()).
+  std::pair<const void*, const void*> stored_operands(bool trans_a, bool trans_b, int m, int n, int k,
+                                                      const void* a, int lda, const void* b, int ldb,
+                                                      Precision precision, GemmStored stored) {
+    const std::size_t a_size = std::size_t(matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
+                      b_size = std::size_t(matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
+    return {
+        stored.a != Precision::fp32 ? a
+                                    : operand(static_cast<const float*>(a), a_size, precision, Scratch::A),
+        stored.b != Precision::fp32 ? b
+                                    : operand(static_cast<const float*>(b), b_size, precision, Scratch::B)};
+  }
+
   // Operands and results stored narrow (a transformer block's inner activations) are
   // cuBLAS's bf16/fp16 operands and C as they lie: no narrowing copy, and a narrow C
   // written by the GEMM itself (fp32 accumulation, rounded once). The fp32 ones (the
@@ -376,14 +393,9 @@ class CudaBackend final : public ComputeBackend {
                    GemmStored stored) override {
     if (m == 0 || n == 0) return;
     const DType t = dtype_of(precision), c_type = stored.c != Precision::fp32 ? t : DType::F32;
-    const std::size_t a_size = std::size_t(matrix_span(trans_a ? k : m, trans_a ? m : k, lda)),
-                      b_size = std::size_t(matrix_span(trans_b ? n : k, trans_b ? k : n, ldb));
-    const void* a_op = stored.a != Precision::fp32
-                           ? a
-                           : operand(static_cast<const float*>(a), a_size, precision, Scratch::A);
-    const void* b_op = stored.b != Precision::fp32
-                           ? b
-                           : operand(static_cast<const float*>(b), b_size, precision, Scratch::B);
+    const std::pair<const void*, const void*> ops =
+        stored_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb, precision, stored);
+    const void *a_op = ops.first, *b_op = ops.second;  // the replay's captures
     gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t, c_type);
     kernel_trace::count_library_call();
     if (kernel_trace::recording())
@@ -392,6 +404,48 @@ class CudaBackend final : public ComputeBackend {
                std::to_string(n) + "x" + std::to_string(k),
            2.0 * m * n * k,
            [=] { gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t, c_type); }});
+  }
+
+  // The bias, the tanh GELU and its gradient in cuBLASLt's epilogue (cuda/gemm_lt.hpp),
+  // operands taken as gemm_stored takes them; the rest (a relu, which cuBLASLt's
+  // max(x, 0) may not keep NaN through as ours does; the exact GELU, which it does not
+  // have) and what it has no algorithm for: false, model/gemm.cpp's GEMM and pass.
+  // DDP_CUBLASLT_EPILOGUE=0 turns it off.
+  bool gemm_epilogue(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda, const void* b,
+                     int ldb, void* c, int ldc, Precision precision, GemmStored stored,
+                     const GemmEpilogue& e) override {
+    static const bool on = env_flag("DDP_CUBLASLT_EPILOGUE", /*unset=*/true);
+    using Act = GemmEpilogue::Act;
+    using Lt = CublasLtGemm::Epilogue;
+    if (!on || m == 0 || n == 0) return false;
+    Lt lt;
+    if (e.act == Act::none && e.bias)
+      lt = Lt::bias;
+    else if (e.act == Act::gelu && e.tanh)
+      lt = e.bias ? Lt::gelu_bias : Lt::gelu;
+    else if (e.act == Act::dgelu && e.tanh)
+      lt = Lt::dgelu;
+    else
+      return false;
+    const DType t = dtype_of(precision), c_type = stored.c != Precision::fp32 ? t : DType::F32;
+    // Declined shapes known before the operands are converted (the fallback converts them).
+    if (lt_.declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, t, c_type, lt)) return false;
+    const std::pair<const void*, const void*> ops =
+        stored_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb, precision, stored);
+    const void *a_op = ops.first, *b_op = ops.second;  // the replay's captures
+    const float* bias = e.bias;
+    void* pre = e.pre;
+    if (!lt_(trans_a, trans_b, m, n, k, a_op, lda, b_op, ldb, c, ldc, t, c_type, lt, bias, pre)) return false;
+    kernel_trace::count_library_call();
+    if (kernel_trace::recording())
+      kernel_trace::record({std::string("gemm ") + precision_name(precision) + " epilogue " +
+                                std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k),
+                            2.0 * m * n * k, [=] {
+                              const bool ran = lt_(trans_a, trans_b, m, n, k, a_op, lda, b_op, ldb, c, ldc, t,
+                                                   c_type, lt, bias, pre);
+                              DDP_REQUIRE(ran, "cuBLASLt declined the replay of a call it ran");
+                            }});
+    return true;
   }
 
   // Flash attention's kernels (cuda/flash_attention.cu) where this GPU runs them: bf16,
@@ -537,6 +591,7 @@ class CudaBackend final : public ComputeBackend {
 
   cudaStream_t stream_;
   CublasGemm gemm_;
+  CublasLtGemm lt_;
   Scratch scratch_;
   NarrowCopies copies_;
   std::unique_ptr<CudnnConv> convs_[3][2];

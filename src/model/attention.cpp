@@ -20,25 +20,6 @@ void reserve(View1& v, std::int64_t n, const char* label) {
   if (static_cast<std::int64_t>(v.extent(0)) < n) v = make_buffer(label, n, /*uninitialised=*/true);
 }
 
-// out (N, n) += bias (n), row by row; out's elements through an accessor (elements.hpp).
-template <class Out>
-void add_bias_to(const char* label, const Out& out, const float* bias, std::int64_t N, std::int64_t n) {
-  const Rows2 rows = rows_range(N, n);
-  Kokkos::parallel_for(
-      label, rows,
-      KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) { out.set(r * n + j, out(r * n + j) + bias[j]); });
-}
-void add_bias(const char* label, float* out, const float* bias, std::int64_t N, std::int64_t n) {
-  add_bias_to(label, Fp32Elements<float>{out}, bias, N, n);
-}
-// y's, fp32 or narrow.
-void add_bias(const char* label, Tensor& y, const float* bias, std::int64_t N, std::int64_t n) {
-  if (y.type == Precision::fp32)
-    add_bias_to(label, elements<false>(y), bias, N, n);
-  else
-    add_bias_to(label, elements<true>(y), bias, N, n);
-}
-
 // db (n) += (or =, without `add`) the column sums of g (N, n), in double by
 // column_sums: the same bits on any device and thread count. (Not the GEMV ones^T g:
 // oneDNN's splits its sum between its threads, and gave other bits on 2 threads than
@@ -298,9 +279,10 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   float *qkv = qkv_.data(), *p = p_.data(), *o = o_.data();
 
   // qkv (N, 3d) = x (N, d) W_in^T (d, 3d) + b_in
-  gemm_stored(false, true, N, d3, d, 1.0f, x.data.data(), d, in_weight_, d, 0.0f, qkv, d3, prec,
-              {x.type, Precision::fp32, Precision::fp32});
-  add_bias("Attention::forward_in_bias", qkv, in_bias_, N, d3);
+  GemmEpilogue in_bias;
+  in_bias.bias = in_bias_;
+  gemm_epilogue(false, true, N, d3, d, x.data.data(), d, in_weight_, d, qkv, d3, prec,
+                {x.type, Precision::fp32, Precision::fp32}, in_bias);
   // The heads' products read qkv three times (Q, K, V) and more on the block path:
   // narrowed once (the fused kernels read it as it is).
   std::optional<NarrowedOnce> qkv_once;
@@ -330,9 +312,10 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
       }
   }
   // y (N, d) = O (N, d) W_out^T (d, d) + b_out
-  gemm_stored(false, true, N, d, d, 1.0f, o, d, out_weight_, d, 0.0f, y.data.data(), d, prec,
-              {Precision::fp32, Precision::fp32, y.type});
-  add_bias("Attention::forward_out_bias", y, out_bias_, N, d);
+  GemmEpilogue out_bias;
+  out_bias.bias = out_bias_;
+  gemm_epilogue(false, true, N, d, d, o, d, out_weight_, d, y.data.data(), d, prec,
+                {Precision::fp32, Precision::fp32, y.type}, out_bias);
 }
 
 // dy: (B, T, d) -> dx: (B, T, d), from forward's qkv_, o_ and p_ or stats_ (left as

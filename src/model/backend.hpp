@@ -253,6 +253,16 @@ class ComputeBackend {
                            float /*alpha*/, const void* /*a*/, int /*lda*/, const void* /*b*/, int /*ldb*/,
                            float /*beta*/, void* /*c*/, int /*ldc*/, Precision /*precision*/,
                            GemmStored /*stored*/) {}
+  // model/gemm.hpp's gemm_epilogue in one call where this backend has the epilogue for
+  // these arguments (the GPU build: cuBLASLt's bias, tanh GELU and its gradient):
+  // true, and C (and `pre`) written; false, and nothing done: model/gemm.cpp then runs
+  // the GEMM and one pass over C. The host has none.
+  virtual bool gemm_epilogue(bool /*trans_a*/, bool /*trans_b*/, int /*m*/, int /*n*/, int /*k*/,
+                             const void* /*a*/, int /*lda*/, const void* /*b*/, int /*ldb*/, void* /*c*/,
+                             int /*ldc*/, Precision /*precision*/, GemmStored /*stored*/,
+                             const GemmEpilogue& /*epilogue*/) {
+    return false;
+  }
   // `batch` such GEMMs at once: C_i = alpha op(A_i) op(B_i) + beta C_i with
   // A_i = a + i stride_a, B_i = b + i stride_b, C_i = c + i stride_c (floats), the
   // C_i apart: attention's per-head products, whose heads are columns of one matrix.

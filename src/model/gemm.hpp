@@ -43,6 +43,34 @@ void gemm_stored(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
                  const void* b, int ldb, float beta, void* c, int ldc, Precision precision,
                  GemmStored stored);
 
+// What a GEMM does to each element of its product before storing it: a layer's
+// bias, activation or activation's gradient in the GEMM's own pass over C, as
+// cuBLASLt's epilogues do them (STYLE: bias and activation in the GEMM's epilogue).
+// A narrow C is then rounded once, after them, and no kernel passes over C again.
+//   none:  C = P + bias              (P = op(A) op(B); bias (n) added to every row, or null)
+//   relu:  C = relu(P + bias)        (NaN kept, as model/select.hpp's relu_passes)
+//   gelu:  pre = P + bias, C = gelu(pre): `pre` (m, ldc) of C's type, the GELU's input,
+//          which backward reads
+//   dgelu: C = P gelu'(pre): the GELU's backward in the GEMM that makes its output
+//          gradient, `pre` read as gelu stored it; no bias
+// `tanh`: the GELU's tanh form (GPT-2's), else the exact one (model/gelu_math.hpp).
+struct GemmEpilogue {
+  enum class Act { none, relu, gelu, dgelu };
+  const float* bias = nullptr;
+  Act act = Act::none;
+  bool tanh = false;
+  void* pre = nullptr;
+};
+
+// C = epilogue(op(A) op(B)), operands and C stored as `stored` says (alpha 1, beta 0:
+// C is written, not added to). One library call where the backend has the epilogue
+// for these arguments (ComputeBackend::gemm_epilogue: cuBLASLt's, bias, tanh GELU and
+// its gradient); elsewhere gemm_stored and then one pass over C doing all of it (on
+// the host a narrow C is made in fp32 scratch and rounded once by that pass).
+void gemm_epilogue(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda, const void* b,
+                   int ldb, void* c, int ldc, Precision precision, GemmStored stored,
+                   const GemmEpilogue& epilogue);
+
 // The steps between a batch's operands, in floats: A, B and C.
 struct GemmSteps {
   std::int64_t a, b, c;

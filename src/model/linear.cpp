@@ -11,6 +11,20 @@
 
 namespace ddp {
 
+namespace {
+// dy's first n elements zeroed where the fused relu's output y did not pass: the
+// relu's backward, in place (dy is the relu's to mask: no layer reads it after the
+// linear). A function of its own: CUDA's extended lambdas may not live in a private
+// member.
+void mask_by_relu(const Tensor& y, const Tensor& dy, std::int64_t n) {
+  ConstView1 yv = y.data;
+  View1 dyv = dy.data;
+  Kokkos::parallel_for(
+      "Linear::relu_backward", Range(0, n),
+      KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
+}
+}  // namespace
+
 // (in) -> (out), or a sequence (T, in) -> (T, out), as nn.Linear on (B, T, in). An
 // image (C, H, W) stays an error: acting on its width is almost never what is meant.
 Shape Linear::output_shape(const Shape& in_sample) {
@@ -67,40 +81,30 @@ void Linear::set_types(Precision in, Precision out) {
 void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   DDP_REQUIRE(x.type == in_type_,
               "linear: the input is " << precision_name(x.type) << ", planned " << precision_name(in_type_));
-  const std::int64_t N = x.numel() / in_, in = in_, out = out_;
+  const std::int64_t N = x.numel() / in_;
   resize(y, x.batch(), out_sample_, "Linear::y", Layout::nchw, out_type_);
-  // y (N, out) = x (N, in) W^T (in, out)
-  gemm_stored(false, true, N, out, in, 1.0f, x.data.data(), in, weight_, in, 0.0f, y.data.data(), out,
-              precision(), {x.type, Precision::fp32, out_type_});
-  const float* bias = bias_;
-  // (row, feature) indices: no integer division per element.
-  const Rows2 rows = rows_range(N, out);
-  if (out_type_ != Precision::fp32) {
-    if (!bias) return;
-    const auto ye = elements<true>(y);
-    Kokkos::parallel_for(
-        "Linear::forward_bias_narrow", rows,
-        KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { ye.set(b * out + j, ye(b * out + j) + bias[j]); });
-    return;
-  }
-  float* yp = y.data.data();
-  if (fused_relu_ && !bias) {
-    Kokkos::parallel_for(
-        "Linear::forward_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
-          const float v = yp[b * out + j];
-          yp[b * out + j] = select_or_zero(relu_passes(v), v);
-        });
-  } else if (fused_relu_) {
-    Kokkos::parallel_for(
-        "Linear::forward_bias_relu", rows, KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) {
-          const float v = yp[b * out + j] + bias[j];
-          yp[b * out + j] = select_or_zero(relu_passes(v), v);
-        });
-  } else if (bias) {
-    Kokkos::parallel_for(
-        "Linear::forward_bias", rows,
-        KOKKOS_LAMBDA(std::int64_t b, std::int64_t j) { yp[b * out + j] += bias[j]; });
-  }
+  // y (N, out) = x (N, in) W^T (in, out) + b, relu'd where fused
+  GemmEpilogue e;
+  e.bias = bias_;
+  if (fused_relu_) e.act = GemmEpilogue::Act::relu;
+  gemm_epilogue(false, true, N, out_, in_, x.data.data(), in_, weight_, in_, y.data.data(), out_, precision(),
+                {x.type, Precision::fp32, out_type_}, e);
+}
+
+// pre, y: (B, [T,] out), both of the output type.
+void Linear::forward_gelu(const Tensor& x, Tensor& pre, Tensor& y, bool tanh) {
+  DDP_REQUIRE(x.type == in_type_ && !fused_relu_,
+              "linear: the input is " << precision_name(x.type) << ", planned " << precision_name(in_type_));
+  const std::int64_t N = x.numel() / in_;
+  resize(pre, x.batch(), out_sample_, "Linear::y", Layout::nchw, out_type_);
+  resize(y, x.batch(), out_sample_, "Gelu::y", Layout::nchw, out_type_);
+  GemmEpilogue e;
+  e.bias = bias_;
+  e.act = GemmEpilogue::Act::gelu;
+  e.tanh = tanh;
+  e.pre = pre.data.data();
+  gemm_epilogue(false, true, N, out_, in_, x.data.data(), in_, weight_, in_, y.data.data(), out_, precision(),
+                {x.type, Precision::fp32, out_type_}, e);
 }
 
 // Backward's column of ones for the bias (grown only), and dy's narrow copy.
@@ -115,18 +119,28 @@ void Linear::scratch_floats(std::int64_t batch, SlotFloats& most) const {
 }
 
 void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  backward_into(x, y, dy, dx, GemmEpilogue{});
+}
+
+void Linear::backward_gelu(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& pre, Tensor& dx,
+                           bool tanh) {
+  DDP_REQUIRE(needs_input_grad() && pre.type == in_type_ && pre.numel() == x.numel(),
+              "linear: the GELU's input is not this layer's input's kind");
+  GemmEpilogue e;
+  e.act = GemmEpilogue::Act::dgelu;
+  e.tanh = tanh;
+  e.pre = const_cast<float*>(pre.data.data());  // read, not written
+  backward_into(x, y, dy, dx, e);
+}
+
+void Linear::backward_into(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                           const GemmEpilogue& dx_epilogue) {
   DDP_REQUIRE(dy.type == out_type_, "linear: the output gradient is " << precision_name(dy.type)
                                                                       << ", planned "
                                                                       << precision_name(out_type_));
   const std::int64_t N = x.numel() / in_, in = in_, out = out_;  // rows, as forward's
   const bool add = !overwrite_gradients(), narrow_dy = dy.type != Precision::fp32;
-  if (fused_relu_) {  // dy is the relu's to mask: no layer reads it after this one
-    ConstView1 yv = y.data;
-    View1 dyv = dy.data;
-    Kokkos::parallel_for(
-        "Linear::relu_backward", Range(0, N * out),
-        KOKKOS_LAMBDA(std::int64_t i) { dyv(i) = select_or_zero(relu_passes(yv(i)), dyv(i)); });
-  }
+  if (fused_relu_) mask_by_relu(y, dy, N * out);
   // Read by two products where dx is wanted: narrowed once (a narrow dy is read as it is).
   std::optional<NarrowedOnce> dy_once;
   if (needs_input_grad() && !narrow_dy)
@@ -149,9 +163,10 @@ void Linear::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor
   }
   if (!needs_input_grad()) return;
   resize(dx, x.batch(), in_sample_, "Linear::dx", Layout::nchw, in_type_);
-  // dx (N, in) = dy (N, out) W (out, in)
-  gemm_stored(false, false, N, in, out, 1.0f, dy.data.data(), out, weight_, in, 0.0f, dx.data.data(), in,
-              precision(), {dy.type, Precision::fp32, in_type_});
+  // dx (N, in) = dy (N, out) W (out, in), through the GELU before this layer where
+  // backward_gelu asks
+  gemm_epilogue(false, false, N, in, out, dy.data.data(), out, weight_, in, dx.data.data(), in, precision(),
+                {dy.type, Precision::fp32, in_type_}, dx_epilogue);
 }
 
 }  // namespace ddp

@@ -7,9 +7,12 @@
 // embedding's (vocab, d) table and its gradient to it (Model, tie()), checks that
 // n = vocab and in = d, and backward adds this head's part of the table's gradient
 // to the embedding's (the head runs first, so it writes where the model overwrites).
-// With a relu fused (Model::fuse_layers), the bias pass writes relu(x W^T + b) and
-// backward masks dy by that output in place first (the relu's own pass, moved).
+// The bias (and a fused relu or GELU) is the GEMM's epilogue (model/gemm.hpp's
+// gemm_epilogue: cuBLASLt's on the GPU, one pass after the GEMM on the host). With a
+// relu fused (Model::fuse_layers) it writes relu(x W^T + b), and backward masks dy by
+// that output in place first (the relu's own pass, moved).
 
+#include "model/gemm.hpp"
 #include "model/layer.hpp"
 
 namespace ddp {
@@ -29,11 +32,19 @@ class Linear : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   void fuse_relu() { fused_relu_ = true; }
+  // A transformer block's MLP: the GELU after this layer in its GEMM's epilogue.
+  // forward_gelu: pre = x W^T + b (the GELU's input, kept for backward) and y =
+  // gelu(pre), each of the output type, as forward then Gelu::forward would give them.
+  // backward_gelu, on the layer after the GELU: its backward, with dx = (dy W)
+  // gelu'(pre) made by the dx GEMM, the GELU's input gradient (the GELU's backward and
+  // its output gradient's buffer gone).
+  void forward_gelu(const Tensor& x, Tensor& pre, Tensor& y, bool tanh);
+  void backward_gelu(const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& pre, Tensor& dx,
+                     bool tanh);
   // The types of x and dx (in) and of y and dy (out): fp32, or the narrow type of the
   // layer's precision where a transformer block keeps its inner activations so
   // (TransformerBlock::set_types). The GEMMs read and write them as they are
-  // (gemm_stored); a narrow y takes its bias rounded a second time (after the GEMM's
-  // result). Not with a fused relu.
+  // (gemm_stored), a narrow y rounded once, after its bias. Not with a fused relu.
   void set_types(Precision in, Precision out);
   bool tied() const { return tied_; }
   std::int64_t in_features() const { return in_; }
@@ -42,6 +53,9 @@ class Linear : public Layer {
   void tie(float* weight, float* dweight);
 
  private:
+  void backward_into(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx,
+                     const GemmEpilogue& dx_epilogue);
+
   bool fused_relu_ = false;
   Precision in_type_ = Precision::fp32, out_type_ = Precision::fp32;  // set_types
   std::int64_t in_ = 0;

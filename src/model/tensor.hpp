@@ -119,7 +119,6 @@ void resize_like(Tensor& t, const Tensor& like, Precision type, const char* labe
 // Released at Kokkos's finalize.
 enum class ScratchSlot {
   // TransformerBlock's: backward's gradients between its parts, forward's h and m
-  block_dg,
   block_df,
   block_dc,
   block_dr,

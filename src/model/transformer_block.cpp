@@ -129,9 +129,8 @@ void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) cons
   const auto in = [&](std::int64_t n) { return inside_ == Precision::fp32 ? n : (n + 1) / 2; };
   const std::int64_t wide = in(N * mlp_ratio_ * d);
   const std::pair<ScratchSlot, std::int64_t> mine[] = {
-      {ScratchSlot::block_h, N * d},     {ScratchSlot::block_m, N * d},      {ScratchSlot::block_dg, wide},
-      {ScratchSlot::block_df, wide},     {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d},
-      {ScratchSlot::block_da, in(N * d)}};
+      {ScratchSlot::block_h, N * d},      {ScratchSlot::block_m, N * d},  {ScratchSlot::block_df, wide},
+      {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d}, {ScratchSlot::block_da, in(N * d)}};
   for (const auto& [slot, floats] : mine) most[std::size_t(slot)] = std::max(most[std::size_t(slot)], floats);
   for (const Part& p : parts()) p.layer->scratch_floats(batch, most);
 }
@@ -146,8 +145,7 @@ void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
   attn_->forward(a_, h_, training);
   add(x, h_, r_, "TransformerBlock::residual_1");
   ln2_->forward(r_, c_, training);
-  fc_->forward(c_, f_, training);
-  gelu_->forward(f_, g_, training);
+  fc_->forward_gelu(c_, f_, g_, gelu_->tanh_approximation());  // f = fc(c), g = gelu(f)
   proj_->forward(g_, m_, training);
   add(r_, m_, y, "TransformerBlock::residual_2");
 }
@@ -157,13 +155,11 @@ void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
 void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
   SharedScratch scratch;  // the gradients between the parts: the process's shared slots
   // Each gradient of its activation's type: as many floats.
-  scratch.hold(dg_.data, ScratchSlot::block_dg, g_.storage_floats(), "TransformerBlock::dg");
   scratch.hold(df_.data, ScratchSlot::block_df, f_.storage_floats(), "TransformerBlock::df");
   scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_floats(), "TransformerBlock::dc");
   scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_floats(), "TransformerBlock::dr");
   scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_floats(), "TransformerBlock::da");
-  proj_->backward(g_, m_, dy, dg_);
-  gelu_->backward(f_, g_, dg_, df_);
+  proj_->backward_gelu(g_, m_, dy, f_, df_, gelu_->tanh_approximation());  // df = (dy W) gelu'(f)
   fc_->backward(c_, f_, df_, dc_);
   ln2_->backward_adding(r_, dc_, dy, dr_);  // dr = dy + ln_2's input gradient
   attn_->backward(a_, h_, dr_, da_);

@@ -15,7 +15,9 @@
 // nn.Linear); torchvision's ViT re-initialises the MLP (xavier_uniform_, bias normal
 // 1e-6) and nanoGPT everything (normal 0.02): io.init_from takes their weights.
 // The parts are this project's own layers (layernorm.hpp, attention.hpp, linear.hpp,
-// gelu.hpp), so each keeps its arithmetic and its fixed order of sums.
+// gelu.hpp), so each keeps its arithmetic and its fixed order of sums. The GELU runs
+// in its neighbours' GEMMs' epilogues (Linear::forward_gelu, backward_gelu: on the GPU
+// cuBLASLt's for the tanh form), computed as the gelu layer computes it.
 
 #include <memory>
 
@@ -74,9 +76,10 @@ class TransformerBlock : public Layer {
   // only the sums take (the attention's and proj's backward read not their outputs),
   // are in shared slots during forward (tensor.hpp) and empty after it.
   Tensor a_, h_, r_, c_, f_, g_, m_;
-  // Backward's gradients: w.r.t. g, f, c, r (ln_2's part plus dy), a; their buffers
-  // backward's shared slots (tensor.hpp), empty outside backward.
-  Tensor dg_, df_, dc_, dr_, da_;
+  // Backward's gradients: w.r.t. f (proj's dx GEMM through the GELU's gradient: g's
+  // is never stored), c, r (ln_2's part plus dy), a; their buffers backward's shared
+  // slots (tensor.hpp), empty outside backward.
+  Tensor df_, dc_, dr_, da_;
 };
 
 }  // namespace ddp

@@ -75,6 +75,11 @@ class ForwardingBackend : public ComputeBackend {
                    GemmStored stored) override {
     inner_.gemm_stored(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, p, stored);
   }
+  bool gemm_epilogue(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda, const void* b,
+                     int ldb, void* c, int ldc, Precision p, GemmStored stored,
+                     const GemmEpilogue& epilogue) override {
+    return inner_.gemm_epilogue(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, p, stored, epilogue);
+  }
   void gemm_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                     std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
                     float* c, int ldc, std::int64_t stride_c, int batch, Precision p) override {

@@ -739,7 +739,7 @@ TEST(SharedScratch, LayersInterleavedGiveWhatEachGivesAlone) {
   View1 first, kept;
   {
     SharedScratch scratch;
-    scratch.hold(first, ScratchSlot::block_dg, 1000, "test::slot");
+    scratch.hold(first, ScratchSlot::block_df, 1000, "test::slot");
     ASSERT_GE(first.extent(0), 1000u);
     kept = first;
   }
@@ -747,15 +747,15 @@ TEST(SharedScratch, LayersInterleavedGiveWhatEachGivesAlone) {
   {
     View1 again, other;  // before the scratch that empties them
     SharedScratch scratch;
-    scratch.hold(again, ScratchSlot::block_dg, 10, "test::slot");
+    scratch.hold(again, ScratchSlot::block_df, 10, "test::slot");
     EXPECT_EQ(again.data(), kept.data());  // large enough: the same buffer
-    scratch.hold(other, ScratchSlot::block_df, 10, "test::slot");
+    scratch.hold(other, ScratchSlot::block_dc, 10, "test::slot");
     EXPECT_NE(other.data(), kept.data());
   }
   {
     View1 grown;
     SharedScratch scratch;
-    scratch.hold(grown, ScratchSlot::block_dg, std::int64_t(kept.extent(0)) + 1, "test::slot");
+    scratch.hold(grown, ScratchSlot::block_df, std::int64_t(kept.extent(0)) + 1, "test::slot");
     EXPECT_NE(grown.data(), kept.data());
     EXPECT_EQ(kept.use_count(), 1);  // the slot let go of the old buffer: only this test holds it
   }

@@ -29,6 +29,7 @@
 #include "model/conv2d.hpp"
 #include "model/elements.hpp"
 #include "model/gemm.hpp"
+#include "model/kernel_trace.hpp"
 #include "model/model.hpp"
 #include "model/planes.hpp"
 #include "model/pool.hpp"
@@ -228,6 +229,132 @@ TEST(GemmStored, NarrowOperandsAndResultsAsTheirWidenedValues) {
         EXPECT_EQ(off, 0) << "of " << m * n << (exact ? " not the reference's bits" : " beyond one rounding");
         EXPECT_EQ(tail_written, 0) << "elements past C's columns written";
       }
+}
+
+// gemm_epilogue (model/gemm.hpp): each epilogue a linear layer and a transformer
+// block ask for (bias; relu; the GELU, tanh and exact, with and without a bias, its
+// input kept; the GELU's gradient from a stored input), C fp32 or narrow, against the
+// same in double from the operands' values: the product, the bias added, the
+// activation, rounded once to C's type. The host makes the product in fp32 and
+// rounds a narrow C once, after the epilogue: within one rounding of C's type (2^-8
+// relative for bf16, 2^-11 for fp16) plus 1e-5 of the largest value for the fp32
+// sums. A GPU's cuBLASLt may take the bias in C's type (u |bias| more) and computes
+// its GELU its own way (1e-3 of the largest value for those); the epilogues it does
+// not have (relu, the exact GELU) are the GEMM's narrow C and a pass after it: the
+// product rounded too there. The host's bits where C is rounded twice fail it.
+namespace {
+double gelu_reference(double x, bool tanh_form) {
+  return tanh_form ? 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)))
+                   : 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+}
+double gelu_grad_reference(double x, bool tanh_form) {
+  if (tanh_form) {
+    const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x), t = std::tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * x * x);
+  }
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+}
+}  // namespace
+
+TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
+  using Act = GemmEpilogue::Act;
+  struct Kind {
+    const char* name;
+    Act act;
+    bool tanh, bias;
+  };
+  const Kind kinds[] = {{"bias", Act::none, false, true},          {"bias relu", Act::relu, false, true},
+                        {"bias gelu tanh", Act::gelu, true, true}, {"gelu tanh", Act::gelu, true, false},
+                        {"bias gelu", Act::gelu, false, true},     {"dgelu tanh", Act::dgelu, true, false},
+                        {"dgelu", Act::dgelu, false, false}};
+  const std::int64_t m = 37, n = 24, k = 40;  // n a multiple of 8: cuBLASLt's GELU input wants it
+  const bool device = compute_backend().gemm_takes_stored();
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
+    for (bool narrow_c : {false, true}) {
+      if (narrow_c && p == Precision::fp32) continue;
+      const Precision c_type = narrow_c ? p : Precision::fp32;
+      const double u = c_type == Precision::bf16 ? 1.0 / 256 : c_type == Precision::fp16 ? 1.0 / 2048 : 0.0;
+      for (const Kind& kind : kinds) {
+        SCOPED_TRACE(std::string(kind.name) + ", " + precision_name(p) +
+                     (narrow_c ? ", C narrow" : ", C fp32"));
+        const bool backward = kind.act == Act::dgelu;
+        // Forward: y (m, n) = x (m, k) W^T, x stored narrow where C is, W fp32 (n, k).
+        // Backward: dx (m, n) = dy (m, k) W, dy as C, W fp32 (k, n). The fp32 operands
+        // hold values of p, so that the GEMM's rounding of them to p is exact.
+        const Precision a_type = narrow_c ? p : Precision::fp32;
+        const auto [a, a_wide] = narrow_and_wide(m, {k}, Layout::nchw, p, 81);
+        const auto [b, b_wide] = narrow_and_wide(backward ? k : n, {backward ? n : k}, Layout::nchw, p, 82);
+        Tensor bias, pre, c;
+        resize(bias, n, {}, "test::bias");
+        from_host(bias.data, random_values(n, 83));
+        {  // dgelu's input, over [-4, 4], where the two forms' slopes differ by up to 8e-4
+          Tensor given;
+          resize(given, m, {n}, "test::given");
+          from_host(given.data, random_values(m * n, 84, -4.0f, 4.0f));
+          convert_type(given, pre, c_type, "test::pre");
+        }
+        resize(c, m, {n}, "test::c", Layout::nchw, c_type);
+        GemmEpilogue e;
+        e.act = kind.act;
+        e.tanh = kind.tanh;
+        e.bias = kind.bias ? bias.data.data() : nullptr;
+        e.pre = (kind.act == Act::gelu || backward) ? pre.data.data() : nullptr;
+        kernel_trace::start_counting();
+        gemm_epilogue(false, !backward, int(m), int(n), int(k), (narrow_c ? a : a_wide).data.data(), int(k),
+                      b_wide.data.data(), int(backward ? n : k), c.data.data(), int(n), p,
+                      {a_type, Precision::fp32, c_type}, e);
+        const kernel_trace::Dispatches dispatched = kernel_trace::stop_counting();
+        std::int64_t passes = 0;
+        for (const auto& [label, count] : dispatched.kernels)
+          if (label.rfind("gemm_epilogue::", 0) == 0) passes += count;
+        const std::vector<float> av = to_host(a_wide.data, m * k), bv = to_host(b_wide.data, n * k),
+                                 biasv = to_host(bias.data, n), prev = values(pre), got = values(c);
+        std::vector<double> want(m * n), want_pre(m * n), product(m * n);
+        double largest = 0.0;
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            double prod = 0.0;
+            for (std::int64_t l = 0; l < k; ++l)
+              prod += double(av[i * k + l]) * double(backward ? bv[l * n + j] : bv[j * k + l]);
+            const double v = prod + (kind.bias ? double(biasv[j]) : 0.0);
+            product[i * n + j] = prod;
+            want_pre[i * n + j] = v;
+            want[i * n + j] = kind.act == Act::none   ? v
+                              : kind.act == Act::relu ? std::max(v, 0.0)
+                              : kind.act == Act::gelu
+                                  ? gelu_reference(v, kind.tanh)
+                                  : prod * gelu_grad_reference(prev[i * n + j], kind.tanh);
+            largest = std::max(largest, std::fabs(want[i * n + j]));
+          }
+        // The device's own ways: the epilogues cuBLASLt has (a bias, the tanh GELU and
+        // its gradient) may take the bias rounded to C's type and compute the GELU
+        // otherwise; the rest round the product (GELU's slope at most 1.13) before the pass.
+        const bool fused_on_device = device && (kind.act == Act::none || kind.tanh);
+        // cuBLASLt's GELU its own way: 1e-3 of each value and 1e-4, under the two forms'
+        // difference (4.6e-4 at -2.7, which the products reach; their slopes' 7.9e-4 at -2).
+        const bool gelu_own = fused_on_device && kind.act != Act::none;
+        const double product_rounding = device && !fused_on_device ? 1.2 * u : 0.0;
+        std::int64_t off = 0, pre_off = 0;
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            const std::int64_t e_ = i * n + j;
+            const double bias_rounding = device && kind.bias ? u * std::fabs(biasv[j]) : 0.0,
+                         own = gelu_own ? 1e-3 * std::fabs(want[e_]) + 1e-4 : 0.0;
+            off += std::fabs(got[e_] - want[e_]) > u * std::fabs(want[e_]) +
+                                                       product_rounding * std::fabs(product[e_]) +
+                                                       bias_rounding + own + 1e-5 * largest;
+            if (kind.act == Act::gelu)
+              pre_off += std::fabs(prev[e_] - want_pre[e_]) > u * std::fabs(want_pre[e_]) +
+                                                                  product_rounding * std::fabs(product[e_]) +
+                                                                  bias_rounding + 1e-5 * largest;
+          }
+        // One pass after the GEMM on the host and where cuBLASLt has not the epilogue;
+        // none where it has.
+        EXPECT_EQ(passes, fused_on_device ? 0 : 1) << "passes over C after the GEMM";
+        EXPECT_EQ(off, 0) << "of " << m * n << " beyond the tolerance";
+        EXPECT_EQ(pre_off, 0) << "of the GELU's " << m * n << " inputs beyond one rounding";
+      }
+    }
 }
 
 // A tensor of n elements of `type` holding small integers (exact in every type), and
@@ -954,10 +1081,11 @@ TEST(NarrowElements, TransformerBlocksKeepTheirInnerActivationsNarrow) {
       EXPECT_EQ(fp16_narrow.types[i], Precision::fp32) << i;
     }
     // Each block's a and c (N d each, N = B T), f and g (4 N d each), halved; its
-    // gradients between the parts (dc, da, dg, df) halved in the shared slots, which
-    // the blocks share. Where the backend keeps narrow copies of GEMM operands (a
-    // GPU's), more: the MLP's dy is narrow already, so no copy of it is made.
-    const std::int64_t N = 4 * sample[0], d = sample[1], saved = 2 * 10 * N * d / 2 + 10 * N * d / 2;
+    // gradients between the parts (dc, da, df: g's is never stored) halved in the
+    // shared slots, which the blocks share. Where the backend keeps narrow copies of
+    // GEMM operands (a GPU's), more: the MLP's dy is narrow already, so no copy of it
+    // is made.
+    const std::int64_t N = 4 * sample[0], d = sample[1], saved = 2 * 10 * N * d / 2 + 6 * N * d / 2;
     if (compute_backend().narrow_copy_floats(N * d, Precision::bf16) == 0)
       EXPECT_EQ(bf16.activation_floats - bf16_narrow.activation_floats, saved);
     else

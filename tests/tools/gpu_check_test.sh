@@ -77,7 +77,7 @@ printf '#!/bin/sh\nexit 0\n' > "$tree/tests/layers_grad_test"
 chmod +x "$tree/tests/model_layers_test" "$tree/tests/layers_grad_test"
 # transformers' tests: the host's test skipped on a GPU build is expected; the fused
 # kernels' comparison skipped (no kernels for the GPU) fails the part.
-expect 0 "gpu_check transformers: passed: tests (layers_grad_test, none of it skipped; attention's memory; GPT-2 124M's table; the inner activations' types)" \
+expect 0 "gpu_check transformers: passed: tests (layers_grad_test, none of it skipped; attention's memory; GPT-2 124M's table; the switches' rounds)" \
   BUILD_DIR="$tree" "$gpu_path" TRANSFORMERS_STEPS=tests -- transformers
 expect 1 "gpu_check transformers: 1 part(s) failed (their lines above)" \
   BUILD_DIR="$tree" "$gpu_path" TRANSFORMERS_STEPS=tests FUSED_SKIPS=1 -- transformers

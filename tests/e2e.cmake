@@ -267,11 +267,15 @@ ddp_add_fault_test(stall_close NP 2 FAULT stall_close@rank1 SOURCE runs/fault_st
 # Started by another MPI's launcher (MPICH's mpiexec.hydra, which says PMI_SIZE=2), each
 # Open MPI process is a job of 1 rank: one line from the launcher's task 0, before any
 # data is read, and every task exits 1 (they trained side by side in one run directory).
+# Each task's Open MPI singleton under a session base of its own (PMI_RANK): the two
+# started side by side raced to make one (ompi#8510: "A call to mkdir was unable to
+# create the desired directory ... File exists", orte_init failed; seen once in CI).
 find_program(DDP_HYDRA mpiexec.hydra)
 if(DDP_HYDRA)
   add_test(NAME e2e_error_separate_jobs_np2
            COMMAND ${E2E}/expect_error.sh "^error: an MPICH-style launcher \\(MPICH's or Intel MPI's mpiexec, srun --mpi=pmi2\\) started 2 tasks \\(PMI_SIZE=2\\), but MPI made each of them a job of 1 rank, so each would train a run of its own: ddp_train was built with another MPI than that launcher's: start it with the mpirun of the MPI it was built with \\(ddp_train --version names it\\), or with srun$"
-                   -- ${DDP_HYDRA} -n 2 $<TARGET_FILE:ddp_train> ${TINY} io.run_dir=runs/error_separate_jobs)
+                   -- ${DDP_HYDRA} -n 2 sh -c "OMPI_MCA_orte_tmpdir_base=\"$OMPI_MCA_orte_tmpdir_base/task$PMI_RANK\" exec \"$0\" \"$@\""
+                   $<TARGET_FILE:ddp_train> ${TINY} io.run_dir=runs/error_separate_jobs)
 else()
   add_test(NAME e2e_error_separate_jobs_np2 COMMAND sh -c "echo 'mpiexec.hydra not found (apt-get install mpich): skipping'; exit 77")
 endif()

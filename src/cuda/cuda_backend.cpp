@@ -406,8 +406,8 @@ class CudaBackend final : public ComputeBackend {
            [=] { gemm_(trans_a, trans_b, m, n, k, alpha, a_op, lda, b_op, ldb, beta, c, ldc, t, c_type); }});
   }
 
-  // The bias, the tanh GELU and its gradient in cuBLASLt's epilogue (cuda/gemm_lt.hpp),
-  // operands taken as gemm_stored takes them; the rest (a relu, which cuBLASLt's
+  // The bias, a residual, the tanh GELU and its gradient in cuBLASLt's epilogue
+  // (cuda/gemm_lt.hpp), operands taken as gemm_stored takes them; the rest (a relu, which cuBLASLt's
   // max(x, 0) may not keep NaN through as ours does; the exact GELU, which it does not
   // have) and what it has no algorithm for: false, model/gemm.cpp's GEMM and pass.
   // DDP_CUBLASLT_EPILOGUE=0 turns it off.
@@ -419,7 +419,9 @@ class CudaBackend final : public ComputeBackend {
     using Lt = CublasLtGemm::Epilogue;
     if (!on || m == 0 || n == 0) return false;
     Lt lt;
-    if (e.act == Act::none && e.bias)
+    if (e.act == Act::none && e.add)
+      lt = e.bias ? Lt::bias : Lt::none;
+    else if (e.act == Act::none && e.bias)
       lt = Lt::bias;
     else if (e.act == Act::gelu && e.tanh)
       lt = e.bias ? Lt::gelu_bias : Lt::gelu;
@@ -429,20 +431,22 @@ class CudaBackend final : public ComputeBackend {
       return false;
     const DType t = dtype_of(precision), c_type = stored.c != Precision::fp32 ? t : DType::F32;
     // Declined shapes known before the operands are converted (the fallback converts them).
-    if (lt_.declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, t, c_type, lt)) return false;
+    if (lt_.declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, t, c_type, lt, e.add != nullptr)) return false;
     const std::pair<const void*, const void*> ops =
         stored_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb, precision, stored);
     const void *a_op = ops.first, *b_op = ops.second;  // the replay's captures
     const float* bias = e.bias;
     void* pre = e.pre;
-    if (!lt_(trans_a, trans_b, m, n, k, a_op, lda, b_op, ldb, c, ldc, t, c_type, lt, bias, pre)) return false;
+    const float* add = e.add;
+    if (!lt_(trans_a, trans_b, m, n, k, a_op, lda, b_op, ldb, c, ldc, t, c_type, lt, bias, pre, add))
+      return false;
     kernel_trace::count_library_call();
     if (kernel_trace::recording())
       kernel_trace::record({std::string("gemm ") + precision_name(precision) + " epilogue " +
                                 std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k),
                             2.0 * m * n * k, [=] {
                               const bool ran = lt_(trans_a, trans_b, m, n, k, a_op, lda, b_op, ldb, c, ldc, t,
-                                                   c_type, lt, bias, pre);
+                                                   c_type, lt, bias, pre, add);
                               DDP_REQUIRE(ran, "cuBLASLt declined the replay of a call it ran");
                             }});
     return true;

@@ -17,6 +17,8 @@ constexpr int kNarrowBiasElements = 1 << 16;
 
 cublasLtEpilogue_t lt_epilogue(CublasLtGemm::Epilogue e) {
   switch (e) {
+    case CublasLtGemm::Epilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
     case CublasLtGemm::Epilogue::bias:
       return CUBLASLT_EPILOGUE_BIAS;
     case CublasLtGemm::Epilogue::gelu:
@@ -86,42 +88,51 @@ CublasLtGemm::~CublasLtGemm() {
 }
 
 CublasLtGemm::Shape CublasLtGemm::shape_of(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb,
-                                           int ldc, DType ab, DType c_type, Epilogue epilogue) const {
-  return {trans_a,
-          trans_b,
-          m,
-          n,
-          k,
-          lda,
-          ldb,
-          ldc,
-          int(ab),
-          int(c_type),
-          int(epilogue),
-          tf32_ && ab == DType::F32};
+                                           int ldc, DType ab, DType c_type, Epilogue epilogue,
+                                           bool add) const {
+  return Shape{trans_a,
+               trans_b,
+               m,
+               n,
+               k,
+               lda,
+               ldb,
+               ldc,
+               int(ab),
+               int(c_type),
+               int(epilogue),
+               tf32_ && ab == DType::F32,
+               add};
 }
 
 bool CublasLtGemm::declines(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
-                            DType ab, DType c_type, Epilogue epilogue) const {
+                            DType ab, DType c_type, Epilogue epilogue, bool add) const {
   // The GELU's input lies as C does; cuBLASLt wants its leading dimension a multiple of 8.
-  if (k == 0 || (epilogue != Epilogue::bias && ldc % 8 != 0)) return true;
+  const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias;
+  if (k == 0 || (gelu && ldc % 8 != 0) || (add && gelu)) return true;
   if (has_bias(epilogue) && c_type != DType::F32 && n > kNarrowBiasElements) return true;
-  return declined_.count(shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue)) > 0;
+  return declined_.count(shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) > 0;
 }
 
 bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
                               const void* b, int ldb, void* c, int ldc, DType ab, DType c_type,
-                              Epilogue epilogue, const float* bias, void* aux) {
+                              Epilogue epilogue, const float* bias, void* aux, const void* add) {
   DDP_REQUIRE(c_type == DType::F32 || c_type == ab,
               "cuBLASLt GEMM: C of " << dtype_name(c_type) << " with " << dtype_name(ab) << " operands");
   DDP_REQUIRE(has_bias(epilogue) == (bias != nullptr), "cuBLASLt GEMM: a bias where the epilogue has none");
-  if (declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue)) return false;
-  const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue);
-  const bool gelu = epilogue != Epilogue::bias, narrow_bias = has_bias(epilogue) && c_type != DType::F32;
+  if (declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) return false;
+  const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
+  const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias,
+             narrow_bias = has_bias(epilogue) && c_type != DType::F32;
   void* bias_room = static_cast<char*>(workspace_) + kWorkspaceBytes;
   const void* bias_given = narrow_bias ? bias_room : static_cast<const void*>(bias);
-  const Key key{shape,           alignment_of(b),          alignment_of(a),
-                alignment_of(c), alignment_of(bias_given), alignment_of(aux)};
+  const Key key{shape,
+                alignment_of(b),
+                alignment_of(a),
+                alignment_of(c),
+                alignment_of(bias_given),
+                alignment_of(aux),
+                alignment_of(add)};
 
   if (declined_keys_.count(key)) return false;
   auto found = plans_.find(key);
@@ -157,14 +168,15 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.preference));
     const std::size_t workspace_bytes = kWorkspaceBytes;
     const std::uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    const std::uint32_t align_a = std::get<1>(key), align_b = std::get<2>(key), align_c = std::get<3>(key);
+    const std::uint32_t align_a = std::get<1>(key), align_b = std::get<2>(key), align_d = std::get<3>(key),
+                        align_c = add ? std::uint32_t(std::get<6>(key)) : align_d;
     const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> preferences[] = {
         {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes},
         {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c}};
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d}};
     for (const auto& [attribute, value] : preferences)
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.preference, attribute, value,
                                                         attribute == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
@@ -207,8 +219,10 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   if (narrow_bias) convert_from_f32(bias, bias_room, c_type, std::size_t(n), stream_);
 
   const kernel_trace::Timed timed("cuBLASLt gemm epilogue", std::get<11>(shape) ? "tf32" : dtype_name(ab));
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t rc = cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c,
+  // The residual is cuBLASLt's C, added at beta 1 (its layout D's); without one C is D, not read.
+  const float alpha = 1.0f, beta = add ? 1.0f : 0.0f;
+  const void* c_in = add ? add : c;
+  const cublasStatus_t rc = cublasLtMatmul(handle_, d.op, &alpha, b, d.a, a, d.b, &beta, c_in, d.c, c, d.c,
                                            &plan.algo, workspace_, kWorkspaceBytes, stream_);
   // Refused at its first call (an argument the heuristics passed and the kernels do
   // not take), checked before anything of its own is queued: the fallback runs. The

@@ -1,12 +1,11 @@
 #pragma once
 // GEMMs with an epilogue through cuBLASLt (model/gemm.hpp's gemm_epilogue): the
-// bias, the tanh GELU (its input kept for backward) and the GELU's gradient done by
-// the GEMM's kernel as it stores C, as llm.c and PyTorch's addmm do, so that a
-// linear's output is not read and written again by a bias pass and a GELU pass, and
-// a narrow C is rounded once. Row-major operands as CublasGemm's (cuda/gemm.hpp),
-// alpha 1 and beta 0, fp32 accumulation (CUBLAS_COMPUTE_32F, or its TF32 form under
-// train.tf32 for fp32 operands); a split of k, where the heuristics choose one, sums
-// its parts in fp32 (no partial sums rounded to a narrow C).
+// bias, a residual added (cuBLASLt's C at beta 1), the tanh GELU (its input kept for
+// backward) and the GELU's gradient done by the GEMM's kernel as it stores C, as llm.c and PyTorch's addmm
+// do, so that a linear's output is not read and written again by a bias pass and a GELU pass, and a narrow C
+// is rounded once. Row-major operands as CublasGemm's (cuda/gemm.hpp), alpha 1 and beta 0, fp32 accumulation
+// (CUBLAS_COMPUTE_32F, or its TF32 form under train.tf32 for fp32 operands); a split of k, where the
+// heuristics choose one, sums its parts in fp32 (no partial sums rounded to a narrow C).
 //
 // The bias is fp32 beside an fp32 C; beside a narrow C it is handed over in C's type,
 // as cuBLASLt documents the bias (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: "the same type
@@ -38,7 +37,7 @@ namespace ddp::cuda {
 
 class CublasLtGemm {
  public:
-  enum class Epilogue { bias, gelu, gelu_bias, dgelu };
+  enum class Epilogue { none, bias, gelu, gelu_bias, dgelu };
 
   explicit CublasLtGemm(cudaStream_t stream);
   ~CublasLtGemm();
@@ -49,15 +48,17 @@ class CublasLtGemm {
   // a shape declined before, k 0, a GELU input's leading dimension off a multiple of
   // 8, a bias wider than its room in C's type.
   bool declines(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc, DType ab,
-                DType c_type, Epilogue epilogue) const;
+                DType c_type, Epilogue epilogue, bool add) const;
 
-  // C (m, n) = epilogue(op(A) (m, k) op(B) (k, n)), row-major, device memory; A and B
-  // of type ab, C of c_type (fp32 or ab). bias: (n) fp32, for bias and gelu_bias.
-  // aux (m, ldc) of c_type: the GELU's input, written by gelu and gelu_bias, read by
-  // dgelu. Returns false where cuBLASLt has no algorithm for it or refuses it.
+  // C (m, n) = epilogue(op(A) (m, k) op(B) (k, n) [+ add]), row-major, device memory;
+  // A and B of type ab, C of c_type (fp32 or ab). bias: (n) fp32, for bias and
+  // gelu_bias. aux (m, ldc) of c_type: the GELU's input, written by gelu and
+  // gelu_bias, read by dgelu. add (m, ldc) of c_type, with none and bias: cuBLASLt's C
+  // at beta 1 (C is then its D). Returns false where cuBLASLt has no algorithm for it
+  // or refuses it.
   bool operator()(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda, const void* b,
                   int ldb, void* c, int ldc, DType ab, DType c_type, Epilogue epilogue, const float* bias,
-                  void* aux);
+                  void* aux, const void* add = nullptr);
 
   void set_tf32(bool on) { tf32_ = on; }
 
@@ -68,13 +69,13 @@ class CublasLtGemm {
     cublasLtMatmulAlgo_t algo{};
     bool proven = false;  // it has run once
   };
-  // (trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, tf32)
-  using Shape = std::tuple<bool, bool, int, int, int, int, int, int, int, int, int, bool>;
-  // the shape and the alignments of A, B, C, bias, aux
-  using Key = std::tuple<Shape, int, int, int, int, int>;
+  // (trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, tf32, add)
+  using Shape = std::tuple<bool, bool, int, int, int, int, int, int, int, int, int, bool, bool>;
+  // the shape and the alignments of A, B, C, bias, aux, add
+  using Key = std::tuple<Shape, int, int, int, int, int, int>;
 
   Shape shape_of(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc, DType ab,
-                 DType c_type, Epilogue epilogue) const;
+                 DType c_type, Epilogue epilogue, bool add) const;
 
   cublasLtHandle_t handle_ = nullptr;
   cudaStream_t stream_;

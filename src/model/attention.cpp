@@ -261,7 +261,11 @@ bool Attention::runs_fused() const {
 
 // x: (B, T, d) -> y: (B, T, d). The GEMMs of the projections over the N = B T rows;
 // those of the heads per sample (and block), on the heads' columns in place.
-void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+void Attention::forward(const Tensor& x, Tensor& y, bool training) {
+  forward_adding(x, nullptr, y, training);
+}
+
+void Attention::forward_adding(const Tensor& x, const Tensor* add, Tensor& y, bool /*training*/) {
   require_nchw(x, in_type_, "attention", "the input");
   const std::int64_t B = x.batch(), T = T_, d = d_, nh = heads_, hs = hs_, N = B * T, d3 = 3 * d;
   const bool fused = runs_fused(), keep = !fused && rows_ == 0;
@@ -314,6 +318,11 @@ void Attention::forward(const Tensor& x, Tensor& y, bool /*training*/) {
   // y (N, d) = O (N, d) W_out^T (d, d) + b_out
   GemmEpilogue out_bias;
   out_bias.bias = out_bias_;
+  if (add) {  // y = add + (O W_out^T + b_out): a transformer block's residual sum
+    DDP_REQUIRE(add->type == Precision::fp32 && y.type == Precision::fp32 && add->numel() == N * d,
+                "attention: a residual of another shape or type than its fp32 output");
+    out_bias.add = add->data.data();
+  }
   gemm_epilogue(false, true, N, d, d, o, d, out_weight_, d, y.data.data(), d, prec,
                 {Precision::fp32, Precision::fp32, y.type}, out_bias);
 }

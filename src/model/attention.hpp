@@ -84,6 +84,9 @@ class Attention : public Layer {
   std::int64_t kept_floats(std::int64_t batch) const override;
   void scratch_floats(std::int64_t batch, SlotFloats& most) const override;
   void forward(const Tensor& x, Tensor& y, bool training) override;
+  // y = add + attention(x): a residual sum in the output projection's epilogue (add
+  // (B, T, d), fp32, as y). forward is it without a residual.
+  void forward_adding(const Tensor& x, const Tensor* add, Tensor& y, bool training);
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   // The types of x and dx (in), of y and dy (out): fp32 (the default), or the narrow
   // type of the layer's precision.

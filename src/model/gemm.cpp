@@ -78,8 +78,9 @@ const float* wide_product(bool trans_a, bool trans_b, int m, int n, int k, float
 // Each kind, with or without a bias, a loop of its own, so the host's loops stay
 // plain and vectorise; an fp32 C with p == c gets the bits of the GEMM followed by
 // the layers' own passes.
-template <GemmEpilogue::Act kAct, bool kTanh, bool kBias, class P, class C>
-void epilogue_kind(const char* label, int m, int n, std::int64_t ldc, P p, C c, C pre, const float* bias) {
+template <GemmEpilogue::Act kAct, bool kTanh, bool kBias, bool kAdd = false, class P, class C>
+void epilogue_kind(const char* label, int m, int n, std::int64_t ldc, P p, C c, C pre, const float* bias,
+                   const float* add = nullptr) {
   using Act = GemmEpilogue::Act;
   Kokkos::parallel_for(
       label, rows_range(m, n), KOKKOS_LAMBDA(std::int64_t r, std::int64_t j) {
@@ -90,7 +91,7 @@ void epilogue_kind(const char* label, int m, int n, std::int64_t ldc, P p, C c, 
           float v = p(i);
           if (kBias) v += bias[j];
           if (kAct == Act::none) {
-            c.set(i, v);
+            c.set(i, kAdd ? add[i] + v : v);
           } else if (kAct == Act::relu) {
             c.set(i, select_or_zero(relu_passes(v), v));
           } else {
@@ -112,7 +113,12 @@ void epilogue_biased(const char* label, int m, int n, std::int64_t ldc, P p, C c
 template <class P, class C>
 void epilogue_pass(int m, int n, std::int64_t ldc, P p, C c, C pre, const GemmEpilogue& e) {
   using Act = GemmEpilogue::Act;
-  if (e.act == Act::none)  // without a bias: only a narrow C's rounding
+  if (e.add && e.bias)
+    epilogue_kind<Act::none, false, true, true>("gemm_epilogue::bias_add", m, n, ldc, p, c, pre, e.bias,
+                                                e.add);
+  else if (e.add)
+    epilogue_kind<Act::none, false, false, true>("gemm_epilogue::add", m, n, ldc, p, c, pre, e.bias, e.add);
+  else if (e.act == Act::none)  // without a bias: only a narrow C's rounding
     epilogue_biased<Act::none, false>(e.bias ? "gemm_epilogue::bias" : "gemm_epilogue::store", m, n, ldc, p,
                                       c, pre, e.bias);
   else if (e.act == Act::relu)
@@ -165,11 +171,13 @@ void gemm_epilogue(bool trans_a, bool trans_b, int m, int n, int k, const void* 
   DDP_REQUIRE((epilogue.pre != nullptr) == (epilogue.act == Act::gelu || epilogue.act == Act::dgelu),
               "gemm_epilogue: the GELU's input is where a GELU is, and only there");
   DDP_REQUIRE(epilogue.act != Act::dgelu || !epilogue.bias, "gemm_epilogue: a bias with the GELU's gradient");
+  DDP_REQUIRE(!epilogue.add || (epilogue.act == Act::none && stored.c == Precision::fp32),
+              "gemm_epilogue: a residual added to an activation or a narrow C");
   if (m == 0 || n == 0) return;
   ComputeBackend& backend = compute_backend();
   if (backend.gemm_epilogue(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, precision, stored, epilogue))
     return;
-  if (epilogue.act == Act::none && !epilogue.bias) {
+  if (epilogue.act == Act::none && !epilogue.bias && !epilogue.add) {
     gemm_stored(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, precision, stored);
     return;
   }

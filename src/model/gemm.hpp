@@ -54,18 +54,21 @@ void gemm_stored(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
 //   dgelu: C = P gelu'(pre): the GELU's backward in the GEMM that makes its output
 //          gradient, `pre` read as gelu stored it; no bias
 // `tanh`: the GELU's tanh form (GPT-2's), else the exact one (model/gelu_math.hpp).
+// `add` (m, ldc) fp32, with none and an fp32 C: C = add + (P + bias), a residual sum
+// (a transformer block's r = x + attention(a), y = r + mlp(c)) in the same pass.
 struct GemmEpilogue {
   enum class Act { none, relu, gelu, dgelu };
   const float* bias = nullptr;
   Act act = Act::none;
   bool tanh = false;
   void* pre = nullptr;
+  const float* add = nullptr;
 };
 
 // C = epilogue(op(A) op(B)), operands and C stored as `stored` says (alpha 1, beta 0:
 // C is written, not added to). One library call where the backend has the epilogue
-// for these arguments (ComputeBackend::gemm_epilogue: cuBLASLt's, bias, tanh GELU and
-// its gradient); elsewhere gemm_stored and then one pass over C doing all of it (on
+// for these arguments (ComputeBackend::gemm_epilogue: cuBLASLt's, bias, residual, tanh
+// GELU and its gradient); elsewhere gemm_stored and then one pass over C doing all of it (on
 // the host a narrow C is made in fp32 scratch and rounded once by that pass).
 void gemm_epilogue(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda, const void* b,
                    int ldb, void* c, int ldc, Precision precision, GemmStored stored,

@@ -78,14 +78,20 @@ void Linear::set_types(Precision in, Precision out) {
 }
 
 // x: (B, [T,] in) -> y: (B, [T,] out); the GEMM over its N = B (or B T) rows.
-void Linear::forward(const Tensor& x, Tensor& y, bool /*training*/) {
+void Linear::forward(const Tensor& x, Tensor& y, bool training) { forward_adding(x, nullptr, y, training); }
+
+void Linear::forward_adding(const Tensor& x, const Tensor* add, Tensor& y, bool /*training*/) {
   DDP_REQUIRE(x.type == in_type_,
               "linear: the input is " << precision_name(x.type) << ", planned " << precision_name(in_type_));
   const std::int64_t N = x.numel() / in_;
+  DDP_REQUIRE(!add || (add->type == Precision::fp32 && out_type_ == Precision::fp32 && !fused_relu_ &&
+                       add->numel() == N * out_),
+              "linear: a residual of another shape or type than its fp32 output");
   resize(y, x.batch(), out_sample_, "Linear::y", Layout::nchw, out_type_);
-  // y (N, out) = x (N, in) W^T (in, out) + b, relu'd where fused
+  // y (N, out) = [add +] x (N, in) W^T (in, out) + b, relu'd where fused
   GemmEpilogue e;
   e.bias = bias_;
+  e.add = add ? add->data.data() : nullptr;
   if (fused_relu_) e.act = GemmEpilogue::Act::relu;
   gemm_epilogue(false, true, N, out_, in_, x.data.data(), in_, weight_, in_, y.data.data(), out_, precision(),
                 {x.type, Precision::fp32, out_type_}, e);

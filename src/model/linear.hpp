@@ -32,6 +32,9 @@ class Linear : public Layer {
   void forward(const Tensor& x, Tensor& y, bool training) override;
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override;
   void fuse_relu() { fused_relu_ = true; }
+  // y = add + (x W^T + b): a residual sum in the GEMM's epilogue (add (B, [T,] out),
+  // fp32, as y; not with a fused relu). forward is it without a residual.
+  void forward_adding(const Tensor& x, const Tensor* add, Tensor& y, bool training);
   // A transformer block's MLP: the GELU after this layer in its GEMM's epilogue.
   // forward_gelu: pre = x W^T + b (the GELU's input, kept for backward) and y =
   // gelu(pre), each of the output type, as forward then Gelu::forward would give them.

@@ -118,13 +118,11 @@ void resize_like(Tensor& t, const Tensor& like, Precision type, const char* labe
 // as it ends (SharedScratch), so that a slot grown later frees its old buffer.
 // Released at Kokkos's finalize.
 enum class ScratchSlot {
-  // TransformerBlock's: backward's gradients between its parts, forward's h and m
+  // TransformerBlock's: backward's gradients between its parts
   block_df,
   block_dc,
   block_dr,
   block_da,
-  block_h,
-  block_m,
   // Attention's: backward's gradients, the block path's scores
   attention_do,
   attention_dqkv,

@@ -6,17 +6,6 @@
 
 namespace ddp {
 
-namespace {
-// out = a + b, elementwise over a's elements (fp32, plain layout).
-void add(const Tensor& a, const Tensor& b, Tensor& out, const char* label) {
-  resize_like(out, a, label);
-  ConstView1 av = a.data, bv = b.data;
-  View1 ov = out.data;
-  Kokkos::parallel_for(
-      label, Range(0, a.numel()), KOKKOS_LAMBDA(std::int64_t i) { ov(i) = av(i) + bv(i); });
-}
-}  // namespace
-
 TransformerBlock::TransformerBlock(std::int64_t heads, std::int64_t mlp_ratio, bool causal, bool tanh,
                                    float eps, std::int64_t block, bool fused)
     : mlp_ratio_(mlp_ratio),
@@ -114,7 +103,7 @@ void TransformerBlock::set_overwrite_gradients(bool on) {
 }
 
 // Kept: a, r and c (N d each), f and g (N mlp d each) and what the parts keep. The
-// shared slots: h, m and the gradients between the parts, and the parts' own. The
+// shared slots: the gradients between the parts, and the parts' own. The
 // inner ones (a, c, f, g, their gradients) in floats of the inside type.
 std::int64_t TransformerBlock::kept_floats(std::int64_t batch) const {
   const std::int64_t N = batch * sample_[0], d = sample_[1];
@@ -128,41 +117,38 @@ void TransformerBlock::scratch_floats(std::int64_t batch, SlotFloats& most) cons
   const std::int64_t N = batch * sample_[0], d = sample_[1];
   const auto in = [&](std::int64_t n) { return inside_ == Precision::fp32 ? n : (n + 1) / 2; };
   const std::int64_t wide = in(N * mlp_ratio_ * d);
-  const std::pair<ScratchSlot, std::int64_t> mine[] = {
-      {ScratchSlot::block_h, N * d},      {ScratchSlot::block_m, N * d},  {ScratchSlot::block_df, wide},
-      {ScratchSlot::block_dc, in(N * d)}, {ScratchSlot::block_dr, N * d}, {ScratchSlot::block_da, in(N * d)}};
+  const std::pair<ScratchSlot, std::int64_t> mine[] = {{ScratchSlot::block_df, wide},
+                                                       {ScratchSlot::block_dc, in(N * d)},
+                                                       {ScratchSlot::block_dr, N * d},
+                                                       {ScratchSlot::block_da, in(N * d)}};
   for (const auto& [slot, floats] : mine) most[std::size_t(slot)] = std::max(most[std::size_t(slot)], floats);
   for (const Part& p : parts()) p.layer->scratch_floats(batch, most);
 }
 
 void TransformerBlock::forward(const Tensor& x, Tensor& y, bool training) {
   require_nchw(x, Precision::fp32, "transformer_block", "the input");
-  // The sublayers' outputs that only a sum takes (h, m): the process's shared slots.
-  SharedScratch scratch;
-  scratch.hold(h_.data, ScratchSlot::block_h, x.storage_numel(), "TransformerBlock::h");
-  scratch.hold(m_.data, ScratchSlot::block_m, x.storage_numel(), "TransformerBlock::m");
   ln1_->forward(x, a_, training);
-  attn_->forward(a_, h_, training);
-  add(x, h_, r_, "TransformerBlock::residual_1");
+  attn_->forward_adding(a_, &x, r_, training);  // r = x + attention(a)
   ln2_->forward(r_, c_, training);
   fc_->forward_gelu(c_, f_, g_, gelu_->tanh_approximation());  // f = fc(c), g = gelu(f)
-  proj_->forward(g_, m_, training);
-  add(r_, m_, y, "TransformerBlock::residual_2");
+  proj_->forward_adding(g_, &r_, y, training);                 // y = r + proj(g)
 }
 
 // dy flows into both sums: dr = dy + ln_2's input gradient, dx = dr + ln_1's, each
 // added by the layer norm's backward as it writes its input gradient.
-void TransformerBlock::backward(const Tensor& x, const Tensor& /*y*/, const Tensor& dy, Tensor& dx) {
+void TransformerBlock::backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) {
   SharedScratch scratch;  // the gradients between the parts: the process's shared slots
   // Each gradient of its activation's type: as many floats.
   scratch.hold(df_.data, ScratchSlot::block_df, f_.storage_floats(), "TransformerBlock::df");
   scratch.hold(dc_.data, ScratchSlot::block_dc, c_.storage_floats(), "TransformerBlock::dc");
   scratch.hold(dr_.data, ScratchSlot::block_dr, r_.storage_floats(), "TransformerBlock::dr");
   scratch.hold(da_.data, ScratchSlot::block_da, a_.storage_floats(), "TransformerBlock::da");
-  proj_->backward_gelu(g_, m_, dy, f_, df_, gelu_->tanh_approximation());  // df = (dy W) gelu'(f)
+  // The attention's and proj's backward read not their outputs (r - x, y - r, which
+  // forward never stored): the tensors handed as them are the sums.
+  proj_->backward_gelu(g_, y, dy, f_, df_, gelu_->tanh_approximation());  // df = (dy W) gelu'(f)
   fc_->backward(c_, f_, df_, dc_);
   ln2_->backward_adding(r_, dc_, dy, dr_);  // dr = dy + ln_2's input gradient
-  attn_->backward(a_, h_, dr_, da_);
+  attn_->backward(a_, r_, dr_, da_);
   ln1_->set_needs_input_grad(needs_input_grad());
   if (needs_input_grad())
     ln1_->backward_adding(x, da_, dr_, dx);  // dx = dr + ln_1's

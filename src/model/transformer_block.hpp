@@ -71,11 +71,11 @@ class TransformerBlock : public Layer {
   std::unique_ptr<Attention> attn_;
   std::unique_ptr<Linear> fc_, proj_;
   std::unique_ptr<Gelu> gelu_;
-  // Forward's activations, kept for backward: a = ln_1(x), h = attention(a),
-  // r = x + h, c = ln_2(r), f = fc(c), g = gelu(f), m = proj(g); but h and m, which
-  // only the sums take (the attention's and proj's backward read not their outputs),
-  // are in shared slots during forward (tensor.hpp) and empty after it.
-  Tensor a_, h_, r_, c_, f_, g_, m_;
+  // Forward's activations, kept for backward: a = ln_1(x), r = x + attention(a),
+  // c = ln_2(r), f = fc(c), g = gelu(f); the attention's and proj's outputs are added
+  // into r and y by their GEMMs' epilogues, never stored on their own (their backward
+  // reads them not).
+  Tensor a_, r_, c_, f_, g_;
   // Backward's gradients: w.r.t. f (proj's dx GEMM through the GELU's gradient: g's
   // is never stored), c, r (ln_2's part plus dy), a; their buffers backward's shared
   // slots (tensor.hpp), empty outside backward.

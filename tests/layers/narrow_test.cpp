@@ -233,7 +233,8 @@ TEST(GemmStored, NarrowOperandsAndResultsAsTheirWidenedValues) {
 
 // gemm_epilogue (model/gemm.hpp): each epilogue a linear layer and a transformer
 // block ask for (bias; relu; the GELU, tanh and exact, with and without a bias, its
-// input kept; the GELU's gradient from a stored input), C fp32 or narrow, against the
+// input kept; the GELU's gradient from a stored input; a residual added, with and
+// without a bias, C fp32), C fp32 or narrow, against the
 // same in double from the operands' values: the product, the bias added, the
 // activation, rounded once to C's type. The host makes the product in fp32 and
 // rounds a narrow C once, after the epilogue: within one rounding of C's type (2^-8
@@ -261,12 +262,14 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
   struct Kind {
     const char* name;
     Act act;
-    bool tanh, bias;
+    bool tanh, bias, add = false;
   };
-  const Kind kinds[] = {{"bias", Act::none, false, true},          {"bias relu", Act::relu, false, true},
-                        {"bias gelu tanh", Act::gelu, true, true}, {"gelu tanh", Act::gelu, true, false},
-                        {"bias gelu", Act::gelu, false, true},     {"dgelu tanh", Act::dgelu, true, false},
-                        {"dgelu", Act::dgelu, false, false}};
+  const Kind kinds[] = {
+      {"bias", Act::none, false, true},           {"bias relu", Act::relu, false, true},
+      {"bias gelu tanh", Act::gelu, true, true},  {"gelu tanh", Act::gelu, true, false},
+      {"bias gelu", Act::gelu, false, true},      {"dgelu tanh", Act::dgelu, true, false},
+      {"dgelu", Act::dgelu, false, false},        {"bias residual", Act::none, false, true, true},
+      {"residual", Act::none, false, false, true}};
   const std::int64_t m = 37, n = 24, k = 40;  // n a multiple of 8: cuBLASLt's GELU input wants it
   const bool device = compute_backend().gemm_takes_stored();
   for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16})
@@ -275,6 +278,7 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
       const Precision c_type = narrow_c ? p : Precision::fp32;
       const double u = c_type == Precision::bf16 ? 1.0 / 256 : c_type == Precision::fp16 ? 1.0 / 2048 : 0.0;
       for (const Kind& kind : kinds) {
+        if (kind.add && narrow_c) continue;  // a residual sum is fp32
         SCOPED_TRACE(std::string(kind.name) + ", " + precision_name(p) +
                      (narrow_c ? ", C narrow" : ", C fp32"));
         const bool backward = kind.act == Act::dgelu;
@@ -299,6 +303,10 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
         e.tanh = kind.tanh;
         e.bias = kind.bias ? bias.data.data() : nullptr;
         e.pre = (kind.act == Act::gelu || backward) ? pre.data.data() : nullptr;
+        Tensor add;  // the residual: (m, n) fp32
+        resize(add, m, {n}, "test::add");
+        from_host(add.data, random_values(m * n, 85, -2.0f, 2.0f));
+        e.add = kind.add ? add.data.data() : nullptr;
         kernel_trace::start_counting();
         gemm_epilogue(false, !backward, int(m), int(n), int(k), (narrow_c ? a : a_wide).data.data(), int(k),
                       b_wide.data.data(), int(backward ? n : k), c.data.data(), int(n), p,
@@ -308,7 +316,8 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
         for (const auto& [label, count] : dispatched.kernels)
           if (label.rfind("gemm_epilogue::", 0) == 0) passes += count;
         const std::vector<float> av = to_host(a_wide.data, m * k), bv = to_host(b_wide.data, n * k),
-                                 biasv = to_host(bias.data, n), prev = values(pre), got = values(c);
+                                 biasv = to_host(bias.data, n), addv = to_host(add.data, m * n),
+                                 prev = values(pre), got = values(c);
         std::vector<double> want(m * n), want_pre(m * n), product(m * n);
         double largest = 0.0;
         for (std::int64_t i = 0; i < m; ++i)
@@ -319,7 +328,7 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
             const double v = prod + (kind.bias ? double(biasv[j]) : 0.0);
             product[i * n + j] = prod;
             want_pre[i * n + j] = v;
-            want[i * n + j] = kind.act == Act::none   ? v
+            want[i * n + j] = kind.act == Act::none   ? v + (kind.add ? double(addv[i * n + j]) : 0.0)
                               : kind.act == Act::relu ? std::max(v, 0.0)
                               : kind.act == Act::gelu
                                   ? gelu_reference(v, kind.tanh)

@@ -208,8 +208,7 @@ const char* kind_of(const std::string& label) {
   if (has("convert") || has("round_to") || has("transpose")) return "conversions and layout";
   if (has("Augment::") || has("InputStage::")) return "input";
   if (has("ReLU::") || has("Tanh::") || has("Dropout::") || has("ResBlock::add") || has("ResBlock::bn_add") ||
-      has("Conv2d::add") || has("Linear::forward_bias") || has("Linear::relu") || has("bias") ||
-      has("accumulate from") || has("Rng::"))
+      has("Conv2d::add") || has("Linear::relu") || has("bias") || has("accumulate from") || has("Rng::"))
     return "element-wise";
   return "other";
 }

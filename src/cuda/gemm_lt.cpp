@@ -1,8 +1,10 @@
 #include "cuda/gemm_lt.hpp"
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
+#include "cuda/conv.hpp"
 #include "cuda/cuda_check.hpp"
 #include "model/kernel_trace.hpp"
 
@@ -54,7 +56,40 @@ bool refused(cublasStatus_t rc) {
   return rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE ||
          rc == CUBLAS_STATUS_ARCH_MISMATCH;
 }
+
+const char* epilogue_name(CublasLtGemm::Epilogue e) {
+  switch (e) {
+    case CublasLtGemm::Epilogue::none:
+      return "none";
+    case CublasLtGemm::Epilogue::bias:
+      return "bias";
+    case CublasLtGemm::Epilogue::gelu:
+      return "gelu_aux";
+    case CublasLtGemm::Epilogue::gelu_bias:
+      return "gelu_aux_bias";
+    case CublasLtGemm::Epilogue::dgelu:
+      return "dgelu";
+  }
+  return "?";
+}
 }  // namespace
+
+// DDP_CUBLASLT_LOG=1: one line per key (shape, types, epilogue, alignments) when its
+// first call runs on cuBLASLt or is declined, with why, each rank's own.
+void CublasLtGemm::log_key(const Key& key, const char* outcome) const {
+  static const bool on = env_flag("DDP_CUBLASLT_LOG");
+  if (!on) return;
+  const Shape& s = std::get<0>(key);
+  std::fprintf(
+      stderr,
+      "cuBLASLt gemm %c%c m %d n %d k %d ld %d/%d/%d %s->%s epilogue %s%s align a %d b %d c %d bias %d "
+      "aux %d add %d: %s\n",
+      std::get<0>(s) ? 'T' : 'N', std::get<1>(s) ? 'T' : 'N', std::get<2>(s), std::get<3>(s), std::get<4>(s),
+      std::get<5>(s), std::get<6>(s), std::get<7>(s),
+      std::get<11>(s) ? "tf32" : dtype_name(DType(std::get<8>(s))), dtype_name(DType(std::get<9>(s))),
+      epilogue_name(Epilogue(std::get<10>(s))), std::get<12>(s) ? "+add" : "", std::get<2>(key),
+      std::get<1>(key), std::get<3>(key), std::get<4>(key), std::get<5>(key), std::get<6>(key), outcome);
+}
 
 // A plan's descriptors (host objects, no device work), made once.
 struct CublasLtGemm::Descriptors {
@@ -196,7 +231,8 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   // A shape no alignment of which has run is declined as a whole (declines() says so
   // before the caller converts operands); one that has run keeps its proven keys, so
   // a run never changes path partway, and declines this key alone.
-  const auto decline = [&] {
+  const auto decline = [&](const char* why) {
+    log_key(key, why);
     plans_.erase(found);
     bool shape_ran = false;
     for (const auto& [other, other_plan] : plans_)
@@ -213,7 +249,9 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
     const cublasStatus_t rc =
         cublasLtMatmulAlgoGetHeuristic(handle_, d.op, d.a, d.b, d.c, d.c, d.preference, 1, &result, &count);
     if (rc != CUBLAS_STATUS_SUCCESS && !refused(rc)) CUBLAS_CHECK(rc);
-    if (rc != CUBLAS_STATUS_SUCCESS || count == 0 || result.state != CUBLAS_STATUS_SUCCESS) return decline();
+    if (rc != CUBLAS_STATUS_SUCCESS) return decline("declined (the heuristics refused the descriptors)");
+    if (count == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+      return decline("declined (the heuristics offered no algorithm)");
     plan.algo = result.algo;
   }
   if (narrow_bias) convert_from_f32(bias, bias_room, c_type, std::size_t(n), stream_);
@@ -227,8 +265,9 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   // Refused at its first call (an argument the heuristics passed and the kernels do
   // not take), checked before anything of its own is queued: the fallback runs. The
   // bias's conversion before it only wrote the room it owns.
-  if (!plan.proven && refused(rc)) return decline();
+  if (!plan.proven && refused(rc)) return decline("declined (refused at its first call)");
   CUBLAS_CHECK(rc);
+  if (!plan.proven) log_key(key, "runs on cuBLASLt");
   plan.proven = true;
   return true;
 }

@@ -76,6 +76,7 @@ class CublasLtGemm {
 
   Shape shape_of(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc, DType ab,
                  DType c_type, Epilogue epilogue, bool add) const;
+  void log_key(const Key& key, const char* outcome) const;
 
   cublasLtHandle_t handle_ = nullptr;
   cudaStream_t stream_;

@@ -206,6 +206,12 @@ const Item kEnvironment[] = {
      "arithmetic), not on cuDNN's bf16/fp16 tensor-core kernels with the activations channels-last (GPU "
      "build)"},
     {"DDP_CUDNN_LOG=1", "one line per convolution shape with the cuDNN algorithms chosen (GPU build)"},
+    {"DDP_CUBLASLT_EPILOGUE=0",
+     "a linear layer's bias, a transformer block's residual sums and its tanh GELU in passes of their own "
+     "after a plain cuBLAS GEMM, not in cuBLASLt's epilogue (GPU build)"},
+    {"DDP_CUBLASLT_LOG=1",
+     "one line per GEMM shape, types, epilogue and alignments as it first runs on cuBLASLt or is declined, "
+     "and why (GPU build)"},
     {"DDP_ELEMENT_WARPS=n",
      "warps (of 32 threads) a block of the element-wise kernels (batch norm, relu, pooling, the residual "
      "add) holds, 1 to 16; 8 unless set (GPU build)"},

@@ -13,9 +13,12 @@ namespace ddp::cuda {
 namespace {
 // cuBLAS's advice for Hopper's kernels; PyTorch gives cuBLASLt as much there.
 constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;
-// The bias narrowed to C's type beside a narrow C: its room, after the workspace
-// (cudaMalloc's alignment kept). GPT-2's widest bias is 4 d = 3072.
-constexpr int kNarrowBiasElements = 1 << 16;
+// The bias's room, after the workspace (cudaMalloc's alignment kept): the bias
+// narrowed to C's type beside a narrow C, or an fp32 bias copied there where it lies
+// off 16 bytes (a slice of the packed parameters may; kernels the heuristics pick may
+// assume 16 and fault on a misaligned address, which the heuristics are not told of:
+// PyTorch falls back to an unfused addmm there). GPT-2's widest bias is 4 d = 3072.
+constexpr int kBiasRoomElements = 1 << 16;
 
 cublasLtEpilogue_t lt_epilogue(CublasLtGemm::Epilogue e) {
   switch (e) {
@@ -110,7 +113,7 @@ struct CublasLtGemm::Descriptors {
 
 CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream) {
   CUBLAS_CHECK(cublasLtCreate(&handle_));
-  CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes + std::size_t(kNarrowBiasElements) * 2));
+  CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes + std::size_t(kBiasRoomElements) * sizeof(float)));
 }
 
 CublasLtGemm::~CublasLtGemm() {
@@ -145,7 +148,7 @@ bool CublasLtGemm::declines(bool trans_a, bool trans_b, int m, int n, int k, int
   // The GELU's input lies as C does; cuBLASLt wants its leading dimension a multiple of 8.
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias;
   if (k == 0 || (gelu && ldc % 8 != 0) || (add && gelu)) return true;
-  if (has_bias(epilogue) && c_type != DType::F32 && n > kNarrowBiasElements) return true;
+  if (has_bias(epilogue) && c_type != DType::F32 && n > kBiasRoomElements) return true;
   return declined_.count(shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) > 0;
 }
 
@@ -158,9 +161,13 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   if (declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) return false;
   const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias,
-             narrow_bias = has_bias(epilogue) && c_type != DType::F32;
+             narrow_bias = has_bias(epilogue) && c_type != DType::F32,
+             moved_bias = has_bias(epilogue) && !narrow_bias && alignment_of(bias) < 16;
+  // An fp32 bias off 16 bytes too wide for the room: this call's fallback (the
+  // layer's bias lies where it lies each step, so its path does not change).
+  if (moved_bias && n > kBiasRoomElements) return false;
   void* bias_room = static_cast<char*>(workspace_) + kWorkspaceBytes;
-  const void* bias_given = narrow_bias ? bias_room : static_cast<const void*>(bias);
+  const void* bias_given = narrow_bias || moved_bias ? bias_room : static_cast<const void*>(bias);
   const Key key{shape,
                 alignment_of(b),
                 alignment_of(a),
@@ -255,6 +262,9 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
     plan.algo = result.algo;
   }
   if (narrow_bias) convert_from_f32(bias, bias_room, c_type, std::size_t(n), stream_);
+  if (moved_bias)
+    CUDA_CHECK(
+        cudaMemcpyAsync(bias_room, bias, std::size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 
   const kernel_trace::Timed timed("cuBLASLt gemm epilogue", std::get<11>(shape) ? "tf32" : dtype_name(ab));
   // The residual is cuBLASLt's C, added at beta 1 (its layout D's); without one C is D, not read.

@@ -10,7 +10,10 @@
 // The bias is fp32 beside an fp32 C; beside a narrow C it is handed over in C's type,
 // as cuBLASLt documents the bias (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: "the same type
 // as the elements of the output matrix") and as PyTorch's autocast gives addmm a bf16
-// bias: converted on the stream into room kept after the workspace.
+// bias: converted on the stream into room kept after the workspace. An fp32 bias that
+// lies off 16 bytes (a slice of the packed parameters may) is copied into that room
+// first: the heuristics are not told the bias's alignment, and a kernel assuming 16
+// would fault on a misaligned address.
 //
 // An algorithm is taken from cuBLASLt's heuristics once per shape, types, epilogue
 // and the operands' alignment (told to the heuristics), with its descriptors, and

@@ -9,6 +9,10 @@ set(_nccl_launcher ${PROJECT_SOURCE_DIR}/tools/nccl_one_gpu)
 set(_nccl_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
 set(_nccl_tiny ${_nccl_e2e}/tiny.nml)
 set(_nccl_runs ${DDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/gpu/nccl_runs.py)
+# Unbound ranks (Open MPI binds each of 2 ranks to a core): a rank's main thread, its
+# watchdog, NCCL's proxy and socket threads and CUDA's own share no single core while
+# the GPU is time-sliced between the ranks (nccl_runs.py and hang.py do the same).
+set(_nccl_unbound --bind-to none)
 if(DDP_ENABLE_CUDA)
   # ddp_add_nccl_test(name NP n [TIMEOUT t] COMMAND ...): gpu_nccl_<name>, the command
   # under the GPU prefix (exit 77 without a device).
@@ -23,10 +27,12 @@ if(DDP_ENABLE_CUDA)
   endfunction()
 
   # First, the cheapest: gpu_selftest's NCCL checks (all-reduce, broadcast, reduce-
-  # scatter, all-gather and the bucketed all-reduce against MPI's) between 2 ranks.
+  # scatter, all-gather and the bucketed all-reduce against MPI's) between 2 ranks,
+  # its single-rank checks (gpu_selftest_np1's) left out.
   ddp_add_nccl_test(selftest_np2 NP 2 TIMEOUT 180
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_launcher}
-            $<TARGET_FILE:gpu_selftest> ${MPIEXEC_POSTFLAGS})
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_unbound}
+            ${_nccl_launcher} $<TARGET_FILE:gpu_selftest> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(gpu_nccl_selftest_np2 PROPERTIES ENVIRONMENT DDP_SELFTEST_ONLY=collectives)
   foreach(np 2 4)
     # tests/gpu/nccl_runs.py's cases (its docstring: what each compares, bitwise or within
     # its stated tolerance): NCCL twice, against MPI staged through pinned memory, and
@@ -35,7 +41,13 @@ if(DDP_ENABLE_CUDA)
     # (validation); a NaN gradient on rank 1 skipped by every rank (skip); fp16's loss
     # scale agreed (fp16).
     foreach(case equal graph validation skip fp16)
-      ddp_add_nccl_test(${case}_np${np} NP ${np}
+      # equal is 7 runs (up to 120 s each): more than the default's 300 s where 4 ranks
+      # share the GPU.
+      set(_limit 300)
+      if(case STREQUAL "equal")
+        set(_limit 600)
+      endif()
+      ddp_add_nccl_test(${case}_np${np} NP ${np} TIMEOUT ${_limit}
         COMMAND ${_nccl_runs} ${case} ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${_nccl_tiny}
                 runs/gpu_nccl_${case}_np${np} --np ${np} --launcher ${_nccl_launcher})
     endforeach()
@@ -44,17 +56,20 @@ if(DDP_ENABLE_CUDA)
     ddp_add_nccl_test(nonfinite_stop_np${np} NP ${np} TIMEOUT 120
       COMMAND ${_nccl_e2e}/expect_error.sh
               "^error: non-finite gradient at step 3 of epoch 1 \\([0-9]+ values\\) while every rank's loss is finite: the model has diverged"
-              -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${DDP_MPIEXEC_PREFLAGS} ${_nccl_launcher}
-              $<TARGET_FILE:ddp_train> ${_nccl_tiny} "model.layers=linear(256),relu,linear(256),relu,linear(3)"
+              -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${DDP_MPIEXEC_PREFLAGS} ${_nccl_unbound}
+              ${_nccl_launcher} $<TARGET_FILE:ddp_train> ${_nccl_tiny} "model.layers=linear(256),relu,linear(256),relu,linear(3)"
               train.batch_size=4 comm.backend=nccl io.run_dir=runs/gpu_nccl_nonfinite_stop_np${np})
     set_tests_properties(gpu_nccl_nonfinite_stop_np${np} PROPERTIES ENVIRONMENT DDP_INJECT_FAULT=nan_gradient@rank1:step2)
     # A rank stopped (SIGSTOP; the last, then rank 0) mid-run: the watchdog ends the job
-    # within comm.timeout_s = 10 plus 10 s (the MPI path's 5, and up to 5 for the abort
-    # hooks' ncclCommAbort), its line naming the stopped rank as not
-    # arrived; a rank killed (SIGKILL; on 2 ranks the last, on 4 rank 0): the job ends as
-    # soon, the dead rank named; no rank left running either way (tests/e2e/hang.py).
+    # within comm.timeout_s = 15 plus 12 s (the MPI path's 5, up to 5 for the abort
+    # hooks' ncclCommAbort, and 2 for ranks time-sliced on one GPU), its line naming the
+    # stopped rank as not arrived; a rank killed (SIGKILL; on 2 ranks the last, on 4
+    # rank 0): the job ends as soon, the dead rank named; no rank left running either
+    # way (tests/e2e/hang.py). comm.timeout_s also bounds ncclCommInitRank and each
+    # first collective's connecting, slower with 4 ranks on one GPU: 15, not the MPI
+    # tests' 5.
     set(_hang ${DDP_PYTHON} ${_nccl_e2e}/hang.py ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:ddp_train> ${_nccl_tiny})
-    set(_hang_nccl --np ${np} --timeout-s 10 --slack-s 10 --gpu-build --launcher ${_nccl_launcher} --backend nccl)
+    set(_hang_nccl --np ${np} --timeout-s 15 --slack-s 12 --gpu-build --launcher ${_nccl_launcher} --backend nccl)
     ddp_add_nccl_test(hang_np${np} NP ${np} TIMEOUT 240 COMMAND ${_hang} runs/gpu_nccl_hang_np${np} ${_hang_nccl})
     if(np EQUAL 2)
       set(_killed 1)
@@ -73,8 +88,8 @@ if(DDP_ENABLE_CUDA)
   ddp_add_nccl_test(stall_end_np2 NP 2 TIMEOUT 120
     COMMAND ${_nccl_e2e}/expect_error.sh --one-rank
             "^rank 0 \\([^)]*\\): hang: waited [0-9]+ s \\(comm.timeout_s = 10\\) in (the NCCL communicator's end \\(ncclCommDestroy\\)|the closing of the data files \\(HDF5 through MPI-IO\\)) \\(during the end of the run\\) at step [0-9]+[;] not arrived: rank 1 "
-            -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_launcher}
-            $<TARGET_FILE:ddp_train> ${_nccl_tiny} train.epochs=1 comm.backend=nccl comm.timeout_s=10
+            -- ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DDP_MPIEXEC_PREFLAGS} ${_nccl_unbound}
+            ${_nccl_launcher} $<TARGET_FILE:ddp_train> ${_nccl_tiny} train.epochs=1 comm.backend=nccl comm.timeout_s=10
             io.run_dir=runs/gpu_nccl_stall_end_np2)
   set_tests_properties(gpu_nccl_stall_end_np2 PROPERTIES ENVIRONMENT DDP_INJECT_FAULT=stall_end@rank1)
   # Stopped by SIGUSR1 (exit 75) on one rank count, resumed on another: bitwise where a
@@ -98,3 +113,7 @@ else()
   set_tests_properties(nccl_runs_cpu_resume_np2_np3 PROPERTIES FIXTURES_REQUIRED e2e_data LABELS "e2e;checkpoint"
                        TIMEOUT 120 PROCESSORS 3)
 endif()
+# Both builds: the launcher's rank (NCCL's host) from the launcher that started it,
+# Slurm's only where no other says it (tests/e2e/nccl_one_gpu_rank.sh).
+add_test(NAME nccl_one_gpu_rank COMMAND ${_nccl_e2e}/nccl_one_gpu_rank.sh ${_nccl_launcher})
+set_tests_properties(nccl_one_gpu_rank PROPERTIES LABELS unit TIMEOUT 30)

@@ -75,7 +75,7 @@ std::vector<std::pair<AbortHook, void*>>& hooks() {
   return *h;
 }
 
-// The hooks on a thread of their own, waited for 5 s at most: one that blocks (an
+// The hooks on a thread of their own, waited for kAbortHooksS at most: one that blocks (an
 // ncclCommAbort on a communicator whose peer is gone) must not keep the job alive.
 // That thread holds the hooks' lock while they run, so a remove_abort_hook (the
 // communicator's destructor) waits for a hook under way before its object goes.
@@ -91,7 +91,9 @@ void run_abort_hooks() {
     hooks().clear();
     done->store(true);
   }).detach();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(kAbortHooksS));
   while (!done->load() && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }

@@ -64,8 +64,9 @@ struct CaptureScope {
 // What a fatal error (fatal, fatal_as, an uncaught exception; any thread) runs after
 // its line is out and before MPI_Abort: a NCCL communicator's ncclCommAbort, so that
 // its kernels and proxy threads stop and the peers see an error, not a silence. Each
-// hook runs once, all of them within 5 s (the job ends either way);
+// hook runs once, all of them within kAbortHooksS (the job ends either way);
 // remove_abort_hook waits for a hook that is running.
+constexpr double kAbortHooksS = 5.0;
 using AbortHook = void (*)(void* arg);
 void add_abort_hook(AbortHook hook, void* arg);
 void remove_abort_hook(AbortHook hook, void* arg);

@@ -171,8 +171,9 @@ double on_hang(State& s, std::int64_t entered_ns, double waited_s, double grace_
       all_moving_on = false;
   }
   // A rank that reported (this hang, or an error of its own) stops ticking while its
-  // MPI_Abort ends the job: not a second line for it, unless the job outlives that.
-  if (ending && waited_s < s.timeout_s + 2 * grace_s) return 1.0;
+  // abort hooks (ncclCommAbort, up to kAbortHooksS) and its MPI_Abort end the job: not
+  // a second line for it, unless the job outlives that.
+  if (ending && waited_s < s.timeout_s + 2 * grace_s + kAbortHooksS) return 1.0;
   if (!missing.empty() && all_moving_on) return std::max(look_again_s, 0.1);  // slow, not stuck
   // The lowest waiting rank reports at once; the others give it `grace_s`.
   if (!waiting.empty() && waiting.front() != s.rank && waited_s < s.timeout_s + grace_s) return 0;

@@ -91,6 +91,9 @@ def scenario(args, stop_rank, run_dir):
     shutil.rmtree(run_dir, ignore_errors=True)
     no_window = ["--mca", "osc", "pt2pt"] if args.no_window else []
     launcher = [args.launcher] if args.launcher else []
+    # Through the launcher (ranks time-sliced on one GPU), the ranks unbound, as
+    # nccl_runs.py's.
+    launcher = (["--bind-to", "none"] + launcher) if launcher else []
     backend = [f"comm.backend={args.backend}"] if args.backend else []
     cmd = [args.mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(args.np)] + no_window + launcher + [
            args.binary, args.nml, "train.epochs=100000", "train.log_every=0", "io.checkpoint_every=0",

@@ -888,20 +888,32 @@ int main(int argc, char** argv) {
 
   cudaStream_t compute;
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  test_gemm(compute);
-  for (bool graph : {false, true}) {
-    test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
-    test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
-    test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
-    test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
+  // DDP_SELFTEST_ONLY=collectives: MPI's and NCCL's checks alone (gpu_nccl_selftest_np2:
+  // ranks time-sliced on one GPU, where the single-rank checks cost minutes and say
+  // nothing of the collectives).
+  const char* only = std::getenv("DDP_SELFTEST_ONLY");
+  const bool collectives_only = only && std::string(only) == "collectives";
+  if (only && !collectives_only) {
+    if (g_rank == 0) std::fprintf(stderr, "DDP_SELFTEST_ONLY='%s': expected 'collectives' or unset\n", only);
+    MPI_Finalize();
+    return 2;
   }
-  test_conv_stats(compute);
-  test_conv_wgrad_after(compute);
-  test_conv_dgrad_sums(compute);
-  test_conv_accumulate(compute);
-  test_transpose_image(compute);
-  test_graph_capture(compute, ddp::Precision::fp32);
-  test_graph_capture(compute, ddp::Precision::bf16);
+  if (!collectives_only) {
+    test_gemm(compute);
+    for (bool graph : {false, true}) {
+      test_conv(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
+      test_conv(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
+      test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Heuristic, graph);
+      test_conv_nhwc(compute, ddp::cuda::CudnnConv::Search::Benchmark, graph);
+    }
+    test_conv_stats(compute);
+    test_conv_wgrad_after(compute);
+    test_conv_dgrad_sums(compute);
+    test_conv_accumulate(compute);
+    test_transpose_image(compute);
+    test_graph_capture(compute, ddp::Precision::fp32);
+    test_graph_capture(compute, ddp::Precision::bf16);
+  }
   test_device_mpi(world, compute);
   // NCCL runs one rank per GPU: where ranks hold the same one, its checks cannot run.
   // Decided as ddp_train decides it (gpus_shared_on_nodes: the GPU's bus id and NCCL's

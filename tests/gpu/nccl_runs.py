@@ -126,7 +126,11 @@ class Runs:
 
     def command(self, np_, args):
         launcher = [self.a.launcher] if self.a.launcher else []
-        return [self.a.mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(np_)] + launcher + [
+        # Through the launcher (ranks time-sliced on one GPU), the ranks unbound: Open MPI
+        # would bind each of 2 to a core, which its watchdog, NCCL's proxy and socket
+        # threads and CUDA's would share.
+        unbound = ["--bind-to", "none"] if self.a.launcher else []
+        return [self.a.mpiexec, "--oversubscribe", "--allow-run-as-root", "-n", str(np_)] + unbound + launcher + [
             self.a.binary] + list(args)
 
     def launch(self, name, np_, backend, extra=(), env=None, mutated=None, expect_rc=0, stop_in_epoch=None,
@@ -202,6 +206,8 @@ class Runs:
         lines += ["--- standard error\n"] + errors
         out = "".join(lines)
         log = run_dir + ("_resumed" if not fresh else "") + ".log"
+        # A run that failed before making its run directory: runs/ may not exist yet.
+        os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
         with open(log, "w") as f:
             f.write(out)
         sockets = len(re.findall(r"via NET/Socket", out))

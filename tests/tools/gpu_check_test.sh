@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/gpu_check off a GPU node: its one-line refusals (no part, a CPU build, a
-# build without the part's programs, no GPU), and the verdict of its tests part, read
+# build without the part's programs, no GPU, the bundle's build without its env.sh),
+# and the verdict of its tests and nccl parts, read
 # from a real ctest run of a made-up build tree whose tests pass, fail and skip (exit
 # 77, as a GPU test without its device), with a stand-in nvidia-smi that names a GPU.
 # usage: gpu_check_test.sh SOURCE_DIR BUILD_DIR (the CPU build)
@@ -48,6 +49,11 @@ add_test(layers_narrow_test "/bin/true")
 add_test(model_layers_test "/bin/sh" "-c" "echo 'a layer off by 1e-3'; exit 1")
 add_test(checkpoint_cpu_only "/bin/false")
 add_test(gpu_nccl_slow "/bin/sleep" "60")
+add_test(e2e_make_test_data "/bin/true")
+set_tests_properties(e2e_make_test_data PROPERTIES FIXTURES_SETUP e2e_data)
+add_test(gpu_nccl_selftest_np2 "/bin/true")
+add_test(gpu_nccl_equal_np2 "/bin/sh" "-c" "echo 'NCCL against MPI: off by 1e-2'; exit 1")
+set_tests_properties(gpu_nccl_selftest_np2 gpu_nccl_equal_np2 PROPERTIES FIXTURES_REQUIRED e2e_data)
 add_test(layers_grad_test "/bin/sh" "-c" "echo '[  SKIPPED ] Attention.FusedOptionOnTheHost (0 ms)'; [ -z \"$FUSED_SKIPS\" ] || echo '[  SKIPPED ] Attention.FusedAgreesWithBlocksOnTheGpu (0 ms)'")
 CT
 printf '#!/bin/sh\necho "NVIDIA H200"\n' > "$work/gpu-bin/nvidia-smi"
@@ -97,6 +103,15 @@ t0=$SECONDS
 expect 1 "gpu_check nccl: 0 of 0 passed on NVIDIA H200; stopped at its limit of 2 s (PART_LIMIT_S), the tests after not run" \
   BUILD_DIR="$tree" "$gpu_path" GPU_TESTS='^gpu_nccl_slow$' PART_LIMIT_S=2 -- nccl
 ((SECONDS - t0 < 20)) || { echo "FAIL: the nccl part took $((SECONDS - t0)) s past a limit of 2 s"; failures=$((failures + 1)); }
+# nccl: one ctest a test in NCCL_ORDER's order, each counted once (not the fixture
+# each run repeats); a name no test has is a failure, named.
+expect 1 "gpu_check nccl: 1 of 2 passed on NVIDIA H200; failed: gpu_nccl_equal_np2 (no such test: ^gpu_nccl_missing_np9\$)" \
+  BUILD_DIR="$tree" "$gpu_path" NCCL_ORDER="selftest_np2 equal_np2 missing_np9" -- nccl
+# The bundle's build tree without its env.sh sourced: one line, before any test.
+mkdir -p "$work/ddp_bundle"
+cp -r "$tree" "$work/ddp_bundle/build"
+expect 2 "gpu_check tests: $work/ddp_bundle/build is the bundle's, and its env.sh is not sourced in this shell: source ddp_bundle/env.sh first" \
+  BUILD_DIR="$work/ddp_bundle/build" "$gpu_path" OPAL_PREFIX= -- tests
 # --programs names what the parts run, for tools/bundle_gpu.
 programs=$("$tool" --programs)
 for p in ddp_train ddp_bench bn_bench step_compare gpu_selftest model_layers_test; do

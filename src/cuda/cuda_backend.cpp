@@ -431,7 +431,8 @@ class CudaBackend final : public ComputeBackend {
       return false;
     const DType t = dtype_of(precision), c_type = stored.c != Precision::fp32 ? t : DType::F32;
     // Declined shapes known before the operands are converted (the fallback converts them).
-    if (lt_.declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, t, c_type, lt, e.add != nullptr)) return false;
+    if (lt_.declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, t, c_type, lt, e.add != nullptr, e.bias))
+      return false;
     const std::pair<const void*, const void*> ops =
         stored_operands(trans_a, trans_b, m, n, k, a, lda, b, ldb, precision, stored);
     const void *a_op = ops.first, *b_op = ops.second;  // the replay's captures

@@ -144,12 +144,22 @@ CublasLtGemm::Shape CublasLtGemm::shape_of(bool trans_a, bool trans_b, int m, in
 }
 
 bool CublasLtGemm::declines(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc,
-                            DType ab, DType c_type, Epilogue epilogue, bool add) const {
+                            DType ab, DType c_type, Epilogue epilogue, bool add, const float* bias) const {
+  const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
   // The GELU's input lies as C does; cuBLASLt wants its leading dimension a multiple of 8.
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias;
-  if (k == 0 || (gelu && ldc % 8 != 0) || (add && gelu)) return true;
-  if (has_bias(epilogue) && c_type != DType::F32 && n > kBiasRoomElements) return true;
-  return declined_.count(shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) > 0;
+  const bool room = has_bias(epilogue) && (c_type != DType::F32 || alignment_of(bias) < 16);
+  const char* why = k == 0                 ? "k 0"
+                    : gelu && ldc % 8 != 0 ? "the GELU's input's leading dimension not a multiple of 8"
+                    : add && gelu          ? "a residual with a GELU"
+                    : room && n > kBiasRoomElements ? "a bias wider than its room"
+                                                    : nullptr;
+  if (why == nullptr) return declined_.count(shape) > 0;
+  static const bool log = env_flag("DDP_CUBLASLT_LOG");
+  if (log && logged_declines_.insert(shape).second)
+    log_key(Key{shape, 0, 0, 0, 0, 0, 0},
+            (std::string("declined before cuBLASLt is asked (") + why + ")").c_str());
+  return true;
 }
 
 bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
@@ -158,14 +168,11 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   DDP_REQUIRE(c_type == DType::F32 || c_type == ab,
               "cuBLASLt GEMM: C of " << dtype_name(c_type) << " with " << dtype_name(ab) << " operands");
   DDP_REQUIRE(has_bias(epilogue) == (bias != nullptr), "cuBLASLt GEMM: a bias where the epilogue has none");
-  if (declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add)) return false;
+  if (declines(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add, bias)) return false;
   const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias,
              narrow_bias = has_bias(epilogue) && c_type != DType::F32,
              moved_bias = has_bias(epilogue) && !narrow_bias && alignment_of(bias) < 16;
-  // An fp32 bias off 16 bytes too wide for the room: this call's fallback (the
-  // layer's bias lies where it lies each step, so its path does not change).
-  if (moved_bias && n > kBiasRoomElements) return false;
   void* bias_room = static_cast<char*>(workspace_) + kWorkspaceBytes;
   const void* bias_given = narrow_bias || moved_bias ? bias_room : static_cast<const void*>(bias);
   const Key key{shape,
@@ -262,9 +269,11 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
     plan.algo = result.algo;
   }
   if (narrow_bias) convert_from_f32(bias, bias_room, c_type, std::size_t(n), stream_);
-  if (moved_bias)
+  if (moved_bias) {
+    const auto launch = kernel_trace::cuda_launch("copy bias to 16 bytes", "fp32");
     CUDA_CHECK(
         cudaMemcpyAsync(bias_room, bias, std::size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
 
   const kernel_trace::Timed timed("cuBLASLt gemm epilogue", std::get<11>(shape) ? "tf32" : dtype_name(ab));
   // The residual is cuBLASLt's C, added at beta 1 (its layout D's); without one C is D, not read.

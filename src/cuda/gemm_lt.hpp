@@ -49,9 +49,11 @@ class CublasLtGemm {
 
   // Whether a call of this shape is sure to return false (nothing asked of cuBLASLt):
   // a shape declined before, k 0, a GELU input's leading dimension off a multiple of
-  // 8, a bias wider than its room in C's type.
+  // 8, a residual with a GELU, a bias wider than its room where it goes there (in C's
+  // type beside a narrow C; an fp32 bias off 16 bytes). DDP_CUBLASLT_LOG=1 logs each
+  // such shape once, with why.
   bool declines(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc, DType ab,
-                DType c_type, Epilogue epilogue, bool add) const;
+                DType c_type, Epilogue epilogue, bool add, const float* bias) const;
 
   // C (m, n) = epilogue(op(A) (m, k) op(B) (k, n) [+ add]), row-major, device memory;
   // A and B of type ab, C of c_type (fp32 or ab). bias: (n) fp32, for bias and
@@ -74,7 +76,7 @@ class CublasLtGemm {
   };
   // (trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, tf32, add)
   using Shape = std::tuple<bool, bool, int, int, int, int, int, int, int, int, int, bool, bool>;
-  // the shape and the alignments of A, B, C, bias, aux, add
+  // the shape and the alignments of cuBLASLt's A (our b), its B (our a), C, bias, aux, add
   using Key = std::tuple<Shape, int, int, int, int, int, int>;
 
   Shape shape_of(bool trans_a, bool trans_b, int m, int n, int k, int lda, int ldb, int ldc, DType ab,
@@ -86,8 +88,9 @@ class CublasLtGemm {
   void* workspace_ = nullptr;
   bool tf32_ = false;
   std::map<Key, Plan> plans_;
-  std::set<Shape> declined_;     // no key of the shape ran
-  std::set<Key> declined_keys_;  // refused where another key of the shape had run
+  std::set<Shape> declined_;                 // no key of the shape ran
+  std::set<Key> declined_keys_;              // refused where another key of the shape had run
+  mutable std::set<Shape> logged_declines_;  // declines() has logged (DDP_CUBLASLT_LOG=1)
 };
 
 }  // namespace ddp::cuda

@@ -873,6 +873,15 @@ int main(int argc, char** argv) {
   int size = 1;
   MPI_Comm_rank(world, &g_rank);
   MPI_Comm_size(world, &size);
+  // DDP_SELFTEST_ONLY=collectives: MPI's and NCCL's checks alone (gpu_nccl_selftest_np2:
+  // ranks time-sliced on one GPU, where the single-rank checks cost minutes and say
+  // nothing of the collectives). Any other value ends every rank, whichever saw it.
+  const char* only = std::getenv("DDP_SELFTEST_ONLY");
+  const bool collectives_only = only && std::string(only) == "collectives";
+  if (only && !collectives_only) {
+    std::fprintf(stderr, "rank %d: DDP_SELFTEST_ONLY='%s': expected 'collectives' or unset\n", g_rank, only);
+    MPI_Abort(world, 2);
+  }
 
   int local = 0, local_size = 1;
   local_rank(world, &local, &local_size);
@@ -888,16 +897,6 @@ int main(int argc, char** argv) {
 
   cudaStream_t compute;
   CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-  // DDP_SELFTEST_ONLY=collectives: MPI's and NCCL's checks alone (gpu_nccl_selftest_np2:
-  // ranks time-sliced on one GPU, where the single-rank checks cost minutes and say
-  // nothing of the collectives).
-  const char* only = std::getenv("DDP_SELFTEST_ONLY");
-  const bool collectives_only = only && std::string(only) == "collectives";
-  if (only && !collectives_only) {
-    if (g_rank == 0) std::fprintf(stderr, "DDP_SELFTEST_ONLY='%s': expected 'collectives' or unset\n", only);
-    MPI_Finalize();
-    return 2;
-  }
   if (!collectives_only) {
     test_gemm(compute);
     for (bool graph : {false, true}) {

@@ -346,11 +346,12 @@ TEST(GemmEpilogue, EachKindAsItsStepsRoundedOnce) {
         // The device's own ways: the epilogues cuBLASLt has (a bias, the tanh GELU and
         // its gradient) may take the bias rounded to C's type and compute the GELU
         // otherwise; the rest round the product (GELU's slope at most 1.13) before the pass.
-        // Beyond the bias, which PyTorch's addmm takes from cuBLASLt at every type, the
+        // Beyond the bias and the residual (C at beta 1), which PyTorch's addmm takes
+        // from cuBLASLt at every type, the
         // heuristics may offer nothing for a kind (fp32's GELU, say): the fallback then
         // ran, one pass, checked as such, and said (DDP_CUBLASLT_LOG=1 tells why).
         const bool lt_has = device && (kind.act == Act::none || kind.tanh),
-                   must_fuse = lt_has && kind.act == Act::none && !kind.add,
+                   must_fuse = lt_has && kind.act == Act::none,
                    fused_on_device = lt_has && (must_fuse || passes == 0);
         if (lt_has && !fused_on_device)
           std::printf("note: cuBLASLt declined %s (%s, C %s): its fallback checked\n", kind.name,

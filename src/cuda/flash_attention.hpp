@@ -4,7 +4,9 @@
 // 64 keys in shared memory, the softmax online (a running max and sum per query),
 // so no (T, T) matrix is ever in global memory: O(T) memory per head. Q, K, V and
 // dO are read as the layer keeps them (fp32) and rounded to bf16 in shared memory;
-// the products on the tensor cores (WMMA 16x16x16, bf16 operands, fp32 sums); the
+// the products on the tensor cores (WMMA 16x16x16, bf16 operands, fp32 sums; the
+// tiles' rows padded in shared memory so that WMMA's loads and stores meet no bank
+// conflicts; rows read 4 floats at a time where they lie on 16 bytes); the
 // softmax and its statistics in fp32. Backward recomputes the probabilities from
 // forward's statistics in two kernels, one per key tile (dK, dV) and one per query
 // tile (dQ): no atomics, so every sum's order is fixed by the shapes (the same bits
@@ -33,7 +35,7 @@ struct AttentionDims {
 
 // Whether the kernels run here for this head size: 16, 32, 64 or 128, a binary for
 // sm_80 or later in the build for this GPU, and its shared memory per block enough for
-// the size's kernels (head size 128 needs 137 KiB: not on sm_86, sm_89, sm_120's 99).
+// the size's kernels (head size 128 needs 147 KiB: not on sm_86, sm_89, sm_120's 99).
 bool flash_attention_supported(std::int64_t head_size);
 
 void flash_attention_forward(const AttentionDims& a, const float* qkv, float* o, float* stats,

@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     // The online softmax of this lane's row over its 32 keys of the tile, each lane
     // starting at its row's own column (jj), the row's two halves 16 apart: the
-    // lanes' words in different banks.
+    // lanes' fp32 words in different banks (the bf16 stores of P still meet 2-way).
     float* srow = s_w + r * kScoreLd + half * 32;
     float mx = -INFINITY;
     for (int j = 0; j < 32; ++j) {
@@ -252,7 +252,8 @@ __device__ void probabilities(float* s_w, bf16* p_w, const float* m, const float
                               int row0, int col0, int T, bool causal, float scale) {
   const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
   for (int j = 0; j < 32; ++j) {
-    // rotated, the halves 16 apart: no bank conflicts
+    // rotated, the halves 16 apart: the fp32 words and the statistics in different
+    // banks (the bf16 stores of P, 2-way)
     const int c = half * 32 + ((j + r + 16 * half) & 31), row = row0 + r, col = col0 + c;
     const int key = keys_are_rows ? row : col, query = keys_are_rows ? col : row, qa = keys_are_rows ? c : r;
     const bool seen = key < T && query < T && (!causal || key <= query);

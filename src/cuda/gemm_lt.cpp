@@ -60,6 +60,12 @@ bool refused(cublasStatus_t rc) {
          rc == CUBLAS_STATUS_ARCH_MISMATCH;
 }
 
+// Whether the bias goes in through the room: narrowed beside a narrow C, or an fp32
+// bias copied there where it lies off 16 bytes.
+bool bias_in_room(CublasLtGemm::Epilogue e, DType c_type, const float* bias) {
+  return has_bias(e) && (c_type != DType::F32 || alignment_of(bias) < 16);
+}
+
 const char* epilogue_name(CublasLtGemm::Epilogue e) {
   switch (e) {
     case CublasLtGemm::Epilogue::none:
@@ -148,7 +154,7 @@ bool CublasLtGemm::declines(bool trans_a, bool trans_b, int m, int n, int k, int
   const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
   // The GELU's input lies as C does; cuBLASLt wants its leading dimension a multiple of 8.
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias;
-  const bool room = has_bias(epilogue) && (c_type != DType::F32 || alignment_of(bias) < 16);
+  const bool room = bias_in_room(epilogue, c_type, bias);
   const char* why = k == 0                 ? "k 0"
                     : gelu && ldc % 8 != 0 ? "the GELU's input's leading dimension not a multiple of 8"
                     : add && gelu          ? "a residual with a GELU"
@@ -172,9 +178,9 @@ bool CublasLtGemm::operator()(bool trans_a, bool trans_b, int m, int n, int k, c
   const Shape shape = shape_of(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c_type, epilogue, add);
   const bool gelu = epilogue != Epilogue::none && epilogue != Epilogue::bias,
              narrow_bias = has_bias(epilogue) && c_type != DType::F32,
-             moved_bias = has_bias(epilogue) && !narrow_bias && alignment_of(bias) < 16;
+             moved_bias = bias_in_room(epilogue, c_type, bias) && !narrow_bias;
   void* bias_room = static_cast<char*>(workspace_) + kWorkspaceBytes;
-  const void* bias_given = narrow_bias || moved_bias ? bias_room : static_cast<const void*>(bias);
+  const void* bias_given = bias_in_room(epilogue, c_type, bias) ? bias_room : static_cast<const void*>(bias);
   const Key key{shape,
                 alignment_of(b),
                 alignment_of(a),
